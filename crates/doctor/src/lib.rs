@@ -1,0 +1,1 @@
+//! commstack-doctor (skeleton; see the crate's owner issue).

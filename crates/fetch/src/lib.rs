@@ -1,0 +1,1 @@
+//! commstack-fetch (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-lock (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-logscan (skeleton; see the crate's owner issue).

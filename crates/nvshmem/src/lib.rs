@@ -1,0 +1,1 @@
+//! commstack-nvshmem (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-pypi (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-resolve (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-stack (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-store (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-testkit (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-toolchain (skeleton; see the crate's owner issue).

@@ -1,0 +1,1 @@
+//! commstack-verify (skeleton; see the crate's owner issue).

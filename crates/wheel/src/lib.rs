@@ -1,0 +1,1 @@
+//! commstack-wheel (skeleton; see the crate's owner issue).

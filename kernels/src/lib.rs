@@ -1,0 +1,1 @@
+//! NVSHMEM self-test kernels (skeleton; see issue 5).

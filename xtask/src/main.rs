@@ -1,0 +1,100 @@
+//! `cargo xtask`: the command line of commstack. Thin on purpose: it parses arguments,
+//! calls the crates under `crates/`, and prints. Each command lives in its own module.
+
+mod ctx;
+mod cmd_bench;
+mod cmd_build;
+mod cmd_cache;
+mod cmd_doctor;
+mod cmd_fetch;
+mod cmd_gpu_bundle;
+mod cmd_lock;
+mod cmd_logscan;
+mod cmd_mirror;
+mod cmd_store;
+mod cmd_toolchain;
+mod cmd_verify;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// commstack: build, pin and verify the expert-parallel communication stack
+/// (NVSHMEM without NCCL, DeepEP, PyTorch and its NCCL).
+///
+/// Data flows one way: stack.toml -> stack.lock -> fetch -> build -> verify.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: ctx::GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Resolve stack.toml into stack.lock (every artifact with URL and sha256).
+    Lock(cmd_lock::Args),
+    /// Download every artifact of stack.lock into the verified cache.
+    Fetch(cmd_fetch::Args),
+    /// Inspect, verify or prune the download cache.
+    #[command(subcommand)]
+    Cache(cmd_cache::Command),
+    /// Write or use an air-gap bundle of every locked artifact.
+    #[command(subcommand)]
+    Mirror(cmd_mirror::Command),
+    /// Inspect or prune the step store (content-addressed build outputs).
+    #[command(subcommand)]
+    Store(cmd_store::Command),
+    /// Provision the locked CUDA toolchain, cmake and ninja into the store.
+    Toolchain(cmd_toolchain::Args),
+    /// Build one part of the stack (nvshmem, kernels, deepep) into the store.
+    Build(cmd_build::Args),
+    /// Assemble the folder that runs every GPU check on a machine with no Rust or network.
+    GpuBundle(cmd_gpu_bundle::Args),
+    /// Prove a Python environment or image holds the stack: static, runtime, tests, exit-clean.
+    Verify(cmd_verify::Args),
+    /// Classify the NCCL / NVSHMEM / DeepEP lines of log files: cause, phase, fix.
+    Logscan(cmd_logscan::Args),
+    /// Check this host: driver, GPUs and topology, RDMA, peermem, IBGDA settings, limits.
+    Doctor(cmd_doctor::Args),
+    /// Run a benchmark and print a line for docs/benchmarks.md.
+    Bench(cmd_bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ctx = match ctx::Ctx::new(cli.global) {
+        Ok(ctx) => ctx,
+        Err(err) => return report(err),
+    };
+    let result = match cli.command {
+        Command::Lock(args) => cmd_lock::run(&ctx, args),
+        Command::Fetch(args) => cmd_fetch::run(&ctx, args),
+        Command::Cache(cmd) => cmd_cache::run(&ctx, cmd),
+        Command::Mirror(cmd) => cmd_mirror::run(&ctx, cmd),
+        Command::Store(cmd) => cmd_store::run(&ctx, cmd),
+        Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
+        Command::Build(args) => cmd_build::run(&ctx, args),
+        Command::GpuBundle(args) => cmd_gpu_bundle::run(&ctx, args),
+        Command::Verify(args) => cmd_verify::run(&ctx, args),
+        Command::Logscan(args) => cmd_logscan::run(&ctx, args),
+        Command::Doctor(args) => cmd_doctor::run(&ctx, args),
+        Command::Bench(args) => cmd_bench::run(&ctx, args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => report(err),
+    }
+}
+
+/// Errors print their whole chain: the outer context says what we were doing, the inner
+/// ones say which file, field or artifact was at fault.
+fn report(err: anyhow::Error) -> ExitCode {
+    eprintln!("error: {err}");
+    for cause in err.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    ExitCode::FAILURE
+}
