@@ -1,12 +1,127 @@
+//! `cargo xtask lock`: stack.toml -> stack.lock (+ requirements.lock).
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use commstack_stack::Lock;
 
 use crate::ctx::Ctx;
+use crate::util;
 
+/// Resolve the stack manifest into its lock: the target's Python closure (one wheel per
+/// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
+/// sources, the toolchain wheels, and the compatibility rules it was checked against.
+///
+/// When the lock already matches the manifest and the rules, nothing is resolved and no
+/// network is used. The lock keeps comments you add to it.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Only check, offline, that the lock and requirements file match the manifest and the
+    /// rules; exit 1 with what differs if not.
+    #[arg(long)]
+    check: bool,
+    /// Resolve again even when the lock is up to date.
+    #[arg(long, conflicts_with = "check")]
+    force: bool,
+}
 
-pub fn run(_ctx: &Ctx, _args: Args) -> Result<ExitCode> {
-    anyhow::bail!("`cargo xtask lock` is not implemented yet")
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let stack = util::read_stack(&ctx.stack_path)?;
+    let lock_path = ctx.lock_path();
+    let req_path = requirements_path(ctx);
+    let previous = match std::fs::read_to_string(&lock_path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", lock_path.display())),
+    };
+    let parsed = previous.as_deref().map(|t| Lock::parse(&lock_path, t));
+
+    if args.check {
+        let lock = match parsed {
+            None => {
+                eprintln!("{} does not exist: run `cargo xtask lock`", lock_path.display());
+                return Ok(ExitCode::FAILURE);
+            }
+            Some(Err(d)) => {
+                eprintln!("{d}");
+                return Ok(ExitCode::FAILURE);
+            }
+            Some(Ok(lock)) => lock,
+        };
+        let mut problems = lock.staleness(&stack);
+        let reqs = std::fs::read_to_string(&req_path).unwrap_or_default();
+        if reqs != lock.requirements_txt() {
+            problems.push(format!("{} does not match {}", req_path.display(), lock_path.display()));
+        }
+        if problems.is_empty() {
+            println!("{} matches {} and the rules", lock_path.display(), ctx.stack_path.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!("{} is out of date:", lock_path.display());
+        for p in problems {
+            eprintln!("  - {p}");
+        }
+        eprintln!("run `cargo xtask lock{}` to update it", stack_flag(ctx));
+        return Ok(ExitCode::FAILURE);
+    }
+
+    if !args.force
+        && let Some(Ok(lock)) = &parsed
+        && lock.staleness(&stack).is_empty()
+        && std::fs::read_to_string(&req_path).is_ok_and(|r| r == lock.requirements_txt())
+    {
+        println!("{} is up to date with {}: nothing to resolve", lock_path.display(), ctx.stack_path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let quiet = ctx.quiet;
+    let progress = move |m: &str| {
+        if !quiet {
+            eprintln!("  {m}");
+        }
+    };
+    let cache = ctx.cache_dir().join("pypi-metadata");
+    let locked = util::runtime()?.block_on(commstack_lock::lock(&stack, Some(cache), &progress))?;
+    let lock = locked.lock;
+    let text = lock.render(previous.as_deref());
+    util::write_all_atomically(&[(&lock_path, &text), (&req_path, &lock.requirements_txt())])?;
+
+    let r = &lock.resolved;
+    println!(
+        "locked {} in {:.1} s ({} requests): {} packages for {} {}, {} toolchain wheels, {} sources",
+        ctx.stack_path.display(),
+        locked.seconds,
+        locked.requests,
+        lock.packages.len(),
+        r.python_tag,
+        r.platform,
+        lock.toolchain.len(),
+        lock.sources.len()
+    );
+    println!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
+    println!(
+        "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
+        r.nvshmem,
+        if r.nvshmem_pin.is_empty() { "nothing" } else { &r.nvshmem_pin },
+        &r.deepep_rev[..r.deepep_rev.len().min(12)],
+        r.deepep_api
+    );
+    println!("  wrote {} and {}", lock_path.display(), req_path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `stack.toml` -> `requirements.lock`; `stacks/x.toml` -> `stacks/x.requirements.lock`.
+pub fn requirements_path(ctx: &Ctx) -> PathBuf {
+    let stem = ctx.stack_path.file_stem().unwrap_or_default().to_string_lossy().to_string();
+    let name = if stem == "stack" { "requirements.lock".to_string() } else { format!("{stem}.requirements.lock") };
+    ctx.stack_path.with_file_name(name)
+}
+
+fn stack_flag(ctx: &Ctx) -> String {
+    if ctx.stack_path == std::path::Path::new("stack.toml") {
+        String::new()
+    } else {
+        format!(" --stack {}", ctx.stack_path.display())
+    }
 }

@@ -1,1 +1,274 @@
-//! commstack-lock (skeleton; see the crate's owner issue).
+//! `cargo xtask lock`: resolve a [`Stack`] into a [`Lock`].
+//!
+//! 1. The manifest-only rules run first (no network spent on a stack that cannot work).
+//! 2. The target's Python closure is resolved from the index: torch at the exact version,
+//!    plus the stack's extra requirements, for the target's CPython, arch and glibc.
+//! 3. torch's own pins (CUDA toolkit, NCCL, NVSHMEM) are read from what resolved.
+//! 4. The NVSHMEM and DeepEP sources come from the known-hash table.
+//! 5. The rules that need those facts run; any violation stops here with all diagnostics.
+//! 6. The toolchain (nvcc and the CUDA headers at torch's CUDA version, cmake, ninja) is
+//!    resolved for the build host.
+//! 7. NVIDIA's NVSHMEM wheel is marked as replaced by the stack's own build.
+
+use std::str::FromStr;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use commstack_pypi::{IndexClient, TargetPlatform};
+use commstack_resolve::{Request, Resolution};
+use commstack_stack::lock::{Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel};
+use commstack_stack::manifest::NvshmemVersion;
+use commstack_stack::rules::{self, Facts, Status};
+use commstack_stack::{Lock, Stack, known};
+use pep440_rs::Version;
+use pep508_rs::Requirement;
+
+pub const RESOLVER: &str = concat!("commstack-resolve ", env!("CARGO_PKG_VERSION"));
+
+/// The components of the CUDA toolkit a build needs: the compiler, its runtime and
+/// front-end, NVVM, and the C++ core libraries (libcu++, CUB, Thrust) DeepEP includes.
+pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl";
+
+/// Progress lines for the caller to print (or not).
+pub trait Progress {
+    fn step(&self, message: &str);
+}
+
+impl<F: Fn(&str)> Progress for F {
+    fn step(&self, message: &str) {
+        self(message)
+    }
+}
+
+/// What locking found, beside the lock itself: timings and counts for the summary.
+pub struct Locked {
+    pub lock: Lock,
+    pub seconds: f64,
+    pub requests: u64,
+}
+
+/// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash.
+pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, progress: &dyn Progress) -> Result<Locked> {
+    let started = Instant::now();
+    fail_on_violations(&rules::check_manifest(stack))?;
+
+    let client = IndexClient::new(&stack.resolve.index_url, metadata_cache)?;
+    let target = TargetPlatform {
+        python: stack.target.python,
+        arch: stack.target.arch.as_str().to_string(),
+        glibc: stack.target.glibc,
+    };
+    let mut requirements = vec![
+        Requirement::from_str(&format!("torch=={}", stack.torch.version)).context("torch requirement")?,
+    ];
+    requirements.extend(stack.resolve.extra_requirements.iter().cloned());
+    progress.step(&format!(
+        "resolving torch=={} for {} {} (index {})",
+        stack.torch.version,
+        target.python_tag(),
+        target.platform_tag(),
+        stack.resolve.index_url
+    ));
+    let closure = commstack_resolve::resolve(
+        &client,
+        &Request {
+            requirements,
+            target: target.clone(),
+            python_full: stack.target.python_full(),
+            exclude_newer: stack.resolve.exclude_newer,
+        },
+    )
+    .await
+    .with_context(|| format!("resolving the Python closure of {}", stack.path().display()))?;
+    progress.step(&format!("{} packages in the target closure", closure.packages.len()));
+
+    let facts = torch_facts(stack, &closure)?;
+    let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
+    let outcomes = rules::check_resolved(stack, &facts);
+    fail_on_violations(&outcomes)?;
+    let sources = sources(stack, &nvshmem_version)?;
+
+    // The toolchain runs on the build host: same arch, the host's glibc floor.
+    let cuda = facts.torch_cuda.clone().expect("checked by rule torch-cuda-major");
+    let host = TargetPlatform { python: target.python, arch: target.arch.clone(), glibc: stack.toolchain.host_glibc };
+    let tool_reqs = vec![
+        Requirement::from_str(&format!("cuda-toolkit[{TOOLCHAIN_CUDA_EXTRAS}]=={cuda}"))?,
+        Requirement::from_str(&format!("cmake{}", stack.toolchain.cmake))?,
+        Requirement::from_str(&format!("ninja{}", stack.toolchain.ninja))?,
+    ];
+    progress.step(&format!("resolving the toolchain: CUDA {cuda} compiler, cmake{}, ninja{}", stack.toolchain.cmake, stack.toolchain.ninja));
+    let toolchain = commstack_resolve::resolve(
+        &client,
+        &Request {
+            requirements: tool_reqs,
+            target: host,
+            python_full: stack.target.python_full(),
+            exclude_newer: stack.resolve.exclude_newer,
+        },
+    )
+    .await
+    .context("resolving the build toolchain")?;
+
+    let nvshmem_pin = facts.torch_nvshmem.clone();
+    let packages = closure
+        .packages
+        .iter()
+        .map(|p| {
+            let mut w = wheel(p);
+            if nvshmem_pin.as_ref().is_some_and(|(name, _)| p.name.as_ref() == name) {
+                w.replaced_by = Some("nvshmem".into());
+            }
+            w
+        })
+        .collect();
+    let (nccl_name, nccl) = facts.torch_nccl.clone().ok_or_else(|| {
+        anyhow!("torch {} pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin", stack.torch.version)
+    })?;
+    let lock = Lock {
+        version: LOCK_VERSION,
+        inputs: Inputs {
+            stack: stack.fingerprint(),
+            rules: rules::fingerprint(),
+            resolver: RESOLVER.into(),
+            index_url: stack.resolve.index_url.clone(),
+            exclude_newer: stack.resolve.exclude_newer.map(|t| t.to_string()),
+        },
+        resolved: Resolved {
+            python_tag: target.python_tag(),
+            platform: target.platform_tag(),
+            torch: stack.torch.version.to_string(),
+            cuda: cuda.to_string(),
+            nccl: format!("{nccl_name}=={nccl}"),
+            nvshmem_pin: nvshmem_pin.map(|(n, v)| format!("{n}=={v}")).unwrap_or_default(),
+            nvshmem: nvshmem_version.to_string(),
+            deepep_rev: sources.iter().find(|s| s.name == "deepep").and_then(|s| s.rev.clone()).unwrap_or_default(),
+            deepep_api: stack.deepep.api.as_str().into(),
+        },
+        manifest: stack.echo(),
+        rules: outcomes
+            .iter()
+            .map(|o| RuleRecord { id: o.rule.as_str().into(), status: o.status.clone(), detail: o.detail.clone() })
+            .collect(),
+        sources,
+        packages,
+        toolchain: toolchain.packages.iter().map(wheel).collect(),
+    };
+    let s = &client.stats;
+    let requests = [&s.pages, &s.metadata_files, &s.metadata_from_wheel]
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    Ok(Locked { lock, seconds: started.elapsed().as_secs_f64(), requests })
+}
+
+fn wheel(p: &commstack_resolve::Resolved) -> Wheel {
+    Wheel {
+        name: p.name.to_string(),
+        version: p.version.to_string(),
+        filename: p.wheel.filename.clone(),
+        url: p.wheel.url.clone(),
+        sha256: p.wheel.sha256.clone().unwrap_or_default(),
+        size: p.wheel.size.unwrap_or(0),
+        requires: p.requires.iter().map(|n| n.to_string()).collect(),
+        replaced_by: None,
+    }
+}
+
+/// torch's pins, read from what resolved (torch pins them exactly).
+pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
+    let find_prefix = |prefix: &str| {
+        closure
+            .packages
+            .iter()
+            .find(|p| p.name.as_ref().starts_with(prefix))
+            .map(|p| (p.name.to_string(), p.version.clone()))
+    };
+    let torch_cuda = closure
+        .get("cuda-toolkit")
+        .map(|p| p.version.clone())
+        // torch < 2.11 pins the runtime directly (nvidia-cuda-runtime-cu12==12.8.90).
+        .or_else(|| find_prefix("nvidia-cuda-runtime").map(|(_, v)| v));
+    let torch_nccl = find_prefix("nvidia-nccl-cu");
+    let torch_nvshmem = find_prefix("nvidia-nvshmem-cu");
+    let nvshmem_build = match &stack.nvshmem.version {
+        NvshmemVersion::Exact(v) => v.clone(),
+        NvshmemVersion::MatchTorch => match &torch_nvshmem {
+            Some((_, v)) => v.clone(),
+            None => {
+                // Reported properly by rule nvshmem-version-matches-torch.
+                let facts = Facts { torch_cuda, torch_nccl, torch_nvshmem: None, nvshmem_build: None, deepep_rdc_fix: None };
+                fail_on_violations(&rules::check_resolved(stack, &facts))?;
+                unreachable!("rule nvshmem-version-matches-torch fails without a torch pin")
+            }
+        },
+    };
+    let deepep_rdc_fix = known::deepep_rev(&stack.deepep.rev).and_then(|r| r.rdc_fix);
+    Ok(Facts { torch_cuda, torch_nccl, torch_nvshmem, nvshmem_build: Some(nvshmem_build), deepep_rdc_fix })
+}
+
+/// NVSHMEM and DeepEP sources from the known-hash table.
+fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
+    let mut out = Vec::new();
+    let v = nvshmem.to_string();
+    let Some(release) = known::nvshmem_release(&v) else {
+        let loc = stack.locate("nvshmem.version").map(|l| format!("{l}: ")).unwrap_or_default();
+        bail!(
+            "{loc}NVSHMEM {v} is not in commstack's known-hash table (known: {}); commstack pins sources by a \
+             published sha256 and cannot reach developer.download.nvidia.com to check another one. Choose a known \
+             version, or add {v} to crates/stack/src/known-sources.toml with its published sha256",
+            known::nvshmem_versions().join(", ")
+        );
+    };
+    out.push(Source {
+        name: "nvshmem".into(),
+        version: v.clone(),
+        rev: None,
+        filename: release.url.rsplit('/').next().unwrap_or_default().to_string(),
+        url: release.url.clone(),
+        sha256: Some(release.sha256.clone()),
+        tree: release.tree.clone(),
+        origin: format!("known-hash table: {}", release.sha256_from),
+    });
+    let Some(rev) = known::deepep_rev(&stack.deepep.rev) else {
+        let loc = stack.locate("deepep.rev").map(|l| format!("{l}: ")).unwrap_or_default();
+        bail!(
+            "{loc}DeepEP revision {} is not in commstack's known-source table: commstack verifies DeepEP by a \
+             tree hash it computed from the sources and cannot reach github.com from here. Use 567632d (V1), or add \
+             the revision with its tree hash to crates/stack/src/known-sources.toml",
+            stack.deepep.rev
+        );
+    };
+    if rev.api() != stack.deepep.api {
+        let loc = stack.locate("deepep.api").map(|l| format!("{l}: ")).unwrap_or_default();
+        bail!(
+            "{loc}deepep.api is {} but DeepEP {} is a {} revision ({})",
+            stack.deepep.api.as_str(),
+            &rev.rev[..7],
+            rev.api().as_str(),
+            rev.note
+        );
+    }
+    out.push(Source {
+        name: "deepep".into(),
+        version: format!("0+g{}", &rev.rev[..12]),
+        rev: Some(rev.rev.clone()),
+        filename: format!("DeepEP-{}.tar.gz", rev.rev),
+        url: rev.url(),
+        sha256: None,
+        tree: rev.tree.clone(),
+        origin: format!("known-source table: {}", rev.note),
+    });
+    Ok(out)
+}
+
+fn fail_on_violations(outcomes: &[rules::Outcome]) -> Result<()> {
+    let bad: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.status == Status::Violated)
+        .map(|o| o.diagnostic.as_ref().map(|d| d.to_string()).unwrap_or_else(|| o.detail.clone()))
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bail!("the stack breaks {} compatibility rule(s):\n{}", bad.len(), bad.join("\n"))
+}

@@ -1,1 +1,15 @@
-//! commstack-pypi (skeleton; see the crate's owner issue).
+//! A client for Python package indexes, as far as commstack needs one: PEP 691 JSON project
+//! pages, PEP 658 core metadata files (tried always: some indexes serve them without
+//! announcing them) with a fallback to reading METADATA out of the wheel through HTTP range
+//! requests, wheel filenames, and the platform tags a target accepts in pip's order.
+
+pub mod index;
+pub mod metadata;
+pub mod remote_zip;
+pub mod tags;
+pub mod wheel_name;
+
+pub use index::{IndexClient, IndexFile, ProjectPage};
+pub use metadata::CoreMetadata;
+pub use tags::{TargetTags, TargetPlatform};
+pub use wheel_name::WheelName;

@@ -1,0 +1,33 @@
+//! Base images a stack can be built on, and what each one provides. The stack's Python must
+//! be the base image's Python (a second interpreter in the image would be a second
+//! everything), and wheels may not need a newer glibc than the base has.
+
+/// What we know of one base image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Base {
+    /// The name used in stack.toml (`target.base`).
+    pub name: &'static str,
+    /// Other accepted spellings.
+    pub aliases: &'static [&'static str],
+    /// The distribution's own CPython (`python3`), full version.
+    pub python: (u64, u64, u64),
+    /// The distribution's glibc.
+    pub glibc: (u32, u32),
+    /// Debian/Ubuntu suite name, used to make the base image locally.
+    pub suite: &'static str,
+}
+
+pub const BASES: &[Base] = &[
+    Base { name: "debian-12", aliases: &["bookworm", "debian:bookworm"], python: (3, 11, 2), glibc: (2, 36), suite: "bookworm" },
+    Base { name: "debian-13", aliases: &["trixie", "debian:trixie"], python: (3, 13, 5), glibc: (2, 41), suite: "trixie" },
+    Base { name: "ubuntu-22.04", aliases: &["jammy", "ubuntu:22.04"], python: (3, 10, 12), glibc: (2, 35), suite: "jammy" },
+    Base { name: "ubuntu-24.04", aliases: &["noble", "ubuntu:24.04"], python: (3, 12, 3), glibc: (2, 39), suite: "noble" },
+];
+
+pub fn find(name: &str) -> Option<&'static Base> {
+    BASES.iter().find(|b| b.name == name || b.aliases.contains(&name))
+}
+
+pub fn names() -> String {
+    BASES.iter().map(|b| b.name).collect::<Vec<_>>().join(", ")
+}

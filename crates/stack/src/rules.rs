@@ -1,0 +1,458 @@
+//! Compatibility rules between the parts of a stack. Each rule has an id (for
+//! `--allow RULE` / `resolve.allow`), a revision (part of the lock's rules fingerprint, so
+//! changing a rule invalidates locks made under the old one), the reason it exists, and a
+//! check that names both sides of a conflict and the ways out.
+
+use std::str::FromStr;
+
+use pep440_rs::Version;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::diag::Diagnostic;
+use crate::manifest::{DeepEpApi, Stack};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RuleId {
+    PythonMatchesBase,
+    GlibcWithinBase,
+    TorchCudaMajor,
+    NvshmemCudaFamily,
+    NvshmemMatchesTorch,
+    DeepEpV2Nccl,
+    DeepEpV2Torch,
+    DeepEpV1RdcFix,
+    DeepEpV1Cccl,
+}
+
+/// NCCL version DeepEP V2's NCCL device API needs (ncclGetLsaDevicePointer and friends).
+pub const DEEPEP_V2_MIN_NCCL: &str = "2.30.4";
+pub const DEEPEP_V2_MIN_TORCH: &str = "2.10";
+/// First NVSHMEM whose device library defines nvshmemi_ibgda_device_state_d itself.
+pub const NVSHMEM_RDC_SENSITIVE: &str = "3.3.20";
+
+impl RuleId {
+    pub const ALL: [RuleId; 9] = [
+        RuleId::PythonMatchesBase,
+        RuleId::GlibcWithinBase,
+        RuleId::TorchCudaMajor,
+        RuleId::NvshmemCudaFamily,
+        RuleId::NvshmemMatchesTorch,
+        RuleId::DeepEpV2Nccl,
+        RuleId::DeepEpV2Torch,
+        RuleId::DeepEpV1RdcFix,
+        RuleId::DeepEpV1Cccl,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleId::PythonMatchesBase => "python-matches-base",
+            RuleId::GlibcWithinBase => "glibc-within-base",
+            RuleId::TorchCudaMajor => "torch-cuda-major",
+            RuleId::NvshmemCudaFamily => "nvshmem-cuda-family",
+            RuleId::NvshmemMatchesTorch => "nvshmem-version-matches-torch",
+            RuleId::DeepEpV2Nccl => "deepep-v2-nccl",
+            RuleId::DeepEpV2Torch => "deepep-v2-torch",
+            RuleId::DeepEpV1RdcFix => "deepep-v1-rdc-fix",
+            RuleId::DeepEpV1Cccl => "deepep-v1-cccl",
+        }
+    }
+
+    /// Bumped whenever a rule's meaning changes.
+    pub fn revision(self) -> u32 {
+        1
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            RuleId::PythonMatchesBase => "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library",
+            RuleId::GlibcWithinBase => "a wheel needing a newer glibc than the base image has fails to load there",
+            RuleId::TorchCudaMajor => "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same",
+            RuleId::NvshmemCudaFamily => "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins",
+            RuleId::NvshmemMatchesTorch => "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`",
+            RuleId::DeepEpV2Nccl => "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)",
+            RuleId::DeepEpV2Torch => "DeepEP V2 needs torch >= 2.10",
+            RuleId::DeepEpV1RdcFix => "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`",
+            RuleId::DeepEpV1Cccl => "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)",
+        }
+    }
+}
+
+impl FromStr for RuleId {
+    type Err = ();
+    fn from_str(s: &str) -> Result<RuleId, ()> {
+        RuleId::ALL.into_iter().find(|r| r.as_str() == s).ok_or(())
+    }
+}
+
+/// The fingerprint of the rule set, stored in the lock: a lock made under other rules is stale.
+pub fn fingerprint() -> String {
+    let rules: Vec<serde_json::Value> = RuleId::ALL
+        .iter()
+        .map(|r| serde_json::json!({"id": r.as_str(), "revision": r.revision()}))
+        .collect();
+    let params = serde_json::json!({
+        "rules": rules,
+        "deepep-v2-min-nccl": DEEPEP_V2_MIN_NCCL,
+        "deepep-v2-min-torch": DEEPEP_V2_MIN_TORCH,
+        "nvshmem-rdc-sensitive": NVSHMEM_RDC_SENSITIVE,
+    });
+    format!("sha256:{}", hex::encode(Sha256::digest(commstack_store::canonical_json(&params))))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// The rule holds.
+    Ok,
+    /// The rule does not concern this stack.
+    NotApplicable,
+    /// The rule holds and requires something of a later step (recorded for it).
+    Applies,
+    /// The rule is violated and the user allowed it.
+    Allowed,
+    /// The rule could not be decided yet (e.g. the source is not fetched); decided later.
+    Deferred,
+    /// The rule is violated.
+    Violated,
+}
+
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub rule: RuleId,
+    pub status: Status,
+    /// One line: what was compared and what was found.
+    pub detail: String,
+    /// For violations: the full error, pointing into stack.toml, with the ways out.
+    pub diagnostic: Option<Diagnostic>,
+}
+
+/// What resolution found out, the input of the rules that need more than the manifest.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    /// CUDA version torch's wheels are built for (from its `cuda-toolkit==X` pin or the
+    /// `-cuXX` suffix of its NVIDIA dependencies).
+    pub torch_cuda: Option<Version>,
+    /// `nvidia-nccl-cuXX` pin of torch: (package name, version).
+    pub torch_nccl: Option<(String, Version)>,
+    /// `nvidia-nvshmem-cuXX` pin of torch.
+    pub torch_nvshmem: Option<(String, Version)>,
+    /// The NVSHMEM version the stack builds.
+    pub nvshmem_build: Option<Version>,
+    /// Whether the DeepEP sources force RDC (see [`deepep_v1_has_rdc_fix`]); None when the
+    /// source contents are not available.
+    pub deepep_rdc_fix: Option<bool>,
+}
+
+/// The static rules (manifest only). Run at parse time by `lock` and `lock --check`.
+pub fn check_manifest(stack: &Stack) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let t = &stack.target;
+    let base_py = (t.base.python.0, t.base.python.1);
+    out.push(if base_py == t.python {
+        ok(RuleId::PythonMatchesBase, format!("python {}.{} is {}'s python", t.python.0, t.python.1, t.base.name))
+    } else {
+        violation(
+            stack,
+            RuleId::PythonMatchesBase,
+            "target.python",
+            format!(
+                "target.python is {}.{} but the base image {} has Python {}.{}",
+                t.python.0, t.python.1, t.base.name, base_py.0, base_py.1
+            ),
+            Some(("target.base", format!("{} is chosen here", t.base.name))),
+            format!(
+                "set target.python = \"{}.{}\", or pick a base whose Python is {}.{} ({}), or allow rule {}",
+                base_py.0,
+                base_py.1,
+                t.python.0,
+                t.python.1,
+                crate::bases::BASES
+                    .iter()
+                    .filter(|b| (b.python.0, b.python.1) == t.python)
+                    .map(|b| b.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                RuleId::PythonMatchesBase.as_str()
+            ),
+        )
+    });
+    out.push(if t.glibc <= t.base.glibc {
+        ok(RuleId::GlibcWithinBase, format!("glibc {}.{} <= {}'s {}.{}", t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1))
+    } else {
+        violation(
+            stack,
+            RuleId::GlibcWithinBase,
+            "target.glibc",
+            format!(
+                "target.glibc is {}.{} but the base image {} has glibc {}.{}",
+                t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
+            ),
+            Some(("target.base", format!("{} is chosen here", t.base.name))),
+            format!("lower target.glibc to {}.{} or below, or pick a newer base", t.base.glibc.0, t.base.glibc.1),
+        )
+    });
+    out
+}
+
+/// The rules that need resolved facts.
+pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
+    let mut out = check_manifest(stack);
+    let torch = &stack.torch.version;
+
+    // torch's CUDA major vs the stack's.
+    out.push(match &facts.torch_cuda {
+        Some(cuda) if cuda.release()[0] == stack.torch.cuda_major => {
+            ok(RuleId::TorchCudaMajor, format!("torch {torch} is built for CUDA {cuda}"))
+        }
+        Some(cuda) => violation(
+            stack,
+            RuleId::TorchCudaMajor,
+            "torch.cuda",
+            format!("torch.cuda is {} but torch {torch} from the index is built for CUDA {cuda}", stack.torch.cuda_major),
+            Some(("torch.version", format!("torch {torch} is chosen here"))),
+            format!(
+                "set torch.cuda = {}, or choose a torch whose default wheels use CUDA {}",
+                cuda.release()[0],
+                stack.torch.cuda_major
+            ),
+        ),
+        None => Outcome {
+            rule: RuleId::TorchCudaMajor,
+            status: Status::Violated,
+            detail: "torch's metadata names no CUDA version".into(),
+            diagnostic: Some(
+                stack
+                    .diag("torch.version", format!("torch {torch}'s metadata pins no cuda-toolkit and no nvidia-*-cuXX package: is this a CPU-only build?"))
+                    .with_hint("commstack needs a CUDA build of torch; check resolve.index-url"),
+            ),
+        },
+    });
+
+    // NVSHMEM family and version vs torch's pin.
+    let major = stack.torch.cuda_major;
+    match &facts.torch_nvshmem {
+        Some((name, pin)) => {
+            let family_ok = name.ends_with(&format!("-cu{major}"));
+            out.push(if family_ok {
+                ok(RuleId::NvshmemCudaFamily, format!("torch pins {name}, CUDA {major}"))
+            } else {
+                violation(
+                    stack,
+                    RuleId::NvshmemCudaFamily,
+                    "torch.cuda",
+                    format!("torch {torch} pins {name}=={pin}, not the cu{major} family of the stack"),
+                    None,
+                    format!("set torch.cuda to match {name}, or choose another torch"),
+                )
+            });
+            let build = facts.nvshmem_build.as_ref();
+            out.push(match build {
+                Some(b) if b.release() == pin.release() => {
+                    ok(RuleId::NvshmemMatchesTorch, format!("NVSHMEM {b} is torch's pin {name}=={pin}"))
+                }
+                Some(b) => violation(
+                    stack,
+                    RuleId::NvshmemMatchesTorch,
+                    "nvshmem.version",
+                    format!(
+                        "nvshmem.version is {b} but torch {torch} pins {name}=={pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
+                    ),
+                    Some(("torch.version", format!("torch {torch} is chosen here"))),
+                    format!(
+                        "use nvshmem.version = \"match-torch\", or a torch that pins {b}, or allow rule {} if you accept what it breaks",
+                        RuleId::NvshmemMatchesTorch.as_str()
+                    ),
+                ),
+                None => deferred(RuleId::NvshmemMatchesTorch, "no NVSHMEM version decided"),
+            });
+        }
+        None => {
+            out.push(not_applicable(RuleId::NvshmemCudaFamily, format!("torch {torch} pins no NVSHMEM wheel")));
+            out.push(match &stack.nvshmem.version {
+                crate::manifest::NvshmemVersion::MatchTorch => Outcome {
+                    rule: RuleId::NvshmemMatchesTorch,
+                    status: Status::Violated,
+                    detail: format!("torch {torch} pins no NVSHMEM"),
+                    diagnostic: Some(
+                        stack
+                            .diag("nvshmem.version", format!("nvshmem.version is \"match-torch\" but torch {torch} pins no nvidia-nvshmem wheel"))
+                            .with_hint("torch pins NVSHMEM from 2.9 on; for older torch set nvshmem.version to an exact version"),
+                    ),
+                },
+                crate::manifest::NvshmemVersion::Exact(v) => {
+                    ok(RuleId::NvshmemMatchesTorch, format!("torch pins no NVSHMEM; building {v}"))
+                }
+            });
+        }
+    }
+
+    // DeepEP V2: NCCL and torch floors.
+    let v2 = stack.deepep.api == DeepEpApi::V2;
+    let min_nccl: Version = DEEPEP_V2_MIN_NCCL.parse().unwrap();
+    out.push(match (&facts.torch_nccl, v2) {
+        (_, false) => not_applicable(RuleId::DeepEpV2Nccl, "DeepEP V1 does not use NCCL's device API".into()),
+        (Some((name, nccl)), true) if *nccl >= min_nccl => {
+            ok(RuleId::DeepEpV2Nccl, format!("torch pins {name}=={nccl} >= {min_nccl}"))
+        }
+        (nccl, true) => violation(
+            stack,
+            RuleId::DeepEpV2Nccl,
+            "deepep.api",
+            format!(
+                "DeepEP V2 needs NCCL >= {min_nccl} but torch {torch} pins {}",
+                nccl.as_ref().map(|(n, v)| format!("{n}=={v}")).unwrap_or_else(|| "no NCCL".into())
+            ),
+            Some(("torch.version", format!("torch {torch} is chosen here"))),
+            format!(
+                "use a torch that pins NCCL >= {min_nccl} (torch 2.14.1 pins 2.30.7), or deepep.api = \"v1\" with rev 567632d, or allow rule {} (two libnccl in one process: DeepEP issue 710)",
+                RuleId::DeepEpV2Nccl.as_str()
+            ),
+        ),
+    });
+    let min_torch: Version = DEEPEP_V2_MIN_TORCH.parse().unwrap();
+    out.push(if !v2 {
+        not_applicable(RuleId::DeepEpV2Torch, "DeepEP V1".into())
+    } else if *torch >= min_torch {
+        ok(RuleId::DeepEpV2Torch, format!("torch {torch} >= {min_torch}"))
+    } else {
+        violation(
+            stack,
+            RuleId::DeepEpV2Torch,
+            "deepep.api",
+            format!("DeepEP V2 needs torch >= {min_torch}, the stack has torch {torch}"),
+            Some(("torch.version", format!("torch {torch} is chosen here"))),
+            "use torch >= 2.10 or deepep.api = \"v1\"".into(),
+        )
+    });
+
+    // DeepEP V1 against NVSHMEM >= 3.3.20 needs the RDC fix, decided from the sources.
+    let sensitive: Version = NVSHMEM_RDC_SENSITIVE.parse().unwrap();
+    out.push(match (v2, facts.nvshmem_build.as_ref(), facts.deepep_rdc_fix) {
+        (true, _, _) => not_applicable(RuleId::DeepEpV1RdcFix, "DeepEP V2".into()),
+        (false, Some(nv), _) if *nv < sensitive => {
+            ok(RuleId::DeepEpV1RdcFix, format!("NVSHMEM {nv} < {sensitive} does not define the IBGDA state itself"))
+        }
+        (false, _, Some(true)) => ok(RuleId::DeepEpV1RdcFix, "DeepEP sources force RDC (csrc/kernels/configs.cuh)".into()),
+        (false, nv, Some(false)) => violation(
+            stack,
+            RuleId::DeepEpV1RdcFix,
+            "deepep.rev",
+            format!(
+                "DeepEP {} does not force RDC in csrc/kernels/configs.cuh, and NVSHMEM {} defines nvshmemi_ibgda_device_state_d: the link fails with `multiple definition of nvshmemi_ibgda_device_state_d`",
+                stack.deepep.rev,
+                nv.map(|v| v.to_string()).unwrap_or_else(|| "(unknown)".into())
+            ),
+            Some(("nvshmem.version", "the NVSHMEM version is chosen here".into())),
+            format!(
+                "use DeepEP 567632d (the last V1 commit, includes the fix of 29d31c0), or NVSHMEM < {sensitive}, or allow rule {}",
+                RuleId::DeepEpV1RdcFix.as_str()
+            ),
+        ),
+        (false, _, None) => deferred(RuleId::DeepEpV1RdcFix, "DeepEP sources not available yet: decided when they are fetched"),
+    });
+
+    out.push(if !v2 && major >= 13 {
+        Outcome {
+            rule: RuleId::DeepEpV1Cccl,
+            status: Status::Applies,
+            detail: "DeepEP V1 on CUDA 13: the build adds <cuda>/include/cccl to CPATH".into(),
+            diagnostic: None,
+        }
+    } else {
+        not_applicable(RuleId::DeepEpV1Cccl, "not DeepEP V1 on CUDA 13".into())
+    });
+
+    // Apply resolve.allow: a violation the user allowed is recorded as such, not hidden.
+    for o in &mut out {
+        if o.status == Status::Violated && stack.is_allowed(o.rule) {
+            o.status = Status::Allowed;
+            o.detail = format!("allowed by resolve.allow: {}", o.detail);
+        }
+    }
+    out
+}
+
+/// Does a DeepEP V1 source tree force RDC, so that NVSHMEM's device symbols are declared
+/// `extern` (DeepEP 29d31c0)? Decided from `csrc/kernels/configs.cuh`: `__CUDACC_RDC__` must
+/// be defined inside an `#ifndef DISABLE_NVSHMEM` block.
+pub fn deepep_v1_has_rdc_fix(configs_cuh: &str) -> bool {
+    let mut depth_in_block: Option<usize> = None;
+    let mut depth = 0usize;
+    for line in configs_cuh.lines() {
+        let l = line.trim_start();
+        let directive = l.strip_prefix('#').map(|d| d.trim_start());
+        let Some(d) = directive else { continue };
+        if d.starts_with("if") {
+            depth += 1;
+            if depth_in_block.is_none() && d.split_whitespace().collect::<Vec<_>>() == ["ifndef", "DISABLE_NVSHMEM"] {
+                depth_in_block = Some(depth);
+            }
+        } else if d.starts_with("endif") {
+            if depth_in_block == Some(depth) {
+                depth_in_block = None;
+            }
+            depth = depth.saturating_sub(1);
+        } else if depth_in_block.is_some() && d.starts_with("define") {
+            if d.split_whitespace().nth(1) == Some("__CUDACC_RDC__") {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn ok(rule: RuleId, detail: String) -> Outcome {
+    Outcome { rule, status: Status::Ok, detail, diagnostic: None }
+}
+
+fn not_applicable(rule: RuleId, detail: String) -> Outcome {
+    Outcome { rule, status: Status::NotApplicable, detail, diagnostic: None }
+}
+
+fn deferred(rule: RuleId, detail: &str) -> Outcome {
+    Outcome { rule, status: Status::Deferred, detail: detail.into(), diagnostic: None }
+}
+
+fn violation(
+    stack: &Stack,
+    rule: RuleId,
+    field: &str,
+    message: String,
+    other: Option<(&str, String)>,
+    way_out: String,
+) -> Outcome {
+    let mut d = stack.diag(field, format!("{message} [rule {}]", rule.as_str()));
+    if let Some((other_field, note)) = other
+        && let Some(loc) = stack.locate(other_field)
+    {
+        d = d.with_related(loc, note);
+    }
+    let d = d.with_hint(format!("{way_out}. Why the rule exists: {}", rule.reason()));
+    Outcome { rule, status: Status::Violated, detail: message, diagnostic: Some(d) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdc_fix_is_read_from_the_source() {
+        // The shape of csrc/kernels/configs.cuh after DeepEP 29d31c0.
+        let fixed = "#pragma once\n#ifndef DISABLE_NVSHMEM\n#ifndef __CUDACC_RDC__\n#define __CUDACC_RDC__  // NOLINT\n#endif\n#endif\n";
+        assert!(deepep_v1_has_rdc_fix(fixed));
+        // Before: __CUDACC_RDC__ only defined for clangd, not under DISABLE_NVSHMEM.
+        let before = "#pragma once\n#ifdef __CLION_IDE__\n#define __CUDACC_RDC__\n#endif\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n";
+        assert!(!deepep_v1_has_rdc_fix(before));
+        assert!(!deepep_v1_has_rdc_fix(""));
+    }
+
+    #[test]
+    fn rule_ids_round_trip_and_fingerprint_is_stable() {
+        for r in RuleId::ALL {
+            assert_eq!(RuleId::from_str(r.as_str()), Ok(r));
+        }
+        assert_eq!(fingerprint(), fingerprint());
+        assert!(fingerprint().starts_with("sha256:"));
+    }
+}

@@ -1,0 +1,149 @@
+use std::fs;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use commstack_store::{GcOptions, Outcome, StepKey, Store};
+use serde_json::json;
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    (dir, store)
+}
+
+#[test]
+fn second_run_is_a_no_op_and_changed_input_rebuilds() {
+    let (_d, store) = store();
+    let inputs = json!({"source": "sha256:aa", "archs": ["90"]});
+    let key = StepKey::new("demo", &inputs);
+    let mut runs = 0;
+    let first = store
+        .run(&key, &inputs, false, |dir| {
+            runs += 1;
+            fs::write(dir.out.join("lib.so"), b"built")?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(matches!(first, Outcome::Built { .. }));
+    let second = store.run(&key, &inputs, false, |_| panic!("must not run again")).unwrap();
+    assert!(second.was_cached());
+    assert_eq!(first.path(), second.path());
+    assert_eq!(fs::read(second.path().join("lib.so")).unwrap(), b"built");
+    assert_eq!(runs, 1);
+
+    let other = json!({"source": "sha256:aa", "archs": ["90", "100"]});
+    let key2 = StepKey::new("demo", &other);
+    assert_ne!(key.hash, key2.hash);
+    let third = store.run(&key2, &other, false, |dir| Ok(fs::write(dir.out.join("x"), b"y")?)).unwrap();
+    assert!(!third.was_cached());
+    assert_ne!(third.path(), first.path());
+}
+
+#[test]
+fn key_ignores_json_key_order() {
+    let a: serde_json::Value = serde_json::from_str(r#"{"x":1,"y":2}"#).unwrap();
+    let b: serde_json::Value = serde_json::from_str(r#"{"y":2,"x":1}"#).unwrap();
+    assert_eq!(StepKey::new("s", &a), StepKey::new("s", &b));
+    assert_ne!(StepKey::new("s", &a), StepKey::new("t", &a));
+}
+
+#[test]
+fn failure_never_looks_done_and_keeps_logs() {
+    let (_d, store) = store();
+    let inputs = json!({"v": 1});
+    let key = StepKey::new("failing", &inputs);
+    let err = store
+        .run(&key, &inputs, false, |dir| {
+            fs::write(dir.out.join("half.so"), b"partial")?;
+            fs::write(dir.logs.join("build.log"), b"error: boom")?;
+            anyhow::bail!("compiler exploded")
+        })
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("compiler exploded"), "{msg}");
+    assert!(msg.contains("failed"), "{msg}");
+    assert!(store.lookup(&key).is_none(), "a failed step must not look done");
+    let failed = store.failed_path(&key);
+    assert_eq!(fs::read(failed.join("logs/build.log")).unwrap(), b"error: boom");
+    // The next successful run replaces the failed attempt.
+    store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("ok"), b"1")?)).unwrap();
+    assert!(store.lookup(&key).is_some());
+    assert!(!failed.exists());
+}
+
+#[test]
+fn a_crashed_step_is_invisible_and_gc_removes_it() {
+    let (_d, store) = store();
+    let inputs = json!({"v": 2});
+    let key = StepKey::new("crashy", &inputs);
+    // Simulate a process killed mid-build: a temp dir with content and no lock held.
+    let tmp = store.root().join("tmp").join(format!("{}.99999.0", key.dir_name()));
+    fs::create_dir_all(&tmp).unwrap();
+    fs::write(tmp.join("half"), b"x").unwrap();
+    assert!(store.lookup(&key).is_none());
+    let report = store.gc(&GcOptions::default()).unwrap();
+    assert_eq!(report.removed.len(), 1);
+    assert!(!tmp.exists());
+}
+
+#[test]
+fn force_rebuilds_and_replaces() {
+    let (_d, store) = store();
+    let inputs = json!({"v": 3});
+    let key = StepKey::new("forced", &inputs);
+    store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("f"), b"old")?)).unwrap();
+    let again = store.run(&key, &inputs, true, |dir| Ok(fs::write(dir.out.join("f"), b"new")?)).unwrap();
+    assert!(!again.was_cached());
+    assert_eq!(fs::read(again.path().join("f")).unwrap(), b"new");
+}
+
+#[test]
+fn concurrent_runs_of_one_step_build_once() {
+    let (_d, store) = store();
+    let store = Arc::new(store);
+    let inputs = json!({"v": 4});
+    let key = StepKey::new("racy", &inputs);
+    let builds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, key, inputs, builds, barrier) =
+                (store.clone(), key.clone(), inputs.clone(), builds.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                store
+                    .run(&key, &inputs, false, |dir| {
+                        builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(100));
+                        Ok(fs::write(dir.out.join("f"), b"once")?)
+                    })
+                    .unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
+#[test]
+fn gc_unused_respects_keep_list() {
+    let (_d, store) = store();
+    for v in 0..3 {
+        let inputs = json!({"v": v});
+        let key = StepKey::new("aged", &inputs);
+        store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("f"), b"z")?)).unwrap();
+    }
+    let keep_key = StepKey::new("aged", &json!({"v": 0})).dir_name();
+    let opts = GcOptions { unused_for: Some(Duration::ZERO), keep: vec![keep_key.clone()], dry_run: true };
+    let report = store.gc(&opts).unwrap();
+    assert_eq!(report.removed.len(), 2);
+    assert_eq!(store.list().unwrap().len(), 3, "dry run removes nothing");
+    let report = store.gc(&GcOptions { dry_run: false, ..opts }).unwrap();
+    assert_eq!(report.removed.len(), 2);
+    let left = store.list().unwrap();
+    assert_eq!(left.len(), 1);
+    assert!(left[0].path.ends_with(&keep_key));
+}

@@ -1,0 +1,43 @@
+//! Small helpers shared by commands.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Write several files so that either all of them are replaced or none is: each goes to a
+/// temporary file beside it first, and the renames happen only once every write succeeded.
+pub fn write_all_atomically(files: &[(&Path, &str)]) -> Result<()> {
+    let mut temps = Vec::new();
+    for (path, text) in files {
+        let tmp = path.with_file_name(format!(
+            ".{}.tmp.{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
+        if let Err(err) = std::fs::write(&tmp, text) {
+            for t in &temps {
+                let _ = std::fs::remove_file(t);
+            }
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err).with_context(|| format!("cannot write {}", path.display()));
+        }
+        temps.push(tmp);
+    }
+    for ((path, _), tmp) in files.iter().zip(&temps) {
+        std::fs::rename(tmp, path).with_context(|| format!("cannot move {} into place", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A multi-threaded runtime for the commands that use the network.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+}
+
+/// Read the stack manifest, with an error that says how to pick another one.
+pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!("cannot read the stack manifest {} (pick one with --stack FILE, e.g. --stack stacks/bookworm.toml)", path.display())
+    })?;
+    commstack_stack::Stack::parse(path, &text).map_err(|d| anyhow::anyhow!("{d}"))
+}
