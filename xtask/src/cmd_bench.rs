@@ -1,12 +1,155 @@
-use std::process::ExitCode;
+//! `cargo xtask bench ...`: benchmarks whose results go into docs/benchmarks.md (with the
+//! command, the machine and the date). Targets are checked here, not in unit tests.
 
-use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
 
 use crate::ctx::Ctx;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    which: Which,
+}
 
-pub fn run(_ctx: &Ctx, _args: Args) -> Result<ExitCode> {
-    anyhow::bail!("`cargo xtask bench` is not implemented yet")
+#[derive(clap::Subcommand)]
+enum Which {
+    /// `cargo xtask lock` on the current stack, cold (empty cache) and no-op, as whole
+    /// processes; optionally beside `pip install --dry-run --report` and `uv pip compile`.
+    Lock {
+        /// Repetitions of each measurement.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also time `pip install --dry-run --ignore-installed --report` for the same target
+        /// (about 40 s a run).
+        #[arg(long)]
+        with_pip: bool,
+        /// Also time `uv pip compile --no-cache` with this uv binary.
+        #[arg(long, value_name = "UV")]
+        with_uv: Option<PathBuf>,
+    },
+    /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
+    /// every known signature), written to a temporary directory.
+    Logscan {
+        /// Size of the synthetic log in MiB.
+        #[arg(long, default_value_t = 1024)]
+        mib: u64,
+    },
+}
+
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    match args.which {
+        Which::Lock { runs, with_pip, with_uv } => {
+            let uv = with_uv.map(|p| std::fs::canonicalize(&p).with_context(|| format!("no uv at {}", p.display()))).transpose()?;
+            bench_lock(ctx, runs, with_pip, uv.as_deref())
+        }
+        Which::Logscan { mib } => {
+            let dir = tempfile::tempdir()?;
+            let result = commstack_logscan::bench::run(dir.path(), mib * 1024 * 1024)?;
+            println!("{}", result.summary());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) -> Result<ExitCode> {
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let exe = std::env::current_exe().context("cannot find the xtask binary")?;
+    let mut cold = Vec::new();
+    let mut noop = Vec::new();
+    for i in 0..runs {
+        let dir = tempfile::tempdir()?;
+        let manifest = dir.path().join("stack.toml");
+        std::fs::copy(&ctx.stack_path, &manifest)
+            .with_context(|| format!("copying {}", ctx.stack_path.display()))?;
+        let home = dir.path().join("home");
+        let time = |label: &str| -> Result<f64> {
+            let t = Instant::now();
+            let out = Command::new(&exe)
+                .args(["--quiet", "--stack"])
+                .arg(&manifest)
+                .arg("--home")
+                .arg(&home)
+                .arg("lock")
+                .output()?;
+            if !out.status.success() {
+                bail!("{label} lock failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let c = time("cold")?;
+        let n = time("no-op")?;
+        eprintln!("run {}: cold {c:.2} s, no-op {n:.3} s", i + 1);
+        cold.push(c);
+        noop.push(n);
+    }
+    let t = &stack.target;
+    let py = format!("{}.{}", t.python.0, t.python.1);
+    println!("| `cargo xtask lock` cold (empty cache, whole process) | {} |", stats(&cold, 2));
+    println!("| `cargo xtask lock` no-op (lock up to date) | {} |", stats(&noop, 3));
+    if let Some(uv) = with_uv {
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let dir = tempfile::tempdir()?;
+            std::fs::write(dir.path().join("in.txt"), format!("torch=={}\n", stack.torch.version))?;
+            let t0 = Instant::now();
+            let out = Command::new(uv)
+                .args(["pip", "compile", "--quiet", "--no-cache", "--generate-hashes", "in.txt"])
+                .args(["--python-version", &py, "--python-platform", &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1)])
+                .args(["--index-url", &stack.resolve.index_url])
+                .current_dir(dir.path())
+                .output()?;
+            if !out.status.success() {
+                bail!("uv failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        println!("| `uv pip compile --generate-hashes --no-cache` ({}) | {} |", uv.display(), stats(&times, 2));
+    }
+    if with_pip {
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let dir = tempfile::tempdir()?;
+            let t0 = Instant::now();
+            let out = Command::new("python3")
+                .args(["-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir", "--quiet"])
+                .args(["--only-binary=:all:", "--python-version", &py])
+                // pip matches each --platform exactly: name every manylinux level up to the target.
+                .args(pip_platforms(t.glibc.1, t.arch.as_str()).iter().flat_map(|p| ["--platform".to_string(), p.clone()]))
+                .arg("--target")
+                .arg(dir.path().join("t"))
+                .args(["--report", "report.json", &format!("torch=={}", stack.torch.version)])
+                .env("PIP_FIND_LINKS", "")
+                .current_dir(dir.path())
+                .output()?;
+            if !out.status.success() {
+                bail!("pip failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        println!("| `pip install --dry-run --report` (same target) | {} |", stats(&times, 1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pip_platforms(glibc_minor: u32, arch: &str) -> Vec<String> {
+    let mut out: Vec<String> = (5..=glibc_minor).rev().map(|m| format!("manylinux_2_{m}_{arch}")).collect();
+    out.extend(["manylinux2014", "manylinux2010", "manylinux1"].iter().map(|l| format!("{l}_{arch}")));
+    out
+}
+
+/// "median 1.02 s (min 0.98, max 1.10, n=3)"
+fn stats(v: &[f64], digits: usize) -> String {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let median = s[s.len() / 2];
+    format!(
+        "median {median:.digits$} s (min {:.digits$}, max {:.digits$}, n={})",
+        s[0],
+        s[s.len() - 1],
+        s.len()
+    )
 }

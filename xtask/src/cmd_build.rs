@@ -1,12 +1,235 @@
+//! `cargo xtask build <target>`: build one part of the stack into the step store.
+//! `nvshmem` today; `kernels` and `deepep` come with their issues.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use commstack_nvshmem::{
+    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, compare_wheels,
+    env::resolve_passthrough,
+};
+use commstack_store::{Outcome, Store};
 
+use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
 
-#[derive(clap::Args)]
-pub struct Args {}
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Target {
+    /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
+    Nvshmem,
+    /// The CUDA kernel crate (not yet).
+    Kernels,
+    /// DeepEP (not yet).
+    Deepep,
+}
 
-pub fn run(_ctx: &Ctx, _args: Args) -> Result<ExitCode> {
-    anyhow::bail!("`cargo xtask build` is not implemented yet")
+#[derive(clap::Args)]
+pub struct Args {
+    /// What to build.
+    #[arg(value_enum)]
+    pub target: Target,
+    /// Build again even if the store has the result.
+    #[arg(long)]
+    pub force: bool,
+    /// Parallel compile jobs (default: the CPU count).
+    #[arg(long, short)]
+    pub jobs: Option<usize>,
+    /// An unpacked source tree to build instead of the locked one (its tree hash keys
+    /// the build and is reported). Needs no network.
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
+    #[command(flatten)]
+    pub toolchain: ToolchainArgs,
+    /// CMAKE_CUDA_ARCHITECTURES entries (default 90).
+    #[arg(long, value_delimiter = ',', value_name = "ARCH,...")]
+    pub cuda_archs: Vec<String>,
+    /// Build without IBGDA (no rdma-core needed; no internode DeepEP kernels).
+    #[arg(long)]
+    pub no_ibgda: bool,
+    /// Where rdma-core's headers and libmlx5 are (`/`, or a `dpkg -x` tree of
+    /// libibverbs-dev + ibverbs-providers). Default: this system.
+    #[arg(long, value_name = "DIR")]
+    pub rdma_core: Option<PathBuf>,
+    /// An environment variable to keep for the build (e.g. NVSHMEM_DISABLE_NVLS);
+    /// variables NVSHMEM's CMake reads as option defaults are refused.
+    #[arg(long = "keep-env", value_name = "NAME")]
+    pub keep_env: Vec<String>,
+    /// The NVSHMEM version torch pins (default: from stack.lock, else the source's).
+    #[arg(long)]
+    pub torch_pin: Option<String>,
+    /// Ship another NVSHMEM version under torch's pinned version (see the error it lifts).
+    #[arg(long)]
+    pub allow_version_mismatch: bool,
+    /// NVIDIA's wheel of the same version: compare ours with it file by file; fail on
+    /// unexplained differences.
+    #[arg(long, value_name = "WHEEL")]
+    pub compare_with: Option<PathBuf>,
+    /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).
+    #[arg(long)]
+    pub python3: Option<PathBuf>,
+    /// Only run CMake's configure step in DIR (not the store) and print the NVSHMEM
+    /// options CMake ended up with: checks the option mapping against a source in seconds.
+    #[arg(long, value_name = "DIR")]
+    pub configure_only: Option<PathBuf>,
+}
+
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    match args.target {
+        Target::Nvshmem => nvshmem(ctx, args),
+        Target::Kernels => {
+            bail!("`cargo xtask build kernels` is not implemented yet (the kernel crate's issue)")
+        }
+        Target::Deepep => {
+            bail!("`cargo xtask build deepep` is not implemented yet (the DeepEP issue)")
+        }
+    }
+}
+
+fn nvshmem(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let started = Instant::now();
+    let say = |line: &str| {
+        if !ctx.quiet {
+            eprintln!("{line}");
+        }
+    };
+    let source = args
+        .source
+        .clone()
+        .context("the locked NVSHMEM source is not wired into `build` yet: pass --source DIR (an unpacked NVSHMEM tree)")?;
+    let source = source
+        .canonicalize()
+        .with_context(|| format!("no source tree at {}", source.display()))?;
+    let tree = commstack_fetch::tree::tree_sha256_dir(&source)
+        .with_context(|| format!("cannot hash {}", source.display()))?;
+
+    let tc = resolve(ctx, &args.toolchain, false)?;
+    say(&format!("toolchain: {}", tc.describe()));
+
+    let mut options = NvshmemOptions::default();
+    if !args.cuda_archs.is_empty() {
+        options.cuda_archs = args.cuda_archs.clone();
+    }
+    options.ibgda = !args.no_ibgda;
+    options.rdma_core = args.rdma_core.clone();
+    let python3 = match &args.python3 {
+        Some(p) => p.clone(),
+        None => commstack_toolchain::find_in_path("python3", None).context(
+            "NVSHMEM's CMake requires a Python interpreter: no python3 on PATH (pass --python3)",
+        )?,
+    };
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let req = BuildRequest {
+        source_dir: &source,
+        source_tree_sha256: &tree,
+        options: &options,
+        toolchain: &tc,
+        python3,
+        passthrough: resolve_passthrough(&args.keep_env)?,
+        jobs,
+        progress: &say,
+    };
+    if let Some(work) = &args.configure_only {
+        let cache = commstack_nvshmem::configure_only(&req, work)?;
+        for (k, v) in &cache {
+            println!("{k}={v}");
+        }
+        println!(
+            "configured in {}: log {}",
+            work.display(),
+            work.join("logs/configure.log").display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let store = Store::open(ctx.store_dir())?;
+    let built = build(&store, &req, args.force)?;
+    match &built.outcome {
+        Outcome::Cached { path } => println!(
+            "nvshmem: already built with these inputs, nothing to do: {}",
+            path.display()
+        ),
+        Outcome::Built { path, seconds } => {
+            println!("nvshmem: built in {seconds:.1} s: {}", path.display())
+        }
+    }
+    let p = &built.report.proof;
+    println!(
+        "proof: NVSHMEM_USE_NCCL={}, {} option(s) as asked, {} libnccl name(s), NVSHMEM {}, SASS {:?}, GLIBC {} / GLIBCXX {} -> {}",
+        p.use_nccl,
+        built
+            .report
+            .cmake_defines
+            .iter()
+            .filter(|(k, _)| k.starts_with("NVSHMEM_"))
+            .count(),
+        p.libnccl_hits.len(),
+        p.version.as_deref().unwrap_or("?"),
+        p.sass_found
+            .get("lib/libnvshmem_device.a")
+            .cloned()
+            .unwrap_or_default(),
+        p.newest_glibc.as_deref().unwrap_or("-"),
+        p.newest_glibcxx.as_deref().unwrap_or("-"),
+        p.manylinux
+    );
+    println!(
+        "report: {}",
+        built
+            .outcome
+            .path()
+            .join(commstack_nvshmem::REPORT_FILE)
+            .display()
+    );
+
+    let torch_pin = match &args.torch_pin {
+        Some(v) => v.clone(),
+        None => torch_pin_from_lock(ctx).unwrap_or_else(|| built.report.source.version.clone()),
+    };
+    let spec = DropInSpec {
+        cuda_major: tc.cuda_major(),
+        torch_pin,
+        allow_version_mismatch: args.allow_version_mismatch,
+    };
+    let (dropin, outcome) = build_dropin_wheel(&store, &built, &spec, args.force)?;
+    println!(
+        "wheel{}: {}",
+        if outcome.was_cached() {
+            " (cached)"
+        } else {
+            ""
+        },
+        dropin.wheel.display()
+    );
+    for note in &dropin.notes {
+        println!("  note: {note}");
+    }
+    let mut code = ExitCode::SUCCESS;
+    if let Some(theirs) = &args.compare_with {
+        let cmp = compare_wheels(&dropin.wheel, theirs, &options)?;
+        print!("{}", cmp.render());
+        if !cmp.passed() {
+            eprintln!(
+                "error: {} unexplained difference(s) with {}",
+                cmp.unexplained().len(),
+                theirs.display()
+            );
+            code = ExitCode::FAILURE;
+        }
+    }
+    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
+    Ok(code)
+}
+
+/// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
+fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
+    let path = ctx.lock_path();
+    let text = std::fs::read_to_string(&path).ok()?;
+    let lock = commstack_stack::Lock::parse(&path, &text).ok()?;
+    lock.resolved
+        .nvshmem_pin
+        .split_once("==")
+        .map(|(_, v)| v.trim().to_string())
 }

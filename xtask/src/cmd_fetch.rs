@@ -1,12 +1,229 @@
-use std::process::ExitCode;
+//! `cargo xtask fetch`: every artifact of stack.lock into the verified download cache.
 
-use anyhow::Result;
+// Called by `cargo xtask bench fetch` (cmd_bench) once that is wired.
+#[allow(dead_code)]
+pub mod bench;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use commstack_fetch::{Artifact, FetchOptions, Fetched, Mirror, Origin, SourceOverride, Summary};
 
 use crate::ctx::Ctx;
 
-#[derive(clap::Args)]
-pub struct Args {}
+/// Where the artifacts come from and how to get them; shared by `fetch` and `mirror export`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FetchFlags {
+    /// A mirror tried before upstream: a directory of files named as upstream names them
+    /// (as `cargo xtask mirror export` writes), a file:// URL, or an http(s) base URL.
+    /// Repeat to give several; they are tried in order.
+    #[arg(long, value_name = "DIR|URL")]
+    pub mirror: Vec<String>,
+    /// Open no network connection: use only the cache and mirror directories, and fail
+    /// with the list of everything missing.
+    #[arg(long)]
+    pub offline: bool,
+    /// Downloads at once.
+    #[arg(long, short, value_name = "N", default_value_t = 4)]
+    pub jobs: usize,
+    /// Retries of one URL after failures that brought no bytes (5xx, 429, resets,
+    /// timeouts), with exponential backoff.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub retries: u32,
+    /// Accept a source archive whose sha256 differs from the lock when its unpacked tree
+    /// hash equals the lock's (the same release from another origin). Recorded in the
+    /// cache and reported by every run that uses it.
+    #[arg(long)]
+    pub accept_tree_match: bool,
+    /// Fetch the artifacts listed in this JSON file instead of the lock's: an array of
+    /// {"name", "filename", "urls": [..], "sha256", "size"?, "tree_sha256"?}.
+    /// For benchmarks and tests.
+    #[arg(long, value_name = "FILE")]
+    pub artifacts: Option<PathBuf>,
+    /// Only these parts of the lock (comma-separated): `sources` (NVSHMEM, DeepEP),
+    /// `toolchain` (CUDA compiler wheels, cmake, ninja), `wheels` (the target's Python
+    /// closure), `replaced` (wheels the stack replaces, kept for comparison). Default: all.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PART,...")]
+    pub only: Vec<Part>,
+}
 
-pub fn run(_ctx: &Ctx, _args: Args) -> Result<ExitCode> {
-    anyhow::bail!("`cargo xtask fetch` is not implemented yet")
+/// A part of the lock, by the role its artifacts play.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Sources,
+    Toolchain,
+    Wheels,
+    Replaced,
+}
+
+impl Part {
+    fn of(role: commstack_stack::lock::Role) -> Part {
+        use commstack_stack::lock::Role;
+        match role {
+            Role::Source => Part::Sources,
+            Role::Toolchain => Part::Toolchain,
+            Role::Package => Part::Wheels,
+            Role::Replaced => Part::Replaced,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+Every file is checked against its sha256 while it streams and appears in the cache
+(<home>/cache) only once it matched. Interrupted downloads resume where they stopped.
+Several fetches may run at once on one cache: each file is downloaded once.
+
+Examples:
+  cargo xtask fetch                                  # from upstream (PyPI, NVIDIA, GitHub)
+  cargo xtask fetch --offline --mirror /media/bundle # air-gapped, from `mirror export`
+  cargo xtask fetch --source nvshmem=../nvshmem_src  # development: marked as an override")]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: FetchFlags,
+    /// Use a local directory or archive instead of the locked artifact NAME. For
+    /// development only: it breaks reproducibility, and every output that follows marks
+    /// it as an override. Repeatable.
+    #[arg(long = "source", value_name = "NAME=PATH")]
+    pub sources: Vec<SourceOverride>,
+    /// Print the results as JSON (one object per artifact) instead of lines for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let artifacts = artifacts_for(ctx, &args.flags)?;
+    let mut options = fetch_options(ctx, &args.flags)?;
+    options.overrides = args.sources;
+    let start = Instant::now();
+    let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&fetched)?);
+    } else {
+        print_fetched(&fetched, start.elapsed().as_secs_f64(), ctx.quiet);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The fetch options the flags ask for, with the cache under `ctx.home`.
+pub fn fetch_options(ctx: &Ctx, flags: &FetchFlags) -> Result<FetchOptions> {
+    let mut options = FetchOptions::new(ctx.cache_dir());
+    options.mirrors = flags
+        .mirror
+        .iter()
+        .map(|m| Mirror::parse(m).map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()
+        .context("--mirror")?;
+    options.offline = flags.offline;
+    options.jobs = flags.jobs.max(1);
+    options.retries = flags.retries;
+    options.accept_tree_match = flags.accept_tree_match;
+    options.progress = !ctx.quiet;
+    Ok(options)
+}
+
+/// The artifacts to fetch: those of `--artifacts FILE` if given, else the lock's parts
+/// that `--only` selects.
+pub fn artifacts_for(ctx: &Ctx, flags: &FetchFlags) -> Result<Vec<Artifact>> {
+    match flags.artifacts.as_deref() {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list of artifacts", path.display()))
+        }
+        None if flags.only.is_empty() => locked_artifacts(ctx),
+        None => {
+            let lock = read_lock(ctx)?;
+            let wanted: Vec<_> =
+                lock.artifacts().into_iter().filter(|a| flags.only.contains(&Part::of(a.role))).collect();
+            let mut subset = lock.clone();
+            subset.sources.retain(|s| wanted.iter().any(|a| a.role == commstack_stack::lock::Role::Source && a.name == s.name));
+            subset.toolchain.retain(|_| flags.only.contains(&Part::Toolchain));
+            subset.packages.retain(|p| {
+                flags.only.contains(&if p.replaced_by.is_some() { Part::Replaced } else { Part::Wheels })
+            });
+            artifacts_of_lock(&subset)
+        }
+    }
+}
+
+fn read_lock(ctx: &Ctx) -> Result<commstack_stack::Lock> {
+    let path = ctx.lock_path();
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!("reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)", path.display())
+    })?;
+    Ok(commstack_stack::Lock::parse(&path, &text)?)
+}
+
+/// Every artifact of the stack's lock (sources, toolchain wheels, packages).
+pub fn locked_artifacts(ctx: &Ctx) -> Result<Vec<Artifact>> {
+    let lock = read_lock(ctx)?;
+    artifacts_of_lock(&lock).with_context(|| format!("in {}", ctx.lock_path().display()))
+}
+
+/// The one mapping from the lock's model to what the fetcher needs.
+pub fn artifacts_of_lock(lock: &commstack_stack::Lock) -> Result<Vec<Artifact>> {
+    lock.artifacts()
+        .into_iter()
+        .map(|a| {
+            let artifact = Artifact {
+                name: a.name,
+                filename: a.filename,
+                urls: vec![a.url],
+                sha256: a.sha256,
+                size: a.size,
+                tree_sha256: a.tree,
+            };
+            // An unpinned entry is not an error here: the fetch reports it beside the others.
+            artifact.validate().map_err(anyhow::Error::msg)?;
+            Ok(artifact)
+        })
+        .collect()
+}
+
+fn print_fetched(fetched: &[Fetched], seconds: f64, quiet: bool) {
+    if !quiet {
+        for item in fetched {
+            let (what, from) = match &item.origin {
+                Origin::Cache => ("cached", String::new()),
+                Origin::Mirror { url } => ("mirror", format!("  <- {url}")),
+                Origin::Upstream { url } => ("fetched", format!("  <- {url}")),
+                Origin::Local { path } => ("local", format!("  <- {}", path.display())),
+            };
+            let bytes = match item.bytes_downloaded {
+                0 => String::new(),
+                n => human_bytes(n),
+            };
+            println!("{what:>8} {:<40} {bytes:>10}{from}", item.filename);
+        }
+    }
+    // Always shown, even with --quiet: the lock's promise does not hold for these.
+    for item in fetched {
+        if let Some(deviation) = item.deviation() {
+            println!("WARNING {deviation}");
+        }
+    }
+    let s = Summary::of(fetched);
+    println!(
+        "{} artifacts: {} cached, {} from mirrors, {} downloaded ({} in {seconds:.1}s){}{}",
+        s.artifacts,
+        s.from_cache,
+        s.from_mirror,
+        s.from_upstream,
+        human_bytes(s.bytes_downloaded),
+        if s.overrides > 0 { format!(", {} OVERRIDDEN", s.overrides) } else { String::new() },
+        if s.tree_matches > 0 { format!(", {} accepted by tree hash", s.tree_matches) } else { String::new() },
+    );
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }

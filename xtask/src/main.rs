@@ -2,6 +2,7 @@
 //! calls the crates under `crates/`, and prints. Each command lives in its own module.
 
 mod ctx;
+mod util;
 mod cmd_bench;
 mod cmd_build;
 mod cmd_cache;

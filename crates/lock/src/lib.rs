@@ -23,11 +23,7 @@ use commstack_stack::{Lock, Stack, known};
 use pep440_rs::Version;
 use pep508_rs::Requirement;
 
-pub const RESOLVER: &str = concat!("commstack-resolve ", env!("CARGO_PKG_VERSION"));
-
-/// The components of the CUDA toolkit a build needs: the compiler, its runtime and
-/// front-end, NVVM, and the C++ core libraries (libcu++, CUB, Thrust) DeepEP includes.
-pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl";
+use commstack_stack::lock::{TOOLCHAIN_CUDA_EXTRAS, recipe};
 
 /// Progress lines for the caller to print (or not).
 pub trait Progress {
@@ -129,7 +125,7 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         inputs: Inputs {
             stack: stack.fingerprint(),
             rules: rules::fingerprint(),
-            resolver: RESOLVER.into(),
+            resolver: recipe(),
             index_url: stack.resolve.index_url.clone(),
             exclude_newer: stack.resolve.exclude_newer.map(|t| t.to_string()),
         },
@@ -227,7 +223,10 @@ fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
         url: release.url.clone(),
         sha256: Some(release.sha256.clone()),
         tree: release.tree.clone(),
-        origin: format!("known-hash table: {}", release.sha256_from),
+        origin: match &release.tree_from {
+            Some(from) => format!("known-hash table: sha256 from {}; tree hash from {from}", release.sha256_from),
+            None => format!("known-hash table: sha256 from {}", release.sha256_from),
+        },
     });
     let Some(rev) = known::deepep_rev(&stack.deepep.rev) else {
         let loc = stack.locate("deepep.rev").map(|l| format!("{l}: ")).unwrap_or_default();

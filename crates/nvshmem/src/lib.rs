@@ -1,1 +1,35 @@
-//! commstack-nvshmem (skeleton; see the crate's owner issue).
+//! NVSHMEM built from source without NCCL, proven, and shipped as the only NVSHMEM.
+//!
+//! - [`NvshmemOptions`]: every NVSHMEM CMake option, one field each (the stack maps onto
+//!   it); `use_nccl = true` is refused with the reason.
+//! - [`build`]: the hermetic build (empty environment + allowlist, every option with
+//!   `-D`, Ninja, fixed install prefix) in a store step keyed by the source tree hash,
+//!   the options and the toolchain; the [`BuildReport`] holds the [`Proof`] read back
+//!   from the installed libraries.
+//! - [`build_dropin_wheel`]: the install as `nvidia-nvshmem-cuXX==<torch's pin>+commstack.g<hash>`,
+//!   laid out like NVIDIA's wheel; [`compare_wheels`] accounts for every difference
+//!   with NVIDIA's wheel of the same version.
+
+mod build;
+mod cmake;
+mod compare;
+mod dropin;
+pub mod env;
+mod options;
+mod proof;
+mod run;
+mod source;
+
+pub use build::{
+    BuildReport, BuildRequest, Built, INSTALL_DIR, REPORT_FILE, SourceInfo, Timings, build,
+    build_key, configure_only, load_report,
+};
+pub use cmake::{INSTALL_PREFIX, RdmaCore, SOURCE_PREFIX_MAP, cmake_defines, find_rdma_core};
+pub use compare::{Comparison, Difference, DifferenceKind, compare_wheels};
+pub use dropin::{
+    DropIn, DropInSpec, WHEEL_REPORT_FILE, build_dropin_wheel, dropin_distribution, local_label,
+};
+pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME, arch_number};
+pub use proof::{Proof, parse_build_options_h};
+pub use run::{CommandFailed, first_error_lines};
+pub use source::{copy_tree, source_version};

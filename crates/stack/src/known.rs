@@ -25,6 +25,8 @@ pub struct NvshmemRelease {
     pub git_tag: String,
     /// commstack tree hash of the unpacked release, when known.
     pub tree: Option<String>,
+    /// What the tree hash was computed from.
+    pub tree_from: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -53,9 +55,11 @@ pub fn deepep_archive_url(rev: &str) -> String {
     format!("{DEEPEP_REPO}/archive/{rev}.tar.gz")
 }
 
+pub(crate) const TABLE_TEXT: &str = include_str!("known-sources.toml");
+
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
-    TABLE.get_or_init(|| toml::from_str(include_str!("known-sources.toml")).expect("known-sources.toml parses (tested)"))
+    TABLE.get_or_init(|| toml::from_str(TABLE_TEXT).expect("known-sources.toml parses (tested)"))
 }
 
 pub fn nvshmem_release(version: &str) -> Option<&'static NvshmemRelease> {
@@ -86,6 +90,7 @@ mod tests {
         }
         for r in &table().deepep {
             assert_eq!(r.rev.len(), 40);
+            assert!(r.tree.as_ref().is_some_and(|t| t.starts_with("sha256:") && t.len() == 71), "{}", r.rev);
         }
         assert_eq!(deepep_rev("567632d").unwrap().api(), DeepEpApi::V1);
         assert_eq!(deepep_rev("567632d").unwrap().rdc_fix, Some(true));

@@ -85,7 +85,8 @@ impl FromStr for RuleId {
     }
 }
 
-/// The fingerprint of the rule set, stored in the lock: a lock made under other rules is stale.
+/// The fingerprint of the rule set and the known-source table, stored in the lock: a lock
+/// made under other rules or other known hashes is stale.
 pub fn fingerprint() -> String {
     let rules: Vec<serde_json::Value> = RuleId::ALL
         .iter()
@@ -96,6 +97,9 @@ pub fn fingerprint() -> String {
         "deepep-v2-min-nccl": DEEPEP_V2_MIN_NCCL,
         "deepep-v2-min-torch": DEEPEP_V2_MIN_TORCH,
         "nvshmem-rdc-sensitive": NVSHMEM_RDC_SENSITIVE,
+        // The known-source table decides the sources' URLs and hashes: a new table makes
+        // old locks stale just as a changed rule does.
+        "known-sources": hex::encode(Sha256::digest(crate::known::TABLE_TEXT)),
     });
     format!("sha256:{}", hex::encode(Sha256::digest(commstack_store::canonical_json(&params))))
 }

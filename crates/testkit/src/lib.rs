@@ -1,1 +1,30 @@
-//! commstack-testkit (skeleton; see the crate's owner issue).
+//! commstack-testkit: real parts for tests.
+//!
+//! [`TestServer`] is a real HTTP/1.1 server on `127.0.0.1` (a random port, one thread per
+//! connection, keep-alive) that serves the routes a test gives it and can misbehave at
+//! the byte level: truncate a body, reset the connection midway, corrupt one byte, trickle
+//! slowly, ignore `Range`, redirect, fail the first requests with 5xx/429. It logs every
+//! request (method, path, `Range`, headers) so a test can assert what a client did, e.g.
+//! that a resume asked for `bytes=N-`, or that an offline run opened no connection.
+//!
+//! ```no_run
+//! use commstack_testkit::{Behavior, Route, TestServer};
+//! let server = TestServer::start();
+//! server.route("/simple/torch/", Route::ok(br#"{"files":[]}"#.to_vec())
+//!     .header("Content-Type", "application/vnd.pypi.simple.v1+json"));
+//! server.route("/f.whl", Route::ok(vec![7u8; 4096]).behavior(Behavior::Truncate { after: 100 }));
+//! let url = server.url("/f.whl"); // http://127.0.0.1:PORT/f.whl
+//! // ... run the client ...
+//! assert_eq!(server.hits("/f.whl"), 1);
+//! ```
+//!
+//! Defaults: unknown paths answer 404; a 200 route honours `Range: bytes=A-B` / `bytes=A-`
+//! (unless `Route::ignore_range()` or `Behavior::IgnoreRange`)
+//! with 206 + `Content-Range` (416 when the start is past the end); `HEAD` gets the
+//! headers only. Routes are keyed by path without the query string.
+
+mod http;
+pub mod pypi;
+mod server;
+
+pub use server::{Behavior, Request, Route, TestServer};

@@ -1,1 +1,24 @@
-//! commstack-verify (skeleton; see the crate's owner issue).
+//! commstack-verify: proves that an environment holds the stack it should.
+//!
+//! - [`elf`]: static checks of libraries (also used by the NVSHMEM and DeepEP builds).
+//! - [`static_level`]: those checks over every library of the stack in an environment.
+//! - [`runtime`]: what a Python process really maps after `import torch, deep_ep`.
+//! - [`runner`]: runs a Python test and applies the exit-clean gate to its teardown.
+//! - [`expect`]: what "right" means, one struct filled from arguments or the lock.
+//! - [`check`], [`report`]: passed / failed / not run with cause and fix; the report.
+//! - [`verify`]: the levels run against one Python environment.
+pub mod check;
+pub mod elf;
+pub mod environment;
+pub mod expect;
+pub mod process;
+pub mod report;
+pub mod runner;
+pub mod runtime;
+pub mod static_level;
+pub mod verify;
+
+pub use check::{Check, Status};
+pub use expect::{Expectations, NcclVersion};
+pub use report::{Level, Report};
+pub use verify::{VerifyOptions, verify_python};

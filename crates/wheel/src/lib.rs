@@ -1,1 +1,23 @@
-//! commstack-wheel (skeleton; see the crate's owner issue).
+//! Python wheels: read and verify them (METADATA, WHEEL, RECORD with hashes and sizes),
+//! unpack or install them into a directory (keeping executable bits), and write them
+//! deterministically (sorted entries, fixed timestamps, correct RECORD).
+//!
+//! Names and versions follow the packaging specs: distribution names are normalised per
+//! PEP 503 and escaped for file names per the binary distribution format; versions are
+//! parsed and normalised by `pep440_rs`.
+
+mod headers;
+mod install;
+mod name;
+mod read;
+mod record;
+mod write;
+
+pub use headers::Headers;
+pub use install::{InstallLayout, Installed, install, unpack};
+pub use name::{Tag, WheelFilename, escape_name, escape_version, normalize_name, parse_version};
+pub use read::{RecordMismatch, RecordProblem, Wheel, WheelEntry};
+pub use record::{RecordEntry, parse_record, record_hash, render_record};
+pub use write::{WheelBuilder, WrittenWheel};
+
+pub use pep440_rs::Version;

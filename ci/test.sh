@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The project's test command (the README names it; .ci/run calls it). Runs on a CPU
+# machine with Rust, Python 3 and gcc; installs what else it needs (uv, the pinned CUDA
+# compiler wheels) under .tools/ (git-ignored). GPU tests are not here: see gpu/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$SECONDS
+step() { printf '\n::: [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
+
+step "build and test every crate but the kernel crate (it needs nvcc: last step)"
+cargo test --locked --workspace --exclude commstack-kernels
+
+step "the shipped locks match their manifests and the rules (offline)"
+cargo xtask lock --check
+cargo xtask --stack stacks/bookworm.toml lock --check
+
+step "the locked closures equal uv's for the same targets (live PyPI; uv is the oracle)"
+if [ ! -x .tools/uv-venv/bin/uv ]; then
+    python3 -m venv .tools/uv-venv
+    .tools/uv-venv/bin/pip install --quiet --disable-pip-version-check uv==0.13.9
+fi
+COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
+
+step "the kernel crate, compiled with the pinned CUDA 13.0 wheels against NVSHMEM's headers"
+# shellcheck source=../kernels/dev-env.sh
+source kernels/dev-env.sh
+cargo test --locked -p commstack-kernels
+
+step "all tests passed in $((SECONDS - started)) s"

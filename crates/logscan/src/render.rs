@@ -1,0 +1,143 @@
+//! The human summary of a scan: grouped by phase, counts and first line numbers, cause and fix.
+
+use std::fmt::Write;
+
+use crate::scan::ScanReport;
+use crate::signature::Phase;
+
+const WIDTH: usize = 100;
+
+/// Render a report for a terminal. Plain text, no colour.
+pub fn render_human(report: &ScanReport) -> String {
+    let mut out = String::new();
+    let unknown_lines: u64 =
+        report.unknown.iter().map(|u| u.count).sum::<u64>() + report.unknown_not_listed;
+    let _ = writeln!(
+        out,
+        "Scanned {} source{}, {} lines ({}): {} known signature{}, {} unknown warning/error line{}.",
+        report.sources.len(),
+        plural(report.sources.len() as u64),
+        report.total_lines(),
+        human_bytes(report.total_bytes()),
+        report.matches.len(),
+        plural(report.matches.len() as u64),
+        unknown_lines,
+        plural(unknown_lines),
+    );
+    for phase in Phase::ALL {
+        let hits: Vec<_> = report.matches_in(phase).collect();
+        if hits.is_empty() {
+            continue;
+        }
+        let lines: u64 = hits.iter().map(|h| h.count).sum();
+        let _ = writeln!(
+            out,
+            "\n{} — {} signature{}, {} line{}",
+            phase.as_str().to_uppercase(),
+            hits.len(),
+            plural(hits.len() as u64),
+            lines,
+            plural(lines)
+        );
+        for hit in hits {
+            let _ = writeln!(
+                out,
+                "  {:<8} {}  ×{}  first at {}:{}",
+                hit.severity.as_str(),
+                hit.id,
+                hit.count,
+                hit.first.source,
+                hit.first.line
+            );
+            let _ = writeln!(out, "      | {}", hit.example);
+            wrap_into(&mut out, "      cause: ", &hit.cause);
+            wrap_into(&mut out, "      fix:   ", &hit.fix);
+            let _ = writeln!(out, "      ref:   {}", hit.reference);
+        }
+    }
+    if !report.unknown.is_empty() || report.unknown_not_listed > 0 {
+        let _ = writeln!(
+            out,
+            "\nUNKNOWN — {} distinct, {} line{} that no signature explains",
+            report.unknown.len(),
+            unknown_lines,
+            plural(unknown_lines)
+        );
+        for group in &report.unknown {
+            let _ = writeln!(
+                out,
+                "  {:<8} ×{}  first at {}:{}",
+                group.level.as_str(),
+                group.count,
+                group.first.source,
+                group.first.line
+            );
+            let _ = writeln!(out, "      | {}", group.example);
+        }
+        if report.unknown_not_listed > 0 {
+            let _ = writeln!(
+                out,
+                "  … and {} more lines of other unknown messages (not listed)",
+                report.unknown_not_listed
+            );
+        }
+    }
+    let fatal: Vec<&str> = report
+        .matches
+        .iter()
+        .filter(|m| m.severity.is_fatal())
+        .map(|m| m.id.as_str())
+        .collect();
+    if fatal.is_empty() {
+        let _ = writeln!(out, "\nVerdict: no fatal signature.");
+    } else {
+        let _ = writeln!(
+            out,
+            "\nVerdict: FATAL — {} error-severity signature{}: {}.",
+            fatal.len(),
+            plural(fatal.len() as u64),
+            fatal.join(", ")
+        );
+    }
+    out
+}
+
+fn wrap_into(out: &mut String, label: &str, text: &str) {
+    let indent = " ".repeat(label.chars().count());
+    let mut line = String::from(label);
+    let mut empty = true;
+    for word in text.split_whitespace() {
+        if !empty && line.chars().count() + 1 + word.chars().count() > WIDTH {
+            out.push_str(&line);
+            out.push('\n');
+            line = indent.clone();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

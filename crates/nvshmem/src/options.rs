@@ -1,0 +1,298 @@
+//! The NVSHMEM build options, one field per CMake option (as Spack's package does), and
+//! their mapping to `-D` arguments. The lead maps stack.toml onto [`NvshmemOptions`].
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// Every NVSHMEM option a stack can choose. The defaults are DeepEP's documented flags
+/// (IBGDA on; SHMEM, UCX, NCCL, PMIX, GDRCOPY, IBRC, MPI off) with sm_90.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvshmemOptions {
+    /// Must stay false: torch loads one NVSHMEM per process, and an NCCL-enabled one
+    /// dlopens libnccl.so.2, pulling a second NCCL next to torch's.
+    pub use_nccl: bool,
+    /// `CMAKE_CUDA_ARCHITECTURES` entries, e.g. `["90"]` or `["90-real", "100-real"]`.
+    pub cuda_archs: Vec<String>,
+    /// NVSHMEM_IBGDA_SUPPORT: GPU-initiated RDMA (DeepEP's internode kernels need it).
+    pub ibgda: bool,
+    pub ibgda_gpumem_only: bool,
+    /// A prefix holding rdma-core's headers and libmlx5 (`/`, `/usr`, or a `dpkg -x`
+    /// tree of libibverbs-dev + ibverbs-providers). Needed by IBGDA, IBRC and IBDEVX.
+    pub rdma_core: Option<PathBuf>,
+    pub ibrc: bool,
+    pub ibdevx: bool,
+    pub ucx: Option<PathBuf>,
+    pub libfabric: Option<PathBuf>,
+    pub gdrcopy: Option<PathBuf>,
+    pub mpi: Option<PathBuf>,
+    pub shmem: Option<PathBuf>,
+    pub pmix: Option<PathBuf>,
+    /// NVSHMEM_USE_MLX5DV (directNIC paths of the IB transports).
+    pub mlx5dv: bool,
+    pub nvtx: bool,
+    pub dlmalloc: bool,
+    /// Device-ABI options: they change code compiled from NVSHMEM's headers, so they
+    /// must match what torch's and DeepEP's device code expect (NVIDIA's wheel: all off).
+    pub timeout_device_polling: bool,
+    pub gpu_coll_use_ldst: bool,
+    pub enable_all_device_inlining: bool,
+    pub debug: bool,
+    pub devel: bool,
+    pub trace: bool,
+    pub verbose: bool,
+    /// Build libnvshmem_device.bc (torch's Triton NVSHMEM kernels load it). Needs an LLVM
+    /// with clang, opt, llvm-dis, llvm-as and ClangConfig.cmake: its install prefix here.
+    pub bitcode_llvm: Option<PathBuf>,
+}
+
+impl Default for NvshmemOptions {
+    fn default() -> Self {
+        NvshmemOptions {
+            use_nccl: false,
+            cuda_archs: vec!["90".into()],
+            ibgda: true,
+            ibgda_gpumem_only: false,
+            rdma_core: None,
+            ibrc: false,
+            ibdevx: false,
+            ucx: None,
+            libfabric: None,
+            gdrcopy: None,
+            mpi: None,
+            shmem: None,
+            pmix: None,
+            mlx5dv: true,
+            nvtx: true,
+            dlmalloc: false,
+            timeout_device_polling: false,
+            gpu_coll_use_ldst: false,
+            enable_all_device_inlining: false,
+            debug: false,
+            devel: false,
+            trace: false,
+            verbose: false,
+            bitcode_llvm: None,
+        }
+    }
+}
+
+/// Fixed by the recipe, never by the stack: NVSHMEM's tests, examples, Python library
+/// (it would reach PyPI during the build), hydra launcher and packages are not part of
+/// the stack.
+pub const FIXED_OFF: [&str; 14] = [
+    "NVSHMEM_BUILD_TESTS",
+    "NVSHMEM_BUILD_EXAMPLES",
+    "NVSHMEM_BUILD_CUTLASS_EXAMPLES",
+    "NVSHMEM_BUILD_PYTHON_LIB",
+    "NVSHMEM_BUILD_HYDRA_LAUNCHER",
+    "NVSHMEM_BUILD_TXZ_PACKAGE",
+    "NVSHMEM_BUILD_PACKAGES",
+    "NVSHMEM_BUILD_RPM_PACKAGE",
+    "NVSHMEM_BUILD_DEB_PACKAGE",
+    "NVSHMEM_BUILD_TGZ_PACKAGE",
+    "NVSHMEM_TEST_STATIC_LIB",
+    "NVSHMEM_INSTALL_FUNCTIONAL_TESTS",
+    "NVSHMEM_ENV_ALL",
+    "NVSHMEM_DEFAULT_PMI2",
+];
+
+/// Where the unused `*_HOME` paths point: nothing, visibly.
+pub const UNUSED_HOME: &str = "/nonexistent/commstack-unused";
+
+fn on(b: bool) -> String {
+    if b { "ON" } else { "OFF" }.to_string()
+}
+
+impl NvshmemOptions {
+    /// Refuse what the stack must never build, with the reason.
+    pub fn validate(&self) -> Result<()> {
+        if self.use_nccl {
+            bail!(
+                "NVSHMEM_USE_NCCL=ON is refused: an NVSHMEM built with NCCL dlopens libnccl.so.2 at run time, \
+                 which loads a second NCCL beside torch's (or the wrong one) in the same process, and torch maps one \
+                 NVSHMEM per process. DeepEP does not need NVSHMEM's NCCL collectives; set use_nccl = false"
+            );
+        }
+        if self.cuda_archs.is_empty() {
+            bail!(
+                "cuda_archs is empty: name the GPUs to build for (90 for H100/H200); NVSHMEM's own default builds 6 archs and takes many times longer"
+            );
+        }
+        for a in &self.cuda_archs {
+            if arch_number(a).is_none() {
+                bail!(
+                    "cuda_archs: {a:?} is not a CMAKE_CUDA_ARCHITECTURES entry like 90, 90-real, 90a or 100-virtual"
+                );
+            }
+        }
+        if self.ibgda_gpumem_only && !self.ibgda {
+            bail!("ibgda_gpumem_only needs ibgda = true");
+        }
+        if self.shmem.is_some() && self.mpi.is_none() {
+            bail!(
+                "the SHMEM bootstrap needs MPI (NVSHMEM's SHMEM_HOME defaults to MPI_HOME): set mpi too"
+            );
+        }
+        Ok(())
+    }
+
+    /// The CMAKE_CUDA_ARCHITECTURES value.
+    pub fn cuda_architectures(&self) -> String {
+        self.cuda_archs.join(";")
+    }
+
+    /// The architectures that get SASS (every entry but `-virtual`), as numbers.
+    pub fn sass_archs(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .cuda_archs
+            .iter()
+            .filter(|a| !a.ends_with("-virtual"))
+            .filter_map(|a| arch_number(a))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    pub fn needs_rdma_core(&self) -> bool {
+        self.ibgda || self.ibrc || self.ibdevx
+    }
+
+    /// Every NVSHMEM_* option of NVSHMEM's CMake, ON or OFF, in one map: what the
+    /// build-variable string must show and what is passed with `-D`.
+    pub fn nvshmem_switches(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(&str, bool)> = vec![
+            ("NVSHMEM_USE_NCCL", self.use_nccl),
+            ("NVSHMEM_IBGDA_SUPPORT", self.ibgda),
+            ("NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY", self.ibgda_gpumem_only),
+            ("NVSHMEM_IBRC_SUPPORT", self.ibrc),
+            ("NVSHMEM_IBDEVX_SUPPORT", self.ibdevx),
+            ("NVSHMEM_UCX_SUPPORT", self.ucx.is_some()),
+            ("NVSHMEM_LIBFABRIC_SUPPORT", self.libfabric.is_some()),
+            ("NVSHMEM_USE_GDRCOPY", self.gdrcopy.is_some()),
+            ("NVSHMEM_MPI_SUPPORT", self.mpi.is_some()),
+            ("NVSHMEM_SHMEM_SUPPORT", self.shmem.is_some()),
+            ("NVSHMEM_PMIX_SUPPORT", self.pmix.is_some()),
+            ("NVSHMEM_DEFAULT_PMIX", false),
+            ("NVSHMEM_DEFAULT_UCX", false),
+            ("NVSHMEM_USE_MLX5DV", self.mlx5dv),
+            ("NVSHMEM_NVTX", self.nvtx),
+            ("NVSHMEM_USE_DLMALLOC", self.dlmalloc),
+            (
+                "NVSHMEM_TIMEOUT_DEVICE_POLLING",
+                self.timeout_device_polling,
+            ),
+            ("NVSHMEM_GPU_COLL_USE_LDST", self.gpu_coll_use_ldst),
+            (
+                "NVSHMEM_ENABLE_ALL_DEVICE_INLINING",
+                self.enable_all_device_inlining,
+            ),
+            ("NVSHMEM_DEBUG", self.debug),
+            ("NVSHMEM_DEVEL", self.devel),
+            ("NVSHMEM_TRACE", self.trace),
+            ("NVSHMEM_VERBOSE", self.verbose),
+            ("NVSHMEM_BUILD_BITCODE_LIBRARY", self.bitcode_llvm.is_some()),
+        ];
+        v.extend(FIXED_OFF.iter().map(|k| (*k, false)));
+        v.into_iter().map(|(k, b)| (k.to_string(), on(b))).collect()
+    }
+
+    /// The `*_HOME` paths: the given prefix when the transport is on, else
+    /// [`UNUSED_HOME`]`/<name>` so the build-variable string shows nothing was used.
+    pub fn homes(&self) -> Vec<(String, String)> {
+        let home = |name: &str, p: &Option<PathBuf>| {
+            let value = match p {
+                Some(p) => p.display().to_string(),
+                None => format!(
+                    "{UNUSED_HOME}/{}",
+                    name.trim_end_matches("_HOME").to_ascii_lowercase()
+                ),
+            };
+            (name.to_string(), value)
+        };
+        vec![
+            home("GDRCOPY_HOME", &self.gdrcopy),
+            home("LIBFABRIC_HOME", &self.libfabric),
+            home("MPI_HOME", &self.mpi),
+            home("NCCL_HOME", &None),
+            home("PMIX_HOME", &self.pmix),
+            home("SHMEM_HOME", &self.shmem),
+            home("UCX_HOME", &self.ucx),
+        ]
+    }
+}
+
+/// `90`, `90-real`, `90a`, `100f-virtual` -> 90 / 100.
+pub fn arch_number(arch: &str) -> Option<u32> {
+    let base = arch.trim_end_matches("-real").trim_end_matches("-virtual");
+    let digits: String = base.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let rest = &base[digits.len()..];
+    if digits.is_empty() || !(rest.is_empty() || rest == "a" || rest == "f") {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_on_is_refused_with_the_reason() {
+        let o = NvshmemOptions {
+            use_nccl: true,
+            ..Default::default()
+        };
+        let e = o.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("libnccl.so.2") && e.contains("use_nccl = false"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn defaults_are_deepeps_flags() {
+        let o = NvshmemOptions::default();
+        o.validate().unwrap();
+        let s: std::collections::BTreeMap<_, _> = o.nvshmem_switches().into_iter().collect();
+        assert_eq!(s["NVSHMEM_USE_NCCL"], "OFF");
+        assert_eq!(s["NVSHMEM_IBGDA_SUPPORT"], "ON");
+        for off in [
+            "NVSHMEM_SHMEM_SUPPORT",
+            "NVSHMEM_UCX_SUPPORT",
+            "NVSHMEM_PMIX_SUPPORT",
+            "NVSHMEM_USE_GDRCOPY",
+            "NVSHMEM_IBRC_SUPPORT",
+            "NVSHMEM_MPI_SUPPORT",
+            "NVSHMEM_BUILD_TESTS",
+            "NVSHMEM_BUILD_EXAMPLES",
+            "NVSHMEM_BUILD_PYTHON_LIB",
+            "NVSHMEM_BUILD_HYDRA_LAUNCHER",
+            "NVSHMEM_BUILD_TXZ_PACKAGE",
+        ] {
+            assert_eq!(s[off], "OFF", "{off}");
+        }
+        assert_eq!(o.cuda_architectures(), "90");
+        assert!(
+            o.homes()
+                .iter()
+                .any(|(k, v)| k == "NCCL_HOME" && v == "/nonexistent/commstack-unused/nccl")
+        );
+    }
+
+    #[test]
+    fn archs_parse() {
+        assert_eq!(arch_number("90"), Some(90));
+        assert_eq!(arch_number("90a-real"), Some(90));
+        assert_eq!(arch_number("100f-virtual"), Some(100));
+        assert_eq!(arch_number("sm_90"), None);
+        let o = NvshmemOptions {
+            cuda_archs: vec!["90-real".into(), "100-virtual".into(), "120".into()],
+            ..Default::default()
+        };
+        assert_eq!(o.sass_archs(), vec![90, 120]);
+    }
+}

@@ -1,0 +1,246 @@
+//! The recipe against the fixture project that follows NVSHMEM's build contract, with
+//! real cmake and ninja (from their PyPI wheels) and gcc: hermetic despite a hostile
+//! environment, cached, proven, packaged as a drop-in wheel that pip installs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::process::Command;
+
+use common::*;
+use commstack_nvshmem::{
+    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, env::resolve_passthrough,
+};
+use commstack_store::Store;
+use commstack_wheel::{Wheel, parse_record, record_hash};
+
+#[test]
+fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
+    // The calling process exports what NVSHMEM's CMake would take as defaults. This test
+    // is alone in its binary, so changing the process environment is safe.
+    for (k, v) in [
+        ("NVSHMEM_USE_NCCL", "1"),
+        ("NVSHMEM_MPI_SUPPORT", "1"),
+        ("NVSHMEM_IBGDA_SUPPORT", "0"),
+        ("NVSHMEM_BUILD_TESTS", "1"),
+        ("NVSHMEM_PREFIX", "/evil/prefix"),
+        ("NCCL_HOME", "/evil/nccl"),
+        ("NCCL_DEBUG", "INFO"),
+        ("CUDA_HOME", "/evil/cuda"),
+        ("CMAKE_GENERATOR", "Unix Makefiles"),
+        ("CFLAGS", "-DEVIL_CFLAGS"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ] {
+        unsafe { std::env::set_var(k, v) };
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let tc = fixture_toolchain(tmp.path());
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let options = NvshmemOptions {
+        cuda_archs: vec!["90-real".into(), "100-real".into()],
+        rdma_core: Some(fake_rdma_core(tmp.path())),
+        ..Default::default()
+    };
+    let passthrough = resolve_passthrough(&["NVSHMEM_DISABLE_NVLS".to_string()]).unwrap();
+    let source = fixture_source();
+    let req = BuildRequest {
+        source_dir: &source,
+        source_tree_sha256: "sha256:fixture",
+        options: &options,
+        toolchain: &tc,
+        python3: "/usr/bin/python3".into(),
+        passthrough,
+        jobs: 2,
+        progress: &|_| {},
+    };
+
+    let first = build(&store, &req, false).unwrap();
+    assert!(!first.outcome.was_cached());
+    let proof = &first.report.proof;
+    assert!(proof.passed(), "{:#?}", proof.failures);
+    assert_eq!(proof.use_nccl, "OFF");
+    assert_eq!(proof.build_vars["NVSHMEM_MPI_SUPPORT"], "OFF");
+    assert_eq!(proof.build_vars["NVSHMEM_IBGDA_SUPPORT"], "ON");
+    assert_eq!(proof.build_vars["NVSHMEM_PREFIX"], "/opt/commstack/nvshmem");
+    assert_eq!(
+        proof.build_vars["CUDA_HOME"],
+        tc.cuda_home.display().to_string()
+    );
+    assert_eq!(
+        proof.build_vars["NCCL_HOME"],
+        "/nonexistent/commstack-unused/nccl"
+    );
+    assert!(!proof.build_options_h["NVSHMEM_BUILD_TESTS"]);
+    assert_eq!(proof.version.as_deref(), Some("3.4.5"));
+    assert_eq!(proof.sass_found["lib/libnvshmem_device.a"], vec![90, 100]);
+    assert!(proof.libnccl_hits.is_empty());
+    assert!(
+        proof.manylinux.starts_with("manylinux_2_") && proof.newest_glibc.is_some(),
+        "{}",
+        proof.manylinux
+    );
+    assert!(first.outcome.path().join("build-report.json").is_file());
+    assert!(first.outcome.path().join("logs/build.log").is_file());
+
+    // What the build saw: nothing of the hostile environment but the passthrough.
+    for file in ["configure-env.txt", "build-env.txt"] {
+        let env = fs::read_to_string(first.prefix.join("share/fixture").join(file)).unwrap();
+        let names: Vec<&str> = env
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .collect();
+        let leaked: Vec<&&str> = names
+            .iter()
+            .filter(|k| {
+                (k.starts_with("NVSHMEM_") && **k != "NVSHMEM_DISABLE_NVLS")
+                    || k.starts_with("NCCL_")
+                    || ["CUDA_HOME", "CMAKE_GENERATOR", "CFLAGS"].contains(k)
+            })
+            .collect();
+        assert!(leaked.is_empty(), "{file} leaked {leaked:?}");
+        assert!(
+            env.lines().any(|l| l == "NVSHMEM_DISABLE_NVLS=1"),
+            "{file}: passthrough missing"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(first.prefix.join("git_commit.txt")).unwrap(),
+        "commstack source tree sha256:fixture\n"
+    );
+
+    // Same inputs: nothing runs. --force: it runs again.
+    let second = build(&store, &req, false).unwrap();
+    assert!(second.outcome.was_cached());
+    assert_eq!(second.report, first.report);
+    assert_eq!(second.outcome.path(), first.outcome.path());
+    let forced = build(&store, &req, true).unwrap();
+    assert!(!forced.outcome.was_cached());
+    // A changed option is another step.
+    let other = NvshmemOptions {
+        nvtx: false,
+        ..options.clone()
+    };
+    let req2 = BuildRequest {
+        options: &other,
+        ..req
+    };
+    assert_ne!(commstack_nvshmem::build_key(&req2).unwrap().0, first.key);
+
+    // The drop-in wheel.
+    let spec = DropInSpec {
+        cuda_major: 13,
+        torch_pin: "3.4.5".into(),
+        allow_version_mismatch: false,
+    };
+    let (dropin, outcome) = build_dropin_wheel(&store, &forced, &spec, false).unwrap();
+    assert!(!outcome.was_cached());
+    let label = &forced.key.hash[..7];
+    assert!(
+        dropin.filename.starts_with(&format!(
+            "nvidia_nvshmem_cu13-3.4.5+commstack.g{label}-py3-none-manylinux"
+        )),
+        "{}",
+        dropin.filename
+    );
+    // Tagged from the glibc symbol versions the libraries need (the fixture needs few).
+    assert!(
+        dropin
+            .platform_tags
+            .iter()
+            .any(|t| t.starts_with("manylinux_2_")),
+        "{:?}",
+        dropin.platform_tags
+    );
+    for f in [
+        "nvidia/nvshmem/lib/libnvshmem_host.so.3",
+        "nvidia/nvshmem/lib/nvshmem_transport_ibgda.so.3",
+        "nvidia/nvshmem/lib/nvshmem_bootstrap_uid.so.3",
+        "nvidia/nvshmem/lib/libnvshmem_device.a",
+        "nvidia/nvshmem/include/non_abi/nvshmem_build_options.h",
+    ] {
+        assert!(
+            dropin.files.iter().any(|x| x == f),
+            "{f} missing from {:?}",
+            dropin.files
+        );
+    }
+    for f in [
+        "nvidia/nvshmem/lib/libnvshmem_host.so",
+        "nvidia/nvshmem/lib/libnvshmem_host.so.3.4.5",
+    ] {
+        assert!(
+            !dropin.files.iter().any(|x| x == f),
+            "{f} should not ship (NVIDIA's wheel has only .so.3)"
+        );
+    }
+    Wheel::open(&dropin.wheel).unwrap().verify().unwrap();
+    assert!(
+        build_dropin_wheel(&store, &forced, &spec, false)
+            .unwrap()
+            .1
+            .was_cached()
+    );
+    let other_pin = DropInSpec {
+        torch_pin: "3.3.20".into(),
+        ..spec.clone()
+    };
+    let err = build_dropin_wheel(&store, &forced, &other_pin, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("torch pins nvidia-nvshmem-cu13==3.3.20"),
+        "{err}"
+    );
+
+    // pip installs it; the RECORD it keeps verifies; the library is ours.
+    let venv = tmp.path().join("venv");
+    run(Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv));
+    let py = venv.join("bin/python");
+    run(Command::new("python3")
+        .args(["-m", "pip", "--python"])
+        .arg(&py)
+        .args(["install", "--no-index", "--no-deps", "-q"])
+        .arg(&dropin.wheel));
+    let show = run(Command::new("python3")
+        .args(["-m", "pip", "--python"])
+        .arg(&py)
+        .args(["show", "nvidia-nvshmem-cu13"]));
+    assert!(
+        show.contains(&format!("Version: 3.4.5+commstack.g{label}")),
+        "{show}"
+    );
+    let site = run(Command::new(&py).args([
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+    ]));
+    let site = std::path::Path::new(site.trim());
+    let dist_info = fs::read_dir(site)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.to_string_lossy().ends_with(".dist-info")
+                && p.to_string_lossy().contains("nvidia_nvshmem_cu13")
+        })
+        .unwrap();
+    let record = parse_record(&fs::read(dist_info.join("RECORD")).unwrap()).unwrap();
+    let mut hashed = 0;
+    for e in &record {
+        if let Some(h) = &e.hash {
+            assert_eq!(
+                &record_hash(&fs::read(site.join(&e.path)).unwrap()),
+                h,
+                "{}",
+                e.path
+            );
+            hashed += 1;
+        }
+    }
+    assert!(hashed >= 10);
+    let host = fs::read(site.join("nvidia/nvshmem/lib/libnvshmem_host.so.3")).unwrap();
+    assert!(host.windows(20).any(|w| w == b"NVSHMEM_USE_NCCL=OFF"));
+    let _ = BTreeMap::<String, String>::new();
+}

@@ -1,0 +1,395 @@
+//! The static level (no GPU): every shared object of the stack in an environment's
+//! site-packages, read with the ELF library.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::check::{Check, Status, overall};
+use crate::elf::{
+    DeviceCode, DottedVersion, ElfFile, LibraryTree, TreeLibrary, newest_glibc, newest_glibcxx,
+    read_device_code, scan_tree,
+};
+use crate::expect::Expectations;
+
+/// The newest symbol versions one library needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct LibraryNeeds {
+    pub path: PathBuf,
+    pub glibc: Option<DottedVersion>,
+    pub glibcxx: Option<DottedVersion>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StaticFindings {
+    pub roots: Vec<PathBuf>,
+    /// How many shared objects of the stack were read.
+    pub libraries: usize,
+    pub needs: Vec<LibraryNeeds>,
+    pub device_code: Vec<DeviceCode>,
+    pub checks: Vec<Check>,
+}
+
+impl StaticFindings {
+    pub fn status(&self) -> Status {
+        overall(&self.checks)
+    }
+}
+
+/// Libraries that belong to the stack: torch's, NVIDIA's wheels (NVSHMEM, NCCL, CUDA),
+/// DeepEP's. Other packages of an adopted environment are not ours to judge.
+pub fn is_stack_library(root: &Path, path: &Path) -> bool {
+    let rel = path
+        .strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .into_owned();
+    rel.starts_with("torch/") || rel.starts_with("nvidia/") || rel.starts_with("deep_ep")
+}
+
+/// Runs every static check over `roots` (site-packages directories).
+pub fn check_static(roots: &[PathBuf], expect: &Expectations) -> StaticFindings {
+    let mut checks = Vec::new();
+    let mut libs: Vec<(PathBuf, TreeLibrary)> = Vec::new();
+    let mut trees: Vec<LibraryTree> = Vec::new();
+    for root in roots {
+        match scan_tree(root) {
+            Ok(tree) => {
+                for (path, why) in &tree.unreadable {
+                    if is_stack_library(root, path) {
+                        checks.push(Check::fail(
+                            "static.readable",
+                            format!("{}: {why}", path.display()),
+                            "reinstall the package that owns this file",
+                        ));
+                    }
+                }
+                libs.extend(
+                    tree.libraries
+                        .iter()
+                        .filter(|l| is_stack_library(root, &l.path))
+                        .map(|l| (root.clone(), l.clone())),
+                );
+                trees.push(tree);
+            }
+            Err(e) => checks.push(Check::fail(
+                "static.readable",
+                e.to_string(),
+                "check the path and its permissions",
+            )),
+        }
+    }
+    let stack: Vec<&TreeLibrary> = libs.iter().map(|(_, l)| l).collect();
+
+    checks.extend(nvshmem_checks(&stack, expect));
+    checks.extend(one_copy_checks(&stack, expect));
+    checks.push(resolution_check(&trees, &libs, expect));
+    let (needs, glibc_checks) = symbol_version_checks(&stack, expect);
+    checks.extend(glibc_checks);
+    let (device_code, device_checks) = device_code_checks(&trees, expect);
+    checks.extend(device_checks);
+
+    StaticFindings {
+        roots: roots.to_vec(),
+        libraries: stack.len(),
+        needs,
+        device_code,
+        checks,
+    }
+}
+
+fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
+    let hosts: Vec<&&TreeLibrary> = stack
+        .iter()
+        .filter(|l| l.name.starts_with("libnvshmem_host"))
+        .collect();
+    if hosts.is_empty() {
+        let status = if expect.nvshmem_version.is_some() || expect.nvshmem_prefix.is_some() {
+            Check::fail(
+                "static.nvshmem-host.build-vars",
+                "no libnvshmem_host in the environment",
+                "install the stack's NVSHMEM drop-in wheel",
+            )
+        } else {
+            Check::not_run(
+                "static.nvshmem-host.build-vars",
+                "no libnvshmem_host in the environment",
+            )
+        };
+        return vec![status];
+    }
+    let mut checks = Vec::new();
+    for lib in hosts {
+        let path = &lib.path;
+        let elf = match ElfFile::open(path) {
+            Ok(e) => e,
+            Err(e) => {
+                checks.push(Check::fail(
+                    "static.nvshmem-host.build-vars",
+                    e.to_string(),
+                    "reinstall NVSHMEM",
+                ));
+                continue;
+            }
+        };
+        match elf.nvshmem_host_info() {
+            Ok(info) => {
+                let check = info.build_vars.check(&expect.nvshmem_build_vars);
+                let version = info
+                    .version
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "?".into());
+                checks.push(if check.passed() {
+                    Check::pass("static.nvshmem-host.build-vars", format!("{}: NVSHMEM {version}, NVSHMEM_USE_NCCL=OFF and every expected option", path.display()))
+                } else {
+                    let list: Vec<String> = check.mismatches.iter().map(|m| m.to_string()).collect();
+                    Check::fail(
+                        "static.nvshmem-host.build-vars",
+                        format!("{} (NVSHMEM {version}): {}", path.display(), list.join("; ")),
+                        "install the NVSHMEM built by `cargo xtask build nvshmem` (the drop-in wheel) in place of this one",
+                    )
+                });
+                if let Some(want) = expect.nvshmem_version {
+                    checks.push(match info.version {
+                        Some(v) if v == want => {
+                            Check::pass("static.nvshmem-host.version", format!("{v}"))
+                        }
+                        other => Check::fail(
+                            "static.nvshmem-host.version",
+                            format!(
+                                "{} is NVSHMEM {}; the stack expects {want}",
+                                path.display(),
+                                other.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+                            ),
+                            "install the NVSHMEM the lock pins",
+                        ),
+                    });
+                }
+            }
+            Err(e) => checks.push(Check::fail(
+                "static.nvshmem-host.build-vars",
+                e.to_string(),
+                "this is not an NVSHMEM host library the stack built",
+            )),
+        }
+        checks.push(match elf.find_libnccl() {
+            Ok(hits) if hits.is_empty() => Check::pass("static.nvshmem-host.no-libnccl", format!("{}: no `libnccl` in any byte", path.display())),
+            Ok(hits) => Check::fail(
+                "static.nvshmem-host.no-libnccl",
+                format!(
+                    "{} names NCCL {} time(s): {} (it can dlopen NCCL without any DT_NEEDED)",
+                    path.display(),
+                    hits.len(),
+                    hits.iter().map(|h| format!("`{}` in {} at {:#x}", h.context, h.section.as_deref().unwrap_or("no section"), h.offset)).collect::<Vec<_>>().join(", ")
+                ),
+                "build NVSHMEM with NVSHMEM_USE_NCCL=OFF (`cargo xtask build nvshmem`) and install that",
+            ),
+            Err(e) => Check::fail("static.nvshmem-host.no-libnccl", e.to_string(), "reinstall NVSHMEM"),
+        });
+    }
+    checks
+}
+
+fn one_copy_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
+    expect
+        .shipped_sonames
+        .iter()
+        .map(|soname| {
+            let name = format!("static.one-copy.{soname}");
+            let copies: Vec<String> = stack.iter().filter(|l| &l.name == soname).map(|l| l.path.display().to_string()).collect();
+            match copies.len() {
+                1 => Check::pass(&name, copies[0].clone()),
+                0 => Check::fail(&name, format!("no {soname} in the environment"), "install the stack's wheelhouse"),
+                n => Check::fail(
+                    &name,
+                    format!("{n} copies of {soname}: {}; the first one loaded wins for every library that needs it by SONAME", copies.join(", ")),
+                    "uninstall the extra package (pip uninstall the wheel that brought the second copy)",
+                ),
+            }
+        })
+        .collect()
+}
+
+fn resolution_check(
+    trees: &[LibraryTree],
+    libs: &[(PathBuf, TreeLibrary)],
+    expect: &Expectations,
+) -> Check {
+    let mut problems = Vec::new();
+    for tree in trees {
+        for u in tree.unresolved(&expect.system_lib_dirs, &expect.host_provided_sonames) {
+            if !libs.iter().any(|(_, l)| l.path == u.library) {
+                continue;
+            }
+            let elsewhere = if u.elsewhere_in_tree.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (a copy exists at {}, used only if something loaded it first)",
+                    u.elsewhere_in_tree[0].display()
+                )
+            };
+            problems.push(format!(
+                "{} needs {}{elsewhere}",
+                u.library.display(),
+                u.needed
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Check::pass(
+            "static.needed-resolve",
+            format!("every DT_NEEDED of {} stack libraries resolves", libs.len()),
+        )
+    } else {
+        Check::fail(
+            "static.needed-resolve",
+            format!("{} unresolved: {}", problems.len(), problems.join("; ")),
+            "install the package that ships each missing library, or fix the RUNPATH of the library that needs it",
+        )
+    }
+}
+
+fn symbol_version_checks(
+    stack: &[&TreeLibrary],
+    expect: &Expectations,
+) -> (Vec<LibraryNeeds>, Vec<Check>) {
+    let needs: Vec<LibraryNeeds> = stack
+        .iter()
+        .filter_map(|l| {
+            let v = ElfFile::open(&l.path).ok()?.needed_versions().ok()?;
+            Some(LibraryNeeds {
+                path: l.path.clone(),
+                glibc: newest_glibc(&v),
+                glibcxx: newest_glibcxx(&v),
+            })
+        })
+        .collect();
+    let mut checks = Vec::new();
+    for (what, target, pick) in [
+        (
+            "glibc",
+            &expect.target_glibc,
+            (|n: &LibraryNeeds| n.glibc.clone()) as fn(&LibraryNeeds) -> Option<DottedVersion>,
+        ),
+        ("glibcxx", &expect.target_glibcxx, |n: &LibraryNeeds| {
+            n.glibcxx.clone()
+        }),
+    ] {
+        let name = format!("static.{what}");
+        let newest = needs
+            .iter()
+            .filter_map(|n| Some((pick(n)?, &n.path)))
+            .max_by(|a, b| a.0.cmp(&b.0));
+        let Some((newest_v, newest_at)) = newest else {
+            checks.push(Check::pass(
+                &name,
+                format!("no library needs a versioned {what} symbol"),
+            ));
+            continue;
+        };
+        checks.push(match target {
+            None => Check::not_run_fix(
+                &name,
+                format!(
+                    "newest {what} needed: {newest_v} ({}); no target version given",
+                    newest_at.display()
+                ),
+                format!("pass the target's {what} version (or verify against a stack lock)"),
+            ),
+            Some(t) => {
+                let over: Vec<String> = needs
+                    .iter()
+                    .filter_map(|n| Some((pick(n)?, &n.path)))
+                    .filter(|(v, _)| v > t)
+                    .map(|(v, p)| format!("{} needs {v}", p.display()))
+                    .collect();
+                if over.is_empty() {
+                    Check::pass(
+                        &name,
+                        format!("newest {what} needed: {newest_v} <= target {t}"),
+                    )
+                } else {
+                    Check::fail(
+                        &name,
+                        format!("the target has {what} {t}, but {}", over.join("; ")),
+                        format!("build these libraries on (or for) a system with {what} <= {t}"),
+                    )
+                }
+            }
+        });
+    }
+    (needs, checks)
+}
+
+fn device_code_checks(
+    trees: &[LibraryTree],
+    expect: &Expectations,
+) -> (Vec<DeviceCode>, Vec<Check>) {
+    let mut found = Vec::new();
+    let mut checks = Vec::new();
+    for tree in trees {
+        for entry in walkdir::WalkDir::new(&tree.root)
+            .max_depth(4)
+            .into_iter()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type().is_file() && name.starts_with("libnvshmem_device") {
+                match read_device_code(entry.path()) {
+                    Ok(code) => found.push(code),
+                    Err(e) => checks.push(Check::fail(
+                        "static.nvshmem-device.archs",
+                        e.to_string(),
+                        "reinstall NVSHMEM",
+                    )),
+                }
+            }
+        }
+    }
+    for code in found.iter().filter(|c| !c.containers.is_empty()) {
+        let sass: Vec<String> = code
+            .sass_archs()
+            .iter()
+            .map(|a| format!("sm_{a}"))
+            .collect();
+        let ptx: Vec<String> = code
+            .ptx_archs()
+            .iter()
+            .map(|a| format!("compute_{a}"))
+            .collect();
+        let seen = format!(
+            "{}: SASS {} PTX {}",
+            code.path.display(),
+            sass.join(","),
+            if ptx.is_empty() {
+                "none".into()
+            } else {
+                ptx.join(",")
+            }
+        );
+        checks.push(match &expect.cuda_archs {
+            None => Check::not_run_fix(
+                "static.nvshmem-device.archs",
+                format!("{seen}; no expected archs given"),
+                "pass the stack's CUDA archs (or verify against a lock)",
+            ),
+            Some(want) => {
+                let missing: Vec<String> = want
+                    .difference(&code.sass_archs())
+                    .map(|a| format!("sm_{a}"))
+                    .collect();
+                if missing.is_empty() {
+                    Check::pass("static.nvshmem-device.archs", seen)
+                } else {
+                    Check::fail(
+                        "static.nvshmem-device.archs",
+                        format!("{seen}; missing {}", missing.join(",")),
+                        "rebuild NVSHMEM with those archs in CMAKE_CUDA_ARCHITECTURES",
+                    )
+                }
+            }
+        });
+    }
+    (found, checks)
+}

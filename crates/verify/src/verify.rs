@@ -1,0 +1,254 @@
+//! `verify` itself: run the requested levels against one Python environment and gather
+//! them into a report. Levels not requested, or that cannot run here, are in the report
+//! as not run, with why.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::json;
+
+use crate::check::Check;
+use crate::environment::{PythonEnv, environment_key};
+use crate::expect::Expectations;
+use crate::process::{Exit, run_captured};
+use crate::report::{EnvironmentReport, Level, LevelReport, REPORT_SCHEMA, Report, write_atomic};
+use crate::runner::{TestRun, TestSpec, run_test};
+use crate::runtime::{check_runtime, run_probe};
+use crate::static_level::check_static;
+
+pub struct VerifyOptions {
+    pub python: PathBuf,
+    pub levels: Vec<Level>,
+    pub expect: Expectations,
+    /// Tests given by the user, run through the runner and the exit-clean gate.
+    pub tests: Vec<TestSpec>,
+    /// A DeepEP source tree: its tests/test_intranode.py runs with 2, 4 and 8 ranks where
+    /// that many GPUs exist.
+    pub deepep_source: Option<PathBuf>,
+    pub probe_timeout: Duration,
+    /// Where each test's full log goes (the report directory).
+    pub log_dir: Option<PathBuf>,
+}
+
+impl VerifyOptions {
+    pub fn new(python: &Path, levels: Vec<Level>, expect: Expectations) -> VerifyOptions {
+        VerifyOptions {
+            python: python.to_path_buf(),
+            levels,
+            expect,
+            tests: Vec::new(),
+            deepep_source: None,
+            probe_timeout: Duration::from_secs(600),
+            log_dir: None,
+        }
+    }
+}
+
+pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
+    let env = PythonEnv::describe(&opts.python)?;
+    let key = environment_key(&env)?;
+    let wants = |l: Level| opts.levels.contains(&l);
+    let skipped = |l: Level| LevelReport::not_run(l, "not requested");
+
+    let static_level = if wants(Level::Static) {
+        let f = check_static(&env.site_packages, &opts.expect);
+        LevelReport::ran(
+            Level::Static,
+            f.checks.clone(),
+            json!({"roots": f.roots, "libraries": f.libraries, "needs": f.needs, "device_code": f.device_code}),
+        )
+    } else {
+        skipped(Level::Static)
+    };
+
+    let runtime_level = if wants(Level::Runtime) {
+        match run_probe(
+            &opts.python,
+            &opts.expect.import_modules,
+            &[],
+            opts.probe_timeout,
+        ) {
+            Ok(probe) => {
+                let f = check_runtime(&probe, &opts.expect);
+                LevelReport::ran(
+                    Level::Runtime,
+                    f.checks.clone(),
+                    serde_json::to_value(&f).unwrap_or_default(),
+                )
+            }
+            Err(e) => LevelReport::failed(Level::Runtime, &e),
+        }
+    } else {
+        skipped(Level::Runtime)
+    };
+
+    let selftest_level = if wants(Level::Selftest) {
+        LevelReport::not_run(
+            Level::Selftest,
+            "the kernel crate's self-test is not wired into verify yet: run it with `cargo xtask build kernels` on the GPU machine",
+        )
+    } else {
+        skipped(Level::Selftest)
+    };
+
+    let (tests_level, exit_level) = if wants(Level::Tests) || wants(Level::ExitClean) {
+        run_tests_levels(opts, &key.id)
+    } else {
+        (skipped(Level::Tests), skipped(Level::ExitClean))
+    };
+    let tests_level = if wants(Level::Tests) {
+        tests_level
+    } else {
+        skipped(Level::Tests)
+    };
+    let exit_level = if wants(Level::ExitClean) {
+        exit_level
+    } else {
+        skipped(Level::ExitClean)
+    };
+
+    Ok(Report {
+        schema: REPORT_SCHEMA,
+        tool: format!("commstack-verify {}", env!("CARGO_PKG_VERSION")),
+        generated_at: jiff::Timestamp::now().to_string(),
+        environment: EnvironmentReport {
+            kind: "python",
+            python: env,
+            key,
+        },
+        expectations: opts.expect.clone(),
+        requested: opts.levels.clone(),
+        levels: vec![
+            static_level,
+            runtime_level,
+            selftest_level,
+            tests_level,
+            exit_level,
+        ],
+    })
+}
+
+fn run_tests_levels(opts: &VerifyOptions, env_id: &str) -> (LevelReport, LevelReport) {
+    let mut specs = opts.tests.clone();
+    let mut not_run: Vec<Check> = Vec::new();
+    if let Some(src) = &opts.deepep_source {
+        let script = src.join("tests/test_intranode.py");
+        let gpus = gpu_count(&opts.python);
+        for ranks in [2u32, 4, 8] {
+            let name = format!("deepep-intranode-{ranks}");
+            match &gpus {
+                Ok(n) if *n >= ranks => {
+                    let n = ranks.to_string();
+                    let mut spec = TestSpec::script(&name, &script, &["--num-processes", &n]);
+                    spec.cwd = Some(src.clone());
+                    specs.push(spec);
+                }
+                Ok(n) => not_run.push(Check::not_run(
+                    &format!("tests.{name}"),
+                    format!("needs {ranks} GPUs; this machine has {n}"),
+                )),
+                Err(why) => not_run.push(Check::not_run(
+                    &format!("tests.{name}"),
+                    format!("cannot count GPUs: {why}"),
+                )),
+            }
+        }
+    }
+    if specs.is_empty() && not_run.is_empty() {
+        let why = "no tests given: pass --test FILE[:FUNCTION] or --deepep-source DIR";
+        return (
+            LevelReport::not_run(Level::Tests, why),
+            LevelReport::not_run(Level::ExitClean, why),
+        );
+    }
+    let mut test_checks = not_run.clone();
+    let mut gate_checks: Vec<Check> = not_run
+        .iter()
+        .map(|c| {
+            Check::not_run(
+                &c.name.replacen("tests.", "exit-clean.", 1),
+                "the test did not run",
+            )
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for spec in &specs {
+        match run_test(&opts.python, spec) {
+            Ok(run) => {
+                write_log(opts, env_id, &run);
+                let [t, g] = run.checks();
+                test_checks.push(t);
+                gate_checks.push(g);
+                runs.push(json!({
+                    "name": run.name,
+                    "outcome": run.outcome,
+                    "gate": run.gate,
+                    "wall_ms": run.captured.wall_ms,
+                    "bandwidth_lines": bandwidth_lines(&run),
+                }));
+            }
+            Err(e) => {
+                let detail = e
+                    .chain()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                test_checks.push(Check::fail(
+                    &format!("tests.{}", spec.name),
+                    detail,
+                    "check the interpreter and the test path",
+                ));
+                gate_checks.push(Check::not_run(
+                    &format!("exit-clean.{}", spec.name),
+                    "the test did not start",
+                ));
+            }
+        }
+    }
+    let details = json!({ "runs": runs });
+    (
+        LevelReport::ran(Level::Tests, test_checks, details.clone()),
+        LevelReport::ran(Level::ExitClean, gate_checks, details),
+    )
+}
+
+/// DeepEP's tests print their bandwidth as `... GB/s ...`: kept for the report.
+fn bandwidth_lines(run: &TestRun) -> Vec<String> {
+    run.captured
+        .lines
+        .iter()
+        .filter(|l| l.text.contains("GB/s"))
+        .map(|l| l.text.clone())
+        .collect()
+}
+
+fn write_log(opts: &VerifyOptions, env_id: &str, run: &TestRun) {
+    if let Some(dir) = &opts.log_dir {
+        let path = dir.join(format!("verify-{env_id}-{}.log", run.name));
+        if std::fs::create_dir_all(dir).is_ok() {
+            let _ = write_atomic(&path, run.captured.transcript().as_bytes());
+        }
+    }
+}
+
+/// GPUs torch sees in the target environment.
+fn gpu_count(python: &Path) -> Result<u32, String> {
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", "import torch; print(torch.cuda.device_count())"]);
+    let out = run_captured(cmd, Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    let last = out
+        .lines
+        .iter()
+        .rev()
+        .find(|l| !l.text.trim().is_empty())
+        .map(|l| l.text.trim().to_string());
+    match (out.exit, last.as_deref().and_then(|l| l.parse().ok())) {
+        (Exit::Code { code: 0 }, Some(n)) => Ok(n),
+        (exit, _) => Err(format!(
+            "`import torch; torch.cuda.device_count()` ended with {exit}: {}",
+            last.unwrap_or_default()
+        )),
+    }
+}

@@ -1,0 +1,264 @@
+//! Wheels written by commstack-wheel, read back, unpacked, and installed by the real pip.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use commstack_wheel::{
+    InstallLayout, RecordMismatch, RecordProblem, Wheel, WheelBuilder, install, parse_record,
+    unpack,
+};
+
+fn demo_builder(dir: &Path) -> WheelBuilder {
+    let tool = dir.join("tool.sh");
+    fs::write(&tool, "#!/bin/sh\necho tool-ran\n").unwrap();
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+    let license = dir.join("LICENSE");
+    fs::write(&license, "demo license\n").unwrap();
+
+    let mut b = WheelBuilder::new("Commstack_Demo.pkg", "1.0+Local-ABC")
+        .unwrap()
+        .tag("py3", "none", "any")
+        .root_is_purelib(true)
+        .metadata("Summary", "a demo")
+        .metadata("License-File", "LICENSE")
+        .description("Demo body.\n");
+    b.add_bytes(
+        "commstack_demo/__init__.py",
+        b"VALUE = 'hello'\n".to_vec(),
+        false,
+    )
+    .unwrap();
+    b.add_file("commstack_demo/tool.sh", &tool).unwrap();
+    b.add_bytes("commstack_demo/data,with,commas.txt", b"x".to_vec(), false)
+        .unwrap();
+    b.add_dist_info_file("licenses/LICENSE", &license).unwrap();
+    b
+}
+
+#[test]
+fn written_wheel_is_deterministic_and_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = demo_builder(tmp.path())
+        .write(&tmp.path().join("a"))
+        .unwrap();
+    let b = demo_builder(tmp.path())
+        .write(&tmp.path().join("b"))
+        .unwrap();
+    assert_eq!(
+        a.filename.to_string(),
+        "commstack_demo_pkg-1.0+local.abc-py3-none-any.whl"
+    );
+    assert_eq!(
+        fs::read(&a.path).unwrap(),
+        fs::read(&b.path).unwrap(),
+        "same inputs, same bytes"
+    );
+
+    let wheel = Wheel::open(&a.path).unwrap();
+    wheel.verify().unwrap();
+    assert_eq!(
+        wheel.dist_info,
+        "commstack_demo_pkg-1.0+local.abc.dist-info"
+    );
+    assert_eq!(wheel.version().unwrap().to_string(), "1.0+local.abc");
+    assert!(wheel.root_is_purelib());
+    // RECORD is the last entry, dist-info after the payload.
+    let last = wheel.entries.last().unwrap();
+    assert_eq!(
+        last.path,
+        "commstack_demo_pkg-1.0+local.abc.dist-info/RECORD"
+    );
+    assert!(
+        wheel
+            .entries
+            .iter()
+            .find(|e| e.path.ends_with("tool.sh"))
+            .unwrap()
+            .is_executable()
+    );
+
+    let out = tmp.path().join("unpacked");
+    let installed = unpack(&a.path, &out).unwrap();
+    assert_eq!(installed.files.len(), wheel.record.len());
+    let mode = fs::metadata(out.join("commstack_demo/tool.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755);
+    let mode = fs::metadata(out.join("commstack_demo/__init__.py"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644);
+}
+
+#[test]
+fn tampered_record_is_reported_with_every_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = demo_builder(tmp.path()).write(tmp.path()).unwrap();
+    // Rewrite the archive with one changed file but the old RECORD.
+    let bad_path = tmp.path().join("bad").join(good.filename.to_string());
+    fs::create_dir_all(bad_path.parent().unwrap()).unwrap();
+    {
+        let mut src = zip::ZipArchive::new(fs::File::open(&good.path).unwrap()).unwrap();
+        let mut dst = zip::ZipWriter::new(fs::File::create(&bad_path).unwrap());
+        for i in 0..src.len() {
+            let f = src.by_index(i).unwrap();
+            let name = f.name().unwrap().to_string();
+            if name.ends_with("__init__.py") {
+                drop(f);
+                dst.start_file(name, zip::write::SimpleFileOptions::default())
+                    .unwrap();
+                std::io::Write::write_all(&mut dst, b"VALUE = 'evil'\n").unwrap();
+            } else {
+                dst.raw_copy_file(f).unwrap();
+            }
+        }
+        dst.start_file("extra.txt", zip::write::SimpleFileOptions::default())
+            .unwrap();
+        dst.finish().unwrap();
+    }
+    let err = Wheel::open(&bad_path).unwrap().verify().unwrap_err();
+    let mismatch = err
+        .downcast_ref::<RecordMismatch>()
+        .expect("a RecordMismatch");
+    assert!(mismatch.problems.iter().any(
+        |p| matches!(p, RecordProblem::HashMismatch { path, .. } if path.ends_with("__init__.py"))
+    ));
+    assert!(
+        mismatch
+            .problems
+            .iter()
+            .any(|p| matches!(p, RecordProblem::NotInRecord { path } if path == "extra.txt"))
+    );
+    // Unpacking checks as it writes, and refuses the same wheel.
+    assert!(unpack(&bad_path, &tmp.path().join("out")).is_err());
+}
+
+#[test]
+fn install_maps_data_scripts_to_bin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b =
+        WheelBuilder::new("toolpkg", "2.0")
+            .unwrap()
+            .tag("py3", "none", "manylinux_2_17_x86_64");
+    b.add_bytes(
+        "toolpkg-2.0.data/scripts/toolbin",
+        b"\x7fELF-pretend".to_vec(),
+        true,
+    )
+    .unwrap();
+    b.add_bytes("toolpkg/__init__.py", Vec::new(), false)
+        .unwrap();
+    let w = b.write(tmp.path()).unwrap();
+    let root = tmp.path().join("prefix");
+    install(&w.path, &InstallLayout::prefix(&root)).unwrap();
+    let bin = root.join("bin/toolbin");
+    assert_eq!(
+        fs::metadata(&bin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    assert!(root.join("toolpkg/__init__.py").is_file());
+    assert!(!root.join("toolpkg-2.0.data").exists());
+}
+
+/// The real pip installs what we write, and the RECORD it keeps verifies.
+#[test]
+fn pip_installs_our_wheel_and_its_record_verifies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wheel = demo_builder(tmp.path()).write(tmp.path()).unwrap();
+    let venv = tmp.path().join("venv");
+    run(Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv));
+    // --without-pip + the host pip targeting the venv keeps this test fast (no ensurepip).
+    let py = venv.join("bin/python");
+    run(Command::new("python3")
+        .args(["-m", "pip", "--python"])
+        .arg(&py)
+        .args([
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+        ])
+        .arg(&wheel.path));
+    let show = run(Command::new("python3")
+        .args(["-m", "pip", "--python"])
+        .arg(&py)
+        .args(["show", "-f", "commstack-demo-pkg"]));
+    assert!(show.contains("Version: 1.0+local.abc"), "{show}");
+    let out = run(Command::new(&py).args(["-c", "import commstack_demo, os; print(commstack_demo.VALUE); print(os.access(os.path.join(os.path.dirname(commstack_demo.__file__), 'tool.sh'), os.X_OK))"]));
+    assert_eq!(out.trim(), "hello\nTrue");
+
+    // The installed RECORD: every hashed file on disk matches.
+    let site = run(Command::new(&py).args([
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+    ]));
+    let site = Path::new(site.trim());
+    let record_path = site.join("commstack_demo_pkg-1.0+local.abc.dist-info/RECORD");
+    let record = parse_record(&fs::read(&record_path).unwrap()).unwrap();
+    let mut checked = 0;
+    for e in &record {
+        let Some(hash) = &e.hash else { continue };
+        let bytes = fs::read(site.join(&e.path)).unwrap();
+        assert_eq!(&commstack_wheel::record_hash(&bytes), hash, "{}", e.path);
+        assert_eq!(e.size, Some(bytes.len() as u64));
+        checked += 1;
+    }
+    assert!(
+        checked >= 5,
+        "only {checked} hashed rows in {}",
+        record_path.display()
+    );
+}
+
+/// Reads and unpacks a real PyPI wheel and runs the binary inside.
+/// Needs PyPI: `cargo test -p commstack-wheel -- --ignored`.
+#[test]
+#[ignore = "downloads ninja 1.13.0 from PyPI"]
+fn real_pypi_wheel_unpacks_and_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+        ])
+        .arg(tmp.path())
+        .args(["--platform", "manylinux2014_x86_64", "ninja==1.13.0"]));
+    let whl = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .unwrap();
+    let w = Wheel::open(&whl).unwrap();
+    w.verify().unwrap();
+    assert_eq!(w.name(), "ninja");
+    let root = tmp.path().join("prefix");
+    install(&whl, &InstallLayout::prefix(&root)).unwrap();
+    let v = run(Command::new(root.join("bin/ninja")).arg("--version"));
+    // Kitware's build says `1.13.0.git.kitware.jobserver-pipe-1`.
+    assert!(v.trim().starts_with("1.13.0"), "{v}");
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -1,0 +1,588 @@
+//! One rank of the self-test: CUDA context, NVSHMEM bootstrap, then the put sweep, the
+//! MoE-style dispatch and the signal ping-pong, each checked against the CPU reference.
+//!
+//! Every phase that writes into another PE's memory is framed by
+//! [`sync_barrier`] (stream synchronised, then an NVSHMEM barrier): before it so that
+//! nobody is still reading the target buffer, after it so that every put has landed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::{CudaContext, CudaStream, result};
+
+use crate::driver;
+use crate::ffi;
+use crate::launch::{self, DeviceItems, PingPongTimes, PutGrid};
+use crate::nvshmem::{Nvshmem, SymmetricBuffer, UniqueId};
+use crate::options::{TestKind, TestOptions};
+use crate::rendezvous;
+use crate::report::{
+    CopyResult, DeviceInfo, DispatchResult, LatencyStats, NvshmemInfo, PingPongResult, PutCheck,
+    PutResult, RankReport, Role, median,
+};
+use crate::rng::{ByteStream, Purpose};
+use crate::routing::{self, POISON};
+
+/// Bytes after each put message that must keep the poison value (overrun check).
+pub const PUT_GUARD: usize = 4096;
+/// Bytes one timed batch of puts or copies aims to move.
+const BATCH_BYTES: u64 = 2 << 30;
+
+/// Who this process is in the job.
+#[derive(Debug, Clone)]
+pub struct RankSpec {
+    pub rank: usize,
+    pub world: usize,
+    /// CUDA device ordinal to use.
+    pub local_rank: usize,
+    /// Where rank 0 listens; needed when `world > 1`.
+    pub rdzv: Option<String>,
+}
+
+macro_rules! log {
+    ($rank:expr, $($arg:tt)*) => { eprintln!("[rank {}] {}", $rank, format_args!($($arg)*)) };
+}
+
+/// Runs every selected test as rank `spec.rank` and returns its report.
+pub fn run_rank(opts: &TestOptions, spec: &RankSpec) -> anyhow::Result<RankReport> {
+    driver::require_driver()?;
+    let ctx = CudaContext::new(spec.local_rank).with_context(|| {
+        format!(
+            "creating the primary CUDA context of GPU {}",
+            spec.local_rank
+        )
+    })?;
+    let device = device_info(&ctx)?;
+    check_arch(&device)?;
+    log!(
+        spec.rank,
+        "GPU {} {} (sm_{}), rank {} of {}",
+        device.ordinal,
+        device.name,
+        device.compute_capability.replace('.', ""),
+        spec.rank,
+        spec.world
+    );
+
+    let id = exchange_id(&ctx, spec, opts)?;
+    let shmem = Nvshmem::init(ctx.clone(), spec.rank, spec.world, &id)
+        .context("initialising NVSHMEM (NVSHMEM_DEBUG=INFO shows why it failed)")?;
+    let result = run_tests(&shmem, opts, device);
+    if let Err(e) = &result {
+        // Said before finalising: finalize is collective and may wait for other ranks.
+        log!(spec.rank, "failed: {e:#}");
+        log!(spec.rank, "finalising NVSHMEM");
+    }
+    drop(shmem);
+    result
+}
+
+fn exchange_id(
+    ctx: &Arc<CudaContext>,
+    spec: &RankSpec,
+    opts: &TestOptions,
+) -> anyhow::Result<UniqueId> {
+    if spec.world == 1 {
+        return UniqueId::generate(ctx);
+    }
+    let addr = spec.rdzv.as_deref().context(
+        "WORLD_SIZE > 1 needs a rendezvous address where rank 0 listens: --rdzv HOST:PORT or COMMSTACK_RDZV_ADDR",
+    )?;
+    let timeout = Duration::from_secs(opts.rdzv_timeout);
+    if spec.rank == 0 {
+        let id = UniqueId::generate(ctx)?;
+        rendezvous::serve(addr, spec.world, &id.0, timeout)?;
+        Ok(id)
+    } else {
+        Ok(UniqueId(rendezvous::join(
+            addr, spec.rank, spec.world, timeout,
+        )?))
+    }
+}
+
+fn run_tests(
+    shmem: &Nvshmem,
+    opts: &TestOptions,
+    device: DeviceInfo,
+) -> anyhow::Result<RankReport> {
+    let stream = shmem
+        .context()
+        .new_stream()
+        .context("creating a CUDA stream")?;
+    let put_grid_blocks = launch::put_max_resident_blocks()?;
+    let mut report = RankReport {
+        rank: shmem.rank(),
+        local_rank: device.ordinal,
+        hostname: hostname(),
+        device,
+        nvshmem: nvshmem_info(),
+        put_grid_blocks,
+        put: Vec::new(),
+        put_checks: Vec::new(),
+        copy: Vec::new(),
+        dispatch: None,
+        pingpong: Vec::new(),
+    };
+    if opts.runs(TestKind::Put) {
+        put_sweep(shmem, &stream, opts, &mut report)?;
+    }
+    if opts.runs(TestKind::Dispatch) {
+        report.dispatch = Some(dispatch_test(shmem, &stream, opts)?);
+    }
+    if opts.runs(TestKind::Pingpong) {
+        report.pingpong = pingpong_test(shmem, &stream, opts)?;
+    }
+    sync_barrier(shmem, &stream)?;
+    Ok(report)
+}
+
+/// The bytes rank `pe` sends in the put test.
+fn put_source(seed: u64, pe: usize) -> ByteStream {
+    ByteStream::new(seed, Purpose::PutSource, pe as u64)
+}
+
+fn put_sweep(
+    shmem: &Nvshmem,
+    stream: &Arc<CudaStream>,
+    opts: &TestOptions,
+    report: &mut RankReport,
+) -> anyhow::Result<()> {
+    let (rank, world) = (shmem.rank(), shmem.world());
+    let max = usize::try_from(opts.max_bytes).context("--max-bytes")?;
+    let src = shmem.alloc(max)?;
+    let dst = shmem.alloc(max + PUT_GUARD)?;
+    let mut host = vec![0u8; max + PUT_GUARD];
+    put_source(opts.seed, rank).fill(0, &mut host[..max]);
+    upload(stream, &src, &host[..max])?;
+    let peer = |k: usize| (rank + k) % world;
+
+    for bytes in opts.put_sizes() {
+        let bytes = bytes as usize;
+        let grid = PutGrid::new(bytes, report.put_grid_blocks);
+        let iters = (BATCH_BYTES / bytes as u64).clamp(10, 1000) as u32;
+
+        // Warm-up: one of each, untimed.
+        for k in 0..world {
+            sync_barrier(shmem, stream)?;
+            launch::put(stream, &dst, &src, bytes, peer(k), grid)?;
+        }
+        sync_barrier(shmem, stream)?;
+        copy_dtod(stream, &dst, &src, bytes)?;
+
+        // Timed: trials interleave every offset and the copy, so drift hits all alike.
+        let mut put_ms = vec![Vec::new(); world];
+        let mut copy_ms = Vec::new();
+        for _ in 0..opts.trials {
+            for (k, samples) in put_ms.iter_mut().enumerate() {
+                sync_barrier(shmem, stream)?;
+                samples.push(timed(stream, || {
+                    (0..iters)
+                        .try_for_each(|_| launch::put(stream, &dst, &src, bytes, peer(k), grid))
+                })?);
+            }
+            sync_barrier(shmem, stream)?;
+            copy_ms.push(timed(stream, || {
+                (0..iters).try_for_each(|_| copy_dtod(stream, &dst, &src, bytes))
+            })?);
+        }
+
+        // Checks: poison everywhere, one put, then what arrived from (rank - k).
+        for k in 0..world {
+            let from = (rank + world - k) % world;
+            sync_barrier(shmem, stream)?;
+            poison(stream, &dst, bytes + PUT_GUARD)?;
+            sync_barrier(shmem, stream)?;
+            launch::put(stream, &dst, &src, bytes, peer(k), grid)?;
+            sync_barrier(shmem, stream)?;
+            download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
+            let mut m = put_source(opts.seed, from).compare(0, &host[..bytes]);
+            m.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
+            report.put_checks.push(PutCheck {
+                bytes: bytes as u64,
+                src_pe: from,
+                dst_pe: rank,
+                wrong_bytes: m.wrong_bytes,
+                first_wrong_offset: m.first_offset,
+            });
+        }
+        sync_barrier(shmem, stream)?;
+        poison(stream, &dst, bytes + PUT_GUARD)?;
+        copy_dtod(stream, &dst, &src, bytes)?;
+        download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
+        let mut copy_check = put_source(opts.seed, rank).compare(0, &host[..bytes]);
+        copy_check.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
+
+        for (k, samples) in put_ms.iter().enumerate() {
+            report.put.push(PutResult {
+                bytes: bytes as u64,
+                src_pe: rank,
+                dst_pe: peer(k),
+                iters,
+                gbps: gbps(bytes, iters, median(samples)),
+                gbps_best: gbps(bytes, iters, min(samples)),
+            });
+        }
+        let copy = CopyResult {
+            bytes: bytes as u64,
+            iters,
+            gbps: gbps(bytes, iters, median(&copy_ms)),
+            gbps_best: gbps(bytes, iters, min(&copy_ms)),
+            wrong_bytes: copy_check.wrong_bytes,
+        };
+        let self_put = report
+            .put
+            .iter()
+            .rev()
+            .find(|p| p.dst_pe == rank)
+            .map_or(f64::NAN, |p| p.gbps);
+        let wrong: u64 = report
+            .put_checks
+            .iter()
+            .filter(|c| c.bytes == bytes as u64)
+            .map(|c| c.wrong_bytes)
+            .sum();
+        log!(
+            rank,
+            "put {bytes:>10} B: to self {self_put:8.1} GB/s, copy {:8.1} GB/s, {} blocks, wrong bytes {}",
+            copy.gbps,
+            grid.nblocks,
+            wrong + copy.wrong_bytes
+        );
+        report.copy.push(copy);
+    }
+    sync_barrier(shmem, stream)?;
+    dst.free();
+    src.free();
+    Ok(())
+}
+
+fn dispatch_test(
+    shmem: &Nvshmem,
+    stream: &Arc<CudaStream>,
+    opts: &TestOptions,
+) -> anyhow::Result<DispatchResult> {
+    let (rank, world) = (shmem.rank(), shmem.world());
+    let shape = opts.dispatch_shape(world);
+    shape.validate().map_err(anyhow::Error::msg)?;
+    let send = shmem.alloc(shape.send_bytes())?;
+    let recv = shmem.alloc(shape.recv_bytes())?;
+    upload(
+        stream,
+        &send,
+        &routing::send_buffer(&shape, opts.seed, rank),
+    )?;
+    let plan = routing::send_plan(&shape, opts.seed, rank);
+    let items = DeviceItems::upload(
+        stream,
+        &plan,
+        shape.tokens,
+        shape.token_bytes,
+        shape.recv_bytes(),
+        world,
+    )?;
+    stream
+        .synchronize()
+        .context("uploading the dispatch plan")?;
+
+    // Trial 0 is the warm-up; every trial starts from a poisoned receive buffer and
+    // the last one is checked.
+    let mut ms = Vec::new();
+    for trial in 0..=opts.trials {
+        sync_barrier(shmem, stream)?;
+        poison(stream, &recv, shape.recv_bytes())?;
+        sync_barrier(shmem, stream)?;
+        let t = timed(stream, || {
+            launch::dispatch(stream, &recv, &send, shape.token_bytes, &items)
+        })?;
+        if trial > 0 {
+            ms.push(t);
+        }
+    }
+    sync_barrier(shmem, stream)?;
+    let mut host = vec![0u8; shape.recv_bytes()];
+    download(stream, &recv, &mut host)?;
+    let check = routing::check_receive_buffer(&shape, opts.seed, rank, &host);
+    let bytes_sent = (plan.len() * shape.token_bytes) as u64;
+    let result = DispatchResult {
+        tokens: shape.tokens,
+        token_bytes: shape.token_bytes,
+        topk: shape.topk,
+        experts: shape.experts(),
+        items_sent: plan.len() as u64,
+        bytes_sent,
+        tokens_received: check.expected_tokens,
+        gbps: bytes_sent as f64 / (median(&ms) * 1e-3) / 1e9,
+        wrong_tokens: check.wrong_tokens,
+        wrong_bytes: check.wrong_bytes,
+        poison_overwritten_bytes: check.poison_overwritten,
+        first_error: check.first_error.clone(),
+    };
+    log!(
+        rank,
+        "dispatch: sent {} tokens ({:.1} MB) in {:.3} ms, received {}, wrong tokens {}, poison overwritten {}",
+        result.items_sent,
+        bytes_sent as f64 / 1e6,
+        median(&ms),
+        result.tokens_received,
+        result.wrong_tokens,
+        result.poison_overwritten_bytes
+    );
+    sync_barrier(shmem, stream)?;
+    recv.free();
+    send.free();
+    Ok(result)
+}
+
+fn pingpong_test(
+    shmem: &Nvshmem,
+    stream: &Arc<CudaStream>,
+    opts: &TestOptions,
+) -> anyhow::Result<Vec<PingPongResult>> {
+    let (rank, world) = (shmem.rank(), shmem.world());
+    let warmup = opts.pingpong_warmup as usize;
+    let total = warmup + opts.pingpong_rounds as usize;
+    let sig = shmem.alloc(8)?;
+    let mut times = PingPongTimes::new(stream, total)?;
+    let pairs: Vec<(usize, usize)> = if world == 1 {
+        vec![(0, 0)]
+    } else {
+        (1..world).map(|p| (0, p)).collect()
+    };
+    let mut results = Vec::new();
+    for (a, b) in pairs {
+        sync_barrier(shmem, stream)?;
+        // SAFETY: sig is an 8-byte symmetric allocation.
+        unsafe { result::memset_d8_async(sig.device_ptr(), 0, 8, stream.cu_stream()) }
+            .context("cuMemsetD8Async (clearing the signal word)")?;
+        sync_barrier(shmem, stream)?;
+        let role = if rank == a {
+            Some(Role::Initiator)
+        } else if rank == b {
+            Some(Role::Responder)
+        } else {
+            None
+        };
+        if let Some(role) = role {
+            let peer = if role == Role::Initiator { b } else { a };
+            launch::pingpong(
+                stream,
+                &sig,
+                peer,
+                total,
+                role == Role::Initiator,
+                &mut times,
+            )?;
+        }
+        stream
+            .synchronize()
+            .with_context(|| format!("waiting for the ping-pong kernel ({a} <-> {b})"))?;
+        sync_barrier(shmem, stream)?;
+        let Some(role) = role else { continue };
+
+        let mut word = [0u8; 8];
+        download(stream, &sig, &mut word)?;
+        let signal_ok = u64::from_le_bytes(word) == total as u64;
+        let round_trip = if role == Role::Initiator {
+            let cycles = stream
+                .clone_dtoh(&times.cycles)
+                .context("reading ping-pong timings")?;
+            let span = stream
+                .clone_dtoh(&times.span)
+                .context("reading ping-pong timings")?;
+            ensure!(span[1] > 0, "ping-pong kernel recorded no cycles");
+            let ns_per_cycle = span[0] as f64 / span[1] as f64;
+            let samples: Vec<f64> = cycles[warmup..total]
+                .iter()
+                .map(|&c| c as f64 * ns_per_cycle)
+                .collect();
+            LatencyStats::from_ns(&samples)
+        } else {
+            None
+        };
+        if let Some(s) = &round_trip {
+            log!(
+                rank,
+                "ping-pong {a}<->{b}: p50 {:.2} us, p99 {:.2} us, signal {}",
+                s.p50_us,
+                s.p99_us,
+                if signal_ok { "ok" } else { "WRONG" }
+            );
+        }
+        results.push(PingPongResult {
+            initiator: a,
+            responder: b,
+            role,
+            rounds: opts.pingpong_rounds,
+            signal_ok,
+            round_trip,
+        });
+    }
+    sync_barrier(shmem, stream)?;
+    sig.free();
+    Ok(results)
+}
+
+/// Waits for this rank's stream, then for every PE to get here.
+fn sync_barrier(shmem: &Nvshmem, stream: &CudaStream) -> anyhow::Result<()> {
+    stream
+        .synchronize()
+        .context("synchronising the stream (a kernel failed?)")?;
+    shmem.barrier_all();
+    Ok(())
+}
+
+/// Milliseconds the work `f` enqueues takes on `stream`, from CUDA events.
+fn timed(stream: &Arc<CudaStream>, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let start = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .context("recording a CUDA event")?;
+    f()?;
+    let end = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .context("recording a CUDA event")?;
+    let ms = start
+        .elapsed_ms(&end)
+        .context("timing with CUDA events (a kernel failed?)")?;
+    Ok(f64::from(ms))
+}
+
+fn poison(stream: &CudaStream, buf: &SymmetricBuffer<'_>, bytes: usize) -> anyhow::Result<()> {
+    ensure!(
+        bytes <= buf.len(),
+        "poisoning {bytes} bytes of a {}-byte buffer",
+        buf.len()
+    );
+    // SAFETY: the range lies inside the allocation.
+    unsafe { result::memset_d8_async(buf.device_ptr(), POISON, bytes, stream.cu_stream()) }
+        .context("cuMemsetD8Async (poisoning a receive buffer)")
+}
+
+fn copy_dtod(
+    stream: &CudaStream,
+    dst: &SymmetricBuffer<'_>,
+    src: &SymmetricBuffer<'_>,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    ensure!(
+        bytes <= dst.len() && bytes <= src.len(),
+        "copy of {bytes} bytes exceeds its buffers"
+    );
+    // SAFETY: both ranges lie inside their allocations, which do not overlap.
+    unsafe {
+        result::memcpy_dtod_async(
+            dst.device_ptr(),
+            src.device_ptr(),
+            bytes,
+            stream.cu_stream(),
+        )
+    }
+    .context("cuMemcpyDtoDAsync")
+}
+
+fn upload(stream: &CudaStream, buf: &SymmetricBuffer<'_>, data: &[u8]) -> anyhow::Result<()> {
+    ensure!(
+        data.len() <= buf.len(),
+        "uploading {} bytes into a {}-byte buffer",
+        data.len(),
+        buf.len()
+    );
+    // SAFETY: the range lies inside the allocation; `data` outlives the copy because
+    // we synchronise before returning.
+    unsafe { result::memcpy_htod_async(buf.device_ptr(), data, stream.cu_stream()) }
+        .context("cuMemcpyHtoDAsync")?;
+    stream
+        .synchronize()
+        .context("waiting for a host-to-device copy")
+}
+
+fn download(stream: &CudaStream, buf: &SymmetricBuffer<'_>, out: &mut [u8]) -> anyhow::Result<()> {
+    ensure!(
+        out.len() <= buf.len(),
+        "downloading {} bytes from a {}-byte buffer",
+        out.len(),
+        buf.len()
+    );
+    // SAFETY: as in upload.
+    unsafe { result::memcpy_dtoh_async(out, buf.device_ptr(), stream.cu_stream()) }
+        .context("cuMemcpyDtoHAsync")?;
+    stream
+        .synchronize()
+        .context("waiting for a device-to-host copy")
+}
+
+fn gbps(bytes: usize, iters: u32, ms: f64) -> f64 {
+    bytes as f64 * f64::from(iters) / (ms * 1e-3) / 1e9
+}
+
+fn min(samples: &[f64]) -> f64 {
+    samples.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn device_info(ctx: &Arc<CudaContext>) -> anyhow::Result<DeviceInfo> {
+    let (major, minor) = ctx
+        .compute_capability()
+        .context("cuDeviceGetAttribute (compute capability)")?;
+    Ok(DeviceInfo {
+        ordinal: ctx.ordinal(),
+        name: ctx.name().context("cuDeviceGetName")?,
+        compute_capability: format!("{major}.{minor}"),
+        sm_count: ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .context("cuDeviceGetAttribute (SM count)")?,
+        total_memory_bytes: ctx.total_mem().context("cuDeviceTotalMem")? as u64,
+    })
+}
+
+/// The binary carries SASS only for the archs it was built for: say so plainly
+/// instead of failing at the first launch with "no kernel image".
+fn check_arch(device: &DeviceInfo) -> anyhow::Result<()> {
+    let cc = device.compute_capability.replace('.', "");
+    let built = crate::BUILT_ARCHS;
+    if built.split(';').any(|a| a.trim_end_matches('a') == cc) {
+        return Ok(());
+    }
+    bail!(
+        "GPU {} ({}) is sm_{cc}, but this binary carries GPU code for sm_{{{built}}} only: rebuild with \
+         COMMSTACK_CUDA_ARCHS including {cc}",
+        device.ordinal,
+        device.name
+    )
+}
+
+fn nvshmem_info() -> NvshmemInfo {
+    let layout = ffi::abi_layout();
+    let (a, b, c) = Nvshmem::loaded_version();
+    NvshmemInfo {
+        header_version: format!(
+            "{}.{}.{}",
+            layout.header_major, layout.header_minor, layout.header_patch
+        ),
+        loaded_version: format!("{a}.{b}.{c}"),
+        loaded_library: loaded_library("libnvshmem_host"),
+        env: std::env::vars()
+            .filter(|(k, _)| k.starts_with("NVSHMEM_"))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// Path of the first mapped file whose name contains `needle` (from /proc/self/maps).
+pub fn loaded_library(needle: &str) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|name| name.contains(needle))
+        })
+        .map(str::to_string)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

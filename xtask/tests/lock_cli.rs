@@ -1,0 +1,167 @@
+//! `cargo xtask lock` as a user runs it: files written whole or not at all, no network when
+//! nothing changed, `--check` offline with a readable diff, errors pointing into stack.toml.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
+use commstack_testkit::{Behavior, TestServer};
+
+fn index() -> FixtureIndex {
+    let mut ix = FixtureIndex::new();
+    let linux = "; platform_system == \"Linux\"";
+    ix.add(
+        WheelSpec::new("torch", "2.11.0")
+            .tags("cp312-cp312-manylinux_2_28_x86_64")
+            .requires(&format!("cuda-toolkit[cudart]==13.0.2{linux}"))
+            .requires(&format!("nvidia-nccl-cu13==2.28.9{linux}"))
+            .requires(&format!("nvidia-nvshmem-cu13==3.4.5{linux}")),
+    );
+    ix.add(
+        WheelSpec::new("cuda-toolkit", "13.0.2")
+            .extra("cudart")
+            .requires("nvidia-cuda-runtime==13.0.96.*; extra == 'cudart'")
+            .extra("nvcc")
+            .requires("nvidia-cuda-nvcc==13.0.88.*; extra == 'nvcc'"),
+    );
+    for (name, v) in [
+        ("nvidia-cuda-runtime", "13.0.96"),
+        ("nvidia-nccl-cu13", "2.28.9"),
+        ("nvidia-nvshmem-cu13", "3.4.5"),
+        ("nvidia-cuda-nvcc", "13.0.88"),
+        ("cmake", "3.31.6"),
+        ("ninja", "1.13.0"),
+    ] {
+        ix.add(WheelSpec::new(name, v).tags("py3-none-manylinux2014_x86_64"));
+    }
+    ix.add(WheelSpec::new("six", "1.17.0"));
+    ix
+}
+
+fn manifest(url: &str) -> String {
+    format!(
+        "[target]\npython = \"3.12\"\nbase = \"ubuntu-24.04\"\n\n[torch]\nversion = \"2.11.0\"\ncuda = 13\n\n\
+         [nvshmem]\nversion = \"match-torch\"\ncuda-archs = [\"90\"]\n\n[deepep]\nrev = \"567632d\"\napi = \"v1\"\n\n\
+         [resolve]\nindex-url = \"{url}\"\n"
+    )
+}
+
+fn xtask(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .current_dir(dir)
+        .env("COMMSTACK_HOME", dir.join("home"))
+        .env_remove("COMMSTACK_STACK")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn lock_then_noop_then_check() {
+    let server = TestServer::start();
+    let url = index().serve(&server);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
+
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock = std::fs::read_to_string(dir.path().join("stack.lock")).unwrap();
+    assert!(lock.contains("name = \"torch\""));
+    let reqs = std::fs::read_to_string(dir.path().join("requirements.lock")).unwrap();
+    assert!(reqs.contains("torch==2.11.0 \\\n    --hash=sha256:"));
+
+    // Nothing changed: no connection at all.
+    let before = server.connections();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("up to date"), "{}", text(&out));
+    assert_eq!(server.connections(), before, "a no-op lock must not touch the network");
+
+    let out = xtask(dir.path(), &["lock", "--check"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Change the manifest: --check fails offline and says what changed.
+    drop(server);
+    let changed = std::fs::read_to_string(dir.path().join("stack.toml"))
+        .unwrap()
+        .replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\", \"100\"]");
+    std::fs::write(dir.path().join("stack.toml"), changed).unwrap();
+    let out = xtask(dir.path(), &["lock", "--check"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("stack.lock is out of date"), "{t}");
+    assert!(t.contains("nvshmem.cuda-archs: the lock has \"90\", stack.toml says \"90,100\""), "{t}");
+    assert!(t.contains("run `cargo xtask lock`"), "{t}");
+
+    // A hand-edited requirements file is caught too.
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
+    std::fs::write(dir.path().join("requirements.lock"), "torch==2.11.0\n").unwrap();
+    let out = xtask(dir.path(), &["lock", "--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("requirements.lock does not match stack.lock"), "{}", text(&out));
+}
+
+#[test]
+fn a_failed_lock_leaves_the_old_files_untouched() {
+    let server = TestServer::start();
+    let ix = index();
+    let url = ix.serve(&server);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
+    assert!(xtask(dir.path(), &["lock"]).status.success());
+    let lock = std::fs::read(dir.path().join("stack.lock")).unwrap();
+    let reqs = std::fs::read(dir.path().join("requirements.lock")).unwrap();
+
+    ix.misbehave(&server, "torch", Behavior::FailFirst { n: 1000, status: 503, retry_after: None });
+    let with_extra = manifest(&url) + "extra-requirements = [\"six\"]\n";
+    std::fs::write(dir.path().join("stack.toml"), with_extra).unwrap();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("/simple/torch/ answered 503"), "{}", text(&out));
+    assert_eq!(std::fs::read(dir.path().join("stack.lock")).unwrap(), lock);
+    assert_eq!(std::fs::read(dir.path().join("requirements.lock")).unwrap(), reqs);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn relock_keeps_comments() {
+    let server = TestServer::start();
+    let url = index().serve(&server);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
+    assert!(xtask(dir.path(), &["lock"]).status.success());
+    let lock = std::fs::read_to_string(dir.path().join("stack.lock")).unwrap();
+    let annotated = lock.replacen("[[package]]\nname = \"torch\"", "# audited 2026-12-02\n[[package]]\nname = \"torch\"", 1);
+    assert_ne!(annotated, lock);
+    std::fs::write(dir.path().join("stack.lock"), &annotated).unwrap();
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url) + "extra-requirements = [\"six\"]\n").unwrap();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let relocked = std::fs::read_to_string(dir.path().join("stack.lock")).unwrap();
+    assert!(relocked.contains("# audited 2026-12-02\n[[package]]\nname = \"torch\""), "{relocked}");
+    assert!(relocked.contains("name = \"six\""));
+}
+
+#[test]
+fn bad_manifest_points_into_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = manifest("https://pypi.org/simple").replace("cuda = 13", "cuda = 13\nnccl = \"2.28.9\"");
+    std::fs::write(dir.path().join("stack.toml"), bad).unwrap();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(t.contains("stack.toml:8:1: unknown field `nccl`"), "{t}");
+    assert!(!dir.path().join("stack.lock").exists());
+
+    let out = xtask(dir.path(), &["--stack", "nope.toml", "lock"]);
+    assert!(text(&out).contains("cannot read the stack manifest nope.toml (pick one with --stack FILE"), "{}", text(&out));
+}
