@@ -15,13 +15,17 @@ use commstack_store::{Outcome, Store};
 use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
 
+// `build deepep` lives in its own file (the DeepEP issue's module).
+#[path = "cmd_build_deepep.rs"]
+pub mod deepep;
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum Target {
     /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
     Nvshmem,
     /// The CUDA kernel crate (not yet).
     Kernels,
-    /// DeepEP (not yet).
+    /// DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to adopt).
     Deepep,
 }
 
@@ -73,6 +77,8 @@ pub struct Args {
     /// options CMake ended up with: checks the option mapping against a source in seconds.
     #[arg(long, value_name = "DIR")]
     pub configure_only: Option<PathBuf>,
+    #[command(flatten)]
+    pub deepep: deepep::DeepepArgs,
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
@@ -81,9 +87,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         Target::Kernels => {
             bail!("`cargo xtask build kernels` is not implemented yet (the kernel crate's issue)")
         }
-        Target::Deepep => {
-            bail!("`cargo xtask build deepep` is not implemented yet (the DeepEP issue)")
-        }
+        Target::Deepep => deepep::run(ctx, &args),
     }
 }
 

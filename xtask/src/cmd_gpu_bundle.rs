@@ -1,12 +1,138 @@
+//! `cargo xtask gpu-bundle DIR`: everything a GPU machine with no Rust toolchain and no
+//! network needs to run the GPU checks in `gpu/run.sh`: release binaries built here, the
+//! locked sources from the cache (or a mirror), and optional rdma-core headers.
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use xshell::{Shell, cmd};
 
+use crate::cmd_build_kernels::{build_selftest, nvshmem_prefix};
+use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
 
-#[derive(clap::Args)]
-pub struct Args {}
+/// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
+const LIMIT: u64 = 60 * 1024 * 1024;
 
-pub fn run(_ctx: &Ctx, _args: Args) -> Result<ExitCode> {
-    anyhow::bail!("`cargo xtask gpu_bundle` is not implemented yet")
+#[derive(clap::Args)]
+#[command(after_help = "\
+Layout written:
+  DIR/bin/xtask                  this CLI (release, stripped)
+  DIR/bin/commstack-selftest     the NVSHMEM self-test (release, stripped)
+  DIR/mirror/                    the locked sources, for `fetch --offline --mirror DIR/mirror`
+  DIR/rdma-core/                 (with --rdma-core) headers + libmlx5 for IBGDA builds
+  DIR/bundle.json                what is in it, with sha256s
+Then on the GPU machine, from a checkout of this repository:  gpu/run.sh DIR OUT")]
+pub struct Args {
+    /// The bundle directory (emptied first).
+    #[arg(default_value = "scratch/bundle")]
+    dir: PathBuf,
+    /// NVSHMEM install the self-test compiles against (default: NVIDIA's wheel of torch's pin).
+    #[arg(long, value_name = "PREFIX")]
+    nvshmem: Option<PathBuf>,
+    /// Mirrors to take the locked sources from (see `cargo xtask fetch --help`).
+    #[arg(long, value_name = "DIR|URL")]
+    mirror: Vec<String>,
+    /// Accept sources whose tree hash matches the lock although their archive differs.
+    #[arg(long)]
+    accept_tree_match: bool,
+    /// A `dpkg -x` tree of libibverbs-dev + ibverbs-providers to ship for IBGDA builds.
+    #[arg(long, value_name = "DIR")]
+    rdma_core: Option<PathBuf>,
+    /// Leave the self-test out (no CUDA compile).
+    #[arg(long)]
+    no_selftest: bool,
+    #[command(flatten)]
+    toolchain: ToolchainArgs,
+}
+
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let root = crate::util::workspace_root();
+    let dir = if args.dir.is_absolute() { args.dir.clone() } else { std::env::current_dir()?.join(&args.dir) };
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir.join("bin"))?;
+    let sh = Shell::new()?;
+    sh.change_dir(&root);
+    let mut manifest = serde_json::Map::new();
+
+    eprintln!("building xtask (release)");
+    cmd!(sh, "cargo build --release --locked -p xtask").run().context("building xtask")?;
+    copy_stripped(&sh, &root.join("target/release/xtask"), &dir.join("bin/xtask"))?;
+
+    if !args.no_selftest {
+        let stack = crate::util::read_stack(&ctx.stack_path)?;
+        let tc = resolve(ctx, &args.toolchain, false)?;
+        let nvshmem = nvshmem_prefix(ctx, args.nvshmem.as_deref())?;
+        let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &stack.nvshmem.cuda_archs)?;
+        copy_stripped(&sh, &bin, &dir.join("bin/commstack-selftest"))?;
+        manifest.insert("selftest-nvshmem".into(), nvshmem.describe.clone().into());
+        manifest.insert("toolchain".into(), tc.describe().into());
+    }
+
+    // The locked sources, named as the lock names them (what `--mirror DIR` reads).
+    let mut flags_args = vec!["fetch".to_string(), "--only".into(), "sources".into(), "--json".into()];
+    for m in &args.mirror {
+        flags_args.extend(["--mirror".into(), m.clone()]);
+    }
+    if args.accept_tree_match {
+        flags_args.push("--accept-tree-match".into());
+    }
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(&exe)
+        .args(["--stack"])
+        .arg(&ctx.stack_path)
+        .arg("--home")
+        .arg(&ctx.home)
+        .args(&flags_args)
+        .output()?;
+    if !out.status.success() {
+        bail!("fetching the locked sources failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let fetched: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).context("fetch --json output")?;
+    std::fs::create_dir_all(dir.join("mirror"))?;
+    for f in &fetched {
+        let path = PathBuf::from(f["path"].as_str().context("fetched path")?);
+        let name = f["filename"].as_str().context("fetched filename")?;
+        std::fs::copy(&path, dir.join("mirror").join(name)).with_context(|| format!("copying {}", path.display()))?;
+    }
+    manifest.insert("sources".into(), serde_json::Value::Array(fetched));
+
+    if let Some(rdma) = &args.rdma_core {
+        if !rdma.join("usr/include/infiniband/mlx5dv.h").is_file() {
+            bail!("{} has no usr/include/infiniband/mlx5dv.h: give a `dpkg -x` tree of libibverbs-dev", rdma.display());
+        }
+        cmd!(sh, "cp -a {rdma} {dir}/rdma-core").run()?;
+    }
+
+    let mut total = 0u64;
+    let mut files = serde_json::Map::new();
+    for entry in walkdir::WalkDir::new(&dir).into_iter().filter_map(Result::ok).filter(|e| e.file_type().is_file()) {
+        total += entry.metadata()?.len();
+        if entry.path().starts_with(dir.join("bin")) {
+            let bytes = std::fs::read(entry.path())?;
+            use sha2::Digest;
+            files.insert(
+                entry.path().strip_prefix(&dir)?.display().to_string(),
+                hex::encode(sha2::Sha256::digest(&bytes)).into(),
+            );
+        }
+    }
+    manifest.insert("binaries".into(), files.into());
+    manifest.insert("bytes".into(), total.into());
+    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&manifest)?)?;
+    println!("bundle {}: {}", dir.display(), crate::cmd_store::human(total));
+    if total > LIMIT {
+        bail!("the bundle is {} MiB, over the {} MiB a GPU run can carry", total >> 20, LIMIT >> 20);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn copy_stripped(sh: &Shell, from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    // Debug info is most of a release binary's size and useless on the GPU machine.
+    cmd!(sh, "strip {to}").run().context("strip (binutils) is needed to make the bundle small")?;
+    Ok(())
 }

@@ -5,6 +5,7 @@ mod ctx;
 mod util;
 mod cmd_bench;
 mod cmd_build;
+mod cmd_build_kernels;
 mod cmd_cache;
 mod cmd_doctor;
 mod cmd_fetch;

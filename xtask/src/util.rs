@@ -41,3 +41,8 @@ pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
     })?;
     commstack_stack::Stack::parse(path, &text).map_err(|d| anyhow::anyhow!("{d}"))
 }
+
+/// The repository root (xtask lives one level below it).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+}

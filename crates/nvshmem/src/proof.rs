@@ -203,19 +203,26 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
     })
 }
 
-/// `#define X` -> (X, true), `/* #undef X */` -> (X, false).
+/// `#define X` -> (X, true), `/* #undef X */` -> (X, false): the lines CMake's
+/// `#cmakedefine` wrote, i.e. those before the first `#if` (NVSHMEM's header ends with a
+/// block that redefines some names for the bitcode library, not for the build).
 pub fn parse_build_options_h(text: &str) -> BTreeMap<String, bool> {
     let re = regex::Regex::new(
-        r"(?m)^\s*(?:#define\s+(NVSHMEM_\w+)\s*$|/\*\s*#undef\s+(NVSHMEM_\w+)\s*\*/)",
+        r"^\s*(?:#define\s+(NVSHMEM_\w+)\s*$|/\*\s*#undef\s+(NVSHMEM_\w+)\s*\*/)",
     )
     .expect("valid regex");
     let mut out = BTreeMap::new();
-    for c in re.captures_iter(text) {
-        match (c.get(1), c.get(2)) {
-            (Some(d), _) => out.insert(d.as_str().to_string(), true),
-            (_, Some(u)) => out.insert(u.as_str().to_string(), false),
-            _ => None,
-        };
+    for line in text.lines() {
+        if line.trim_start().starts_with("#if") {
+            break;
+        }
+        if let Some(c) = re.captures(line) {
+            match (c.get(1), c.get(2)) {
+                (Some(d), _) => out.insert(d.as_str().to_string(), true),
+                (_, Some(u)) => out.insert(u.as_str().to_string(), false),
+                _ => None,
+            };
+        }
     }
     out
 }
@@ -261,10 +268,16 @@ mod tests {
 
     #[test]
     fn parses_nvidias_build_options_header() {
-        let h = "#pragma once\n\n/* #undef NVSHMEM_DEBUG */\n#define NVSHMEM_IBGDA_SUPPORT\n#define NVSHMEM_USE_NCCL\n";
+        let h = "#pragma once\n\n/* #undef NVSHMEM_DEBUG */\n#define NVSHMEM_IBGDA_SUPPORT\n#define NVSHMEM_USE_NCCL\n\
+                 /* #undef NVSHMEM_ENABLE_ALL_DEVICE_INLINING */\n\n#if defined __clang_llvm_bitcode_lib__\n\
+                 #undef NVSHMEM_IBGDA_SUPPORT\n#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING\n#endif\n";
         let m = parse_build_options_h(h);
         assert!(!m["NVSHMEM_DEBUG"]);
         assert!(m["NVSHMEM_IBGDA_SUPPORT"]);
-        assert_eq!(m.len(), 3);
+        assert!(
+            !m["NVSHMEM_ENABLE_ALL_DEVICE_INLINING"],
+            "the bitcode-only block is not the build's"
+        );
+        assert_eq!(m.len(), 4);
     }
 }

@@ -13,7 +13,10 @@ use std::fs;
 use std::path::PathBuf;
 
 use common::repo_root;
-use commstack_nvshmem::{BuildRequest, NvshmemOptions, build, configure_only};
+use commstack_nvshmem::{
+    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, compare_wheels,
+    configure_only,
+};
 use commstack_store::Store;
 use commstack_toolchain::{REQUIRED_WHEELS, WheelInput, provision_wheels};
 use sha2::{Digest, Sha256};
@@ -118,4 +121,26 @@ fn real_nvshmem_builds_and_proves() {
     );
     println!("timings: {:?}", built.report.timings);
     assert!(built.report.proof.passed());
+
+    // The drop-in wheel, compared file by file with NVIDIA's of the same version.
+    let spec = DropInSpec {
+        cuda_major: 13,
+        torch_pin: "3.4.5".into(),
+        allow_version_mismatch: false,
+    };
+    let (dropin, _) = build_dropin_wheel(&store, &built, &spec, false).unwrap();
+    println!(
+        "wheel: {} ({:?})",
+        dropin.wheel.display(),
+        dropin.platform_tags
+    );
+    let nvidia = path_env(
+        "COMMSTACK_NVIDIA_NVSHMEM_WHEEL",
+        "scratch/wheels/nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    );
+    if nvidia.is_file() {
+        let c = compare_wheels(&dropin.wheel, &nvidia, &opts).unwrap();
+        println!("{}", c.render());
+        assert!(c.passed(), "unexplained differences with NVIDIA's wheel");
+    }
 }

@@ -77,6 +77,9 @@ pub struct Stats {
     pub bytes: AtomicU64,
 }
 
+/// One project page, fetched at most once (None: the index does not know the project).
+type PageCell = Arc<tokio::sync::OnceCell<Option<Arc<ProjectPage>>>>;
+
 #[derive(Clone)]
 pub struct IndexClient {
     client: reqwest::Client,
@@ -85,7 +88,7 @@ pub struct IndexClient {
     metadata_cache: Option<PathBuf>,
     /// Pages already fetched in this process (the target and the toolchain resolutions
     /// share projects such as cuda-toolkit).
-    pages: Arc<tokio::sync::Mutex<HashMap<PackageName, Arc<tokio::sync::OnceCell<Option<Arc<ProjectPage>>>>>>>,
+    pages: Arc<tokio::sync::Mutex<HashMap<PackageName, PageCell>>>,
     pub stats: Arc<Stats>,
 }
 

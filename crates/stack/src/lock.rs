@@ -17,8 +17,8 @@ pub const LOCK_VERSION: u32 = 1;
 
 /// The components of the CUDA toolkit a build needs: the compiler, its runtime and
 /// front-end, NVVM, the C++ core libraries (libcu++, CUB, Thrust) DeepEP includes, and
-/// the NVTX headers NVSHMEM includes. Resolved as `cuda-toolkit[these]==<torch's CUDA>`.
-pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl,nvtx";
+/// the NVTX and NVML headers NVSHMEM includes. Resolved as `cuda-toolkit[these]==<torch's CUDA>`.
+pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl,nvtx,nvml";
 
 /// How this commstack resolves a lock (stored as `inputs.resolver`): a lock made by
 /// another recipe is stale.

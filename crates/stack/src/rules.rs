@@ -397,10 +397,11 @@ pub fn deepep_v1_has_rdc_fix(configs_cuh: &str) -> bool {
                 depth_in_block = None;
             }
             depth = depth.saturating_sub(1);
-        } else if depth_in_block.is_some() && d.starts_with("define") {
-            if d.split_whitespace().nth(1) == Some("__CUDACC_RDC__") {
-                return true;
-            }
+        } else if depth_in_block.is_some()
+            && d.starts_with("define")
+            && d.split_whitespace().nth(1) == Some("__CUDACC_RDC__")
+        {
+            return true;
         }
     }
     false

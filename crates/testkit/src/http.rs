@@ -58,7 +58,7 @@ pub enum RangeAnswer {
     Partial { start: usize, end: usize },
     /// 416: the range starts past the end.
     Unsatisfiable,
-    /// A form we do not serve (several ranges, suffix ranges, garbage): serve the full body.
+    /// A form we do not serve (several ranges, garbage): serve the full body.
     Ignore,
 }
 
@@ -68,6 +68,15 @@ pub fn parse_range(value: &str, len: usize) -> RangeAnswer {
         return RangeAnswer::Ignore;
     }
     let Some((first, last)) = spec.split_once('-') else { return RangeAnswer::Ignore };
+    // `bytes=-N`: the last N bytes (RFC 9110 suffix range), as used to read a zip's end.
+    if first.trim().is_empty() {
+        return match last.trim().parse::<usize>() {
+            Ok(0) => RangeAnswer::Unsatisfiable,
+            Ok(n) if len > 0 => RangeAnswer::Partial { start: len.saturating_sub(n), end: len },
+            Ok(_) => RangeAnswer::Unsatisfiable,
+            Err(_) => RangeAnswer::Ignore,
+        };
+    }
     let Ok(start) = first.trim().parse::<usize>() else { return RangeAnswer::Ignore };
     let end = match last.trim() {
         "" => len,
@@ -114,7 +123,9 @@ mod tests {
         assert_eq!(parse_range("bytes=10-19", 100), RangeAnswer::Partial { start: 10, end: 20 });
         assert_eq!(parse_range("bytes=10-500", 100), RangeAnswer::Partial { start: 10, end: 100 });
         assert_eq!(parse_range("bytes=100-", 100), RangeAnswer::Unsatisfiable);
-        assert_eq!(parse_range("bytes=-10", 100), RangeAnswer::Ignore);
+        assert_eq!(parse_range("bytes=-10", 100), RangeAnswer::Partial { start: 90, end: 100 });
+        assert_eq!(parse_range("bytes=-1000", 100), RangeAnswer::Partial { start: 0, end: 100 });
+        assert_eq!(parse_range("bytes=-x", 100), RangeAnswer::Ignore);
         assert_eq!(parse_range("bytes=1-2,5-6", 100), RangeAnswer::Ignore);
         assert_eq!(parse_range("items=1-2", 100), RangeAnswer::Ignore);
     }

@@ -115,6 +115,11 @@ fn check_set(wheels: &[WheelInput]) -> Result<u64> {
     for w in wheels {
         let f = WheelFilename::parse(&w.filename)?;
         let name = normalize_name(&f.name);
+        // The lock resolves the CUDA parts through the `cuda-toolkit[...]` meta package,
+        // which carries no files: it pins the versions, nothing to unpack.
+        if name == "cuda-toolkit" {
+            continue;
+        }
         if !REQUIRED_WHEELS.contains(&name.as_str()) {
             bail!(
                 "{}: {name} is not part of the toolchain (expected exactly: {})",

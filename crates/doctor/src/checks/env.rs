@@ -346,6 +346,10 @@ fn describe(name: &str, value: &str, fs: &HostFs) -> Option<(Effect, String)> {
         "LD_LIBRARY_PATH" => return ld_library_path(value, fs),
         _ => {}
     }
+    // Set by NVIDIA's container images to describe what they ship; NCCL never reads it.
+    if name == "NCCL_VERSION" {
+        return None;
+    }
     if name.starts_with("TORCH_NCCL_") {
         return Some((
             Changes,

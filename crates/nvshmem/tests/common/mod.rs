@@ -28,6 +28,12 @@ pub fn fixture_source() -> PathBuf {
 /// The cmake and ninja wheels: from `$COMMSTACK_TEST_WHEELS`, `scratch/wheels` or
 /// `.tools/wheels`; else downloaded once from PyPI (31 MB) into `.tools/wheels`.
 fn tool_wheels() -> (PathBuf, PathBuf) {
+    // Tests of one binary run in parallel: download at most once.
+    static WHEELS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    WHEELS.get_or_init(find_or_download_wheels).clone()
+}
+
+fn find_or_download_wheels() -> (PathBuf, PathBuf) {
     let root = repo_root();
     let mut dirs: Vec<PathBuf> = std::env::var_os("COMMSTACK_TEST_WHEELS")
         .map(PathBuf::from)

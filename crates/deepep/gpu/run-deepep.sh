@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# DeepEP on the GPU machine's own torch environment (adopt mode), from a bundle: no Rust,
+# no network. Run from a checkout of this repository (stack.toml and stack.lock are read
+# from it):
+#
+#   crates/deepep/gpu/run-deepep.sh BUNDLE OUT [STEP...]
+#
+# BUNDLE holds (override each with the variable in brackets):
+#   bin/xtask                          `cargo xtask` with the `adopt` command      [XTASK]
+#   mirror/DeepEP-<rev>.tar.gz         the locked DeepEP source                    [DEEPEP_SOURCE]
+#   the stack's NVSHMEM build, the first found of:                                 [NVSHMEM]
+#     nvshmem-step/                    a copy of the store step nvshmem-<hash>
+#                                      (.step.json, build-report.json, nvshmem/)
+#     nvshmem-install.tgz.NN | .tgz    that step as gpu/run.sh's nvshmem step writes it
+#     (none: built here from mirror/nvshmem_src_*.tar.gz, about 4 minutes)
+#   nvidia_nvshmem_cu*+commstack*.whl  optional: the drop-in wheel (else made from the step)
+#
+# Steps (default: all, in this order; each logs to OUT/<step>.log with `set -x`, a
+# failure never stops the next step; a summary is printed at the end):
+#   facts         the machine, CUDA, the torch environment, the bundle
+#   prepare       find or unpack NVSHMEM and the DeepEP source; fingerprint the env
+#   compare       adopt --dry-run: the environment against the lock and the rules
+#   check-before  the runtime check of the environment as it is: must FAIL (NVIDIA's NVSHMEM)
+#   build         build deepep --python PY (adopt mode, system CUDA), cold (--force), timed
+#   noop          the same command again, timed: target under 1 s
+#   documented    DeepEP's documented `python setup.py build` (NVSHMEM_DIR,
+#                 TORCH_CUDA_ARCH_LIST=9.0, CPATH=<cuda>/include/cccl), timed: the baseline
+#   negative      adopt --only deepep: DeepEP in, NVIDIA's NVSHMEM left: the check must FAIL and say why
+#   adopt         adopt: the drop-in too: the check must PASS (one libnvshmem_host, ours, NCCL off;
+#                 one libnccl = the lock's pin)
+#   verify        xtask verify --level static,runtime against the adopted environment
+#   undo          adopt --undo: the environment's NVSHMEM and DeepEP files as before `prepare`
+#
+# Environment: PYTHON (default /opt/torch/.venv/bin/python3), CUDA_HOME (/usr/local/cuda),
+# JOBS (nproc), WORK (default /tmp/commstack-deepep: reused, so steps can be split over
+# several calls), KEEP_ADOPTED=1 (skip undo).
+
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n '2,37p' "$0"; exit 2; }
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+bundle="$(cd "$1" && pwd)" || exit 2
+out="$2"
+shift 2
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(facts prepare compare check-before build noop documented negative adopt verify undo)
+
+mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
+work="${WORK:-/tmp/commstack-deepep}"
+mkdir -p "$work" || exit 2
+export COMMSTACK_HOME="$work/home"
+# Shared multi-GPU hosts must keep NVLink multicast off; harmless on one GPU.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+X="${XTASK:-$bundle/bin/xtask}"
+PY="${PYTHON:-/opt/torch/.venv/bin/python3}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+JOBS="${JOBS:-$(nproc)}"
+cd "$repo" || exit 2
+site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)"
+summary="$out/summary.tsv"
+: >"$summary"
+vars="$work/inputs.sh" # what `prepare` found, for the later steps (each runs in a subshell)
+
+# step NAME EXPECTED: runs step_NAME with `set -x` into OUT/NAME.log; records rc and time.
+step() {
+    local name="$1" expected="$2" t0 rc
+    t0=$(date +%s.%N)
+    echo "::: $name" >&2
+    ( set -x; [ -f "$vars" ] && source "$vars"; "step_${name//-/_}" ) >"$out/$name.log" 2>&1
+    rc=$?
+    printf '%s\t%s\t%s\t%.1f\n' "$name" "$rc" "$expected" "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" >>"$summary"
+    tail -n 12 "$out/$name.log" | sed "s/^/  [$name] /" >&2
+}
+
+seconds_of() { # seconds_of CMD...: runs it, prints "SECONDS <s>" after, returns its status
+    local t0 rc
+    t0=$(date +%s.%N)
+    "$@"
+    rc=$?
+    echo "SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{printf "%.3f", a-b}') rc=$rc"
+    return $rc
+}
+
+fingerprint() { # the files adopt may touch, with their sha256
+    (cd "$site" && find nvidia/nvshmem deep_ep deep_ep_cpp* deep_ep-*.dist-info deep_ep.egg-info \
+        nvidia_nvshmem_cu*.dist-info -type f 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum)
+    "$PY" -c 'import importlib.metadata as m; [print(n, v) for n, v in sorted((d.metadata["Name"], d.version) for d in m.distributions())]'
+}
+
+step_facts() {
+    nvidia-smi || true
+    "$CUDA_HOME/bin/nvcc" --version
+    cmake --version | head -1; ninja --version; gcc --version | head -1; nproc; free -g | head -2
+    "$PY" -c 'import sys; print(sys.version)'
+    "$PY" -c 'import importlib.metadata as m
+for n in ("torch", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13", "setuptools", "deep_ep", "pip"):
+    try: print(n, m.version(n))
+    except m.PackageNotFoundError: print(n, "absent")'
+    ls -la "$site/nvidia/nvshmem/lib" || true
+    "$X" --version
+    ls -la "$bundle" "$bundle/mirror" || true
+}
+
+step_prepare() {
+    local src nv wheel parts
+    src="${DEEPEP_SOURCE:-$(ls "$bundle"/mirror/DeepEP-*.tar.gz 2>/dev/null | head -1)}"
+    [ -f "$src" ] || { echo "no DeepEP source archive in $bundle/mirror (set DEEPEP_SOURCE)"; return 1; }
+    nv="${NVSHMEM:-}"
+    if [ -z "$nv" ] && [ -d "$bundle/nvshmem-step" ]; then nv="$bundle/nvshmem-step"; fi
+    if [ -z "$nv" ]; then
+        parts=$(ls "$bundle"/nvshmem-install.tgz.* 2>/dev/null)
+        [ -z "$parts" ] && [ -f "$bundle/nvshmem-install.tgz" ] && parts="$bundle/nvshmem-install.tgz"
+        if [ -n "$parts" ]; then
+            rm -rf "$work/nvshmem-step" && mkdir -p "$work/nvshmem-step"
+            # shellcheck disable=SC2086
+            cat $parts | tar -xzf - -C "$work/nvshmem-step" || return 1
+            nv="$work/nvshmem-step"
+        fi
+    fi
+    if [ -z "$nv" ]; then
+        echo "no NVSHMEM build in the bundle: building it here from the locked source"
+        "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match || return 1
+        local archive nsrc rdma=()
+        archive="$(find "$COMMSTACK_HOME/cache" -name 'nvshmem_src_*.tar.gz' | head -1)"
+        nsrc="$work/nvshmem-src"
+        rm -rf "$nsrc" && mkdir -p "$nsrc" && tar -xzf "$archive" -C "$nsrc" --strip-components=1 || return 1
+        [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
+        seconds_of "$X" build nvshmem --source "$nsrc" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" \
+            "${rdma[@]}" --python3 "$(command -v python3)" || return 1
+        nv="$(find "$COMMSTACK_HOME/store/steps" -maxdepth 1 -name 'nvshmem-*' ! -name 'nvshmem-wheel-*' | head -1)"
+    fi
+    [ -d "$nv" ] || { echo "no NVSHMEM at '$nv'"; return 1; }
+    wheel="${NVSHMEM_WHEEL:-$(ls "$bundle"/nvidia_nvshmem_cu*+commstack*.whl 2>/dev/null | head -1)}"
+    local prefix="$nv"
+    [ -d "$nv/nvshmem/lib" ] && prefix="$nv/nvshmem"
+    ls -la "$prefix/lib"
+    {
+        echo "src=$(printf %q "$src")"
+        echo "nv=$(printf %q "$nv")"
+        echo "nvprefix=$(printf %q "$prefix")"
+        echo "wheel_args=(${wheel:+--nvshmem-wheel $(printf %q "$wheel")})"
+    } >"$vars"
+    cat "$vars"
+    # What the environment's NVSHMEM and DeepEP files are before anything: `undo` compares.
+    [ -f "$work/before.txt" ] || fingerprint >"$work/before.txt"
+    cp "$work/before.txt" "$out/env-before.txt"
+    wc -l "$work/before.txt"
+}
+
+step_compare() {
+    "$X" adopt --python "$PY" --dry-run
+}
+
+step_check_before() {
+    "$X" adopt --python "$PY" --check
+}
+
+build_deepep() { # build_deepep [GLOBAL FLAGS...] -- [BUILD FLAGS...]: the adopt-mode build, timed
+    local global=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do global+=("$1"); shift; done
+    shift
+    seconds_of "$X" "${global[@]}" build deepep --python "$PY" --system --cuda-home "$CUDA_HOME" \
+        --nvshmem "$nv" --source "$src" --jobs "$JOBS" "${wheel_args[@]}" "$@"
+}
+
+step_build() {
+    build_deepep -- --force || return
+    local step
+    step="$(ls -td "$COMMSTACK_HOME"/store/steps/deepep-* 2>/dev/null | grep -v deepep-venv | head -1)"
+    cp "$step/build-report.json" "$out/deepep-build-report.json"
+    cp "$step/logs/build.log" "$out/deepep-build.log"
+    ls -la "$step/dist"
+    find "$COMMSTACK_HOME/store/steps" -maxdepth 2 -name wheelhouse.json -exec cp {} "$out/" \;
+    "$X" store ls
+}
+
+step_noop() {
+    local i
+    for i in 1 2 3; do
+        build_deepep --quiet -- || return
+    done
+}
+
+step_documented() {
+    local dir="$work/documented"
+    rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
+    cd "$dir" || return 1
+    # DeepEP's README: NVSHMEM_DIR=/path/to/installed/nvshmem python setup.py build, with
+    # the two settings CUDA 13 + H200 need (measured by hand: 81 s on 16 cores).
+    seconds_of env NVSHMEM_DIR="$nvprefix" TORCH_CUDA_ARCH_LIST=9.0 CPATH="$CUDA_HOME/include/cccl" \
+        CUDA_HOME="$CUDA_HOME" "$PY" setup.py build
+}
+
+# --force: install even if `compare` found a mismatch (it is in compare.log); the runtime
+# check is what these steps prove.
+step_negative() {
+    "$X" adopt --python "$PY" --only deepep --force
+    local rc=$?
+    grep -q "NVIDIA's nvidia-nvshmem wheel is still installed" "$out/negative.log" &&
+        echo "NEGATIVE CASE: the check failed and named NVIDIA's NVSHMEM (expected)"
+    return $rc
+}
+
+step_adopt() {
+    "$X" adopt --python "$PY" --force
+}
+
+step_verify() {
+    "$X" verify --python "$PY" --level static,runtime --expect-nccl 2.28.9 --expect-nvshmem 3.4.5 \
+        --nvshmem-prefix "$site/nvidia/nvshmem" --nvshmem-option NVSHMEM_IBGDA_SUPPORT=ON --cuda-arch 90 \
+        --target-glibc 2.39 --target-glibcxx 3.4.33 --report "$out/verify-adopted"
+}
+
+step_undo() {
+    if [ "${KEEP_ADOPTED:-0}" = 1 ]; then echo "KEEP_ADOPTED=1: left adopted"; return 0; fi
+    "$X" adopt --python "$PY" --undo || return
+    fingerprint >"$out/env-after-undo.txt"
+    if diff -u "$work/before.txt" "$out/env-after-undo.txt"; then
+        echo "UNDO EXACT: the environment's NVSHMEM and DeepEP files and its distributions are as before"
+    else
+        echo "UNDO DIFFERS (see the diff above)"
+        return 1
+    fi
+}
+
+for s in "${steps[@]}"; do
+    case "$s" in
+        # Before: FAIL (torch maps NVIDIA's NVSHMEM), or "not run" (2) if torch alone maps none.
+        check-before) step "$s" '1|2' ;;
+        negative) step "$s" 1 ;;
+        *) step "$s" 0 ;;
+    esac
+done
+
+cp -r "$COMMSTACK_HOME"/adopt "$out/adopt-records" 2>/dev/null
+{
+    echo
+    printf '%-13s %4s %9s %9s  %s\n' step rc expected seconds verdict
+    while IFS=$'\t' read -r name rc expected secs; do
+        case "|$expected|" in *"|$rc|"*) verdict=ok ;; *) verdict=UNEXPECTED ;; esac
+        printf '%-13s %4s %9s %9s  %s\n' "$name" "$rc" "$expected" "$secs" "$verdict"
+    done <"$summary"
+    echo
+    grep -h '^SECONDS' "$out/build.log" 2>/dev/null | sed 's/^/cold build (xtask build deepep --force): /'
+    grep -h '^SECONDS' "$out/noop.log" 2>/dev/null | sed 's/^/no-op xtask build deepep: /'
+    grep -h '^SECONDS' "$out/documented.log" 2>/dev/null | sed 's/^/documented python setup.py build: /'
+    grep -h 'NEGATIVE CASE\|UNDO EXACT\|UNDO DIFFERS' "$out"/*.log 2>/dev/null
+    grep -h '=> ' "$out/check-before.log" "$out/negative.log" "$out/adopt.log" 2>/dev/null | sed 's/^ */runtime check: /'
+} | tee "$out/summary.txt"

@@ -1,0 +1,408 @@
+//! The DeepEP build step: `python setup.py bdist_wheel` in the computed environment, in a
+//! store step keyed by everything the wheel depends on.
+//!
+//! Step layout (`<store>/steps/deepep-<hash>/`):
+//! ```text
+//! dist/deep_ep-<version>-<tags>.whl   the wheel
+//! logs/build.log                       setup.py's output, with the environment and command
+//! build-report.json                    inputs, environment (and why), timings, wheel facts
+//! ```
+//! The key: the source tree hash, the NVSHMEM build step (or prefix tree hash), the
+//! Python environment (managed: the venv step; adopted: Python and torch exactly), the
+//! TORCH_CUDA_ARCH_LIST, the toolchain identity, the recipe revision. Not the job count.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use commstack_stack::manifest::DeepEpApi;
+use commstack_store::{Outcome, StepKey, Store};
+use commstack_toolchain::Toolchain;
+use serde::{Deserialize, Serialize};
+
+use crate::archs::torch_cuda_arch_list;
+use crate::env::{BuildEnv, EnvInputs, build_env};
+use crate::nvshmem::{NvshmemInput, check_v1_prefix};
+use crate::python::PythonEnv;
+use crate::run::{CommandFailed, run_logged};
+use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
+use crate::wheel_check::{Expect, WheelFacts, check_wheel};
+
+pub const BUILD_REPORT_FILE: &str = "build-report.json";
+const STEP: &str = "deepep";
+/// Bumped when the recipe changes what it produces.
+const RECIPE: &str = "deepep-setup-py-1";
+
+/// The Python environment that builds (its torch is the one the wheel is built for).
+#[derive(Clone, Debug)]
+pub struct PythonTarget {
+    pub env: PythonEnv,
+    /// `managed` (a venv step from the lock) or `adopt` (an existing environment).
+    pub mode: String,
+    /// What keys builds made in it.
+    pub identity: serde_json::Value,
+}
+
+impl PythonTarget {
+    /// A managed venv: keyed by its step (which is keyed by every wheel's sha256).
+    pub fn managed(venv: &crate::venv::ManagedVenv) -> Result<PythonTarget> {
+        let env = PythonEnv::probe(&venv.python)?;
+        Ok(PythonTarget {
+            identity: serde_json::json!({ "managed_venv": venv.key.hash, "python": env.version }),
+            env,
+            mode: "managed".into(),
+        })
+    }
+
+    /// An existing environment: keyed by its Python and torch, exactly.
+    pub fn adopted(python: &Path) -> Result<PythonTarget> {
+        let env = PythonEnv::probe(python)?;
+        Ok(PythonTarget { identity: env.identity(), env, mode: "adopt".into() })
+    }
+}
+
+/// Everything one build needs.
+pub struct BuildRequest<'a> {
+    pub api: DeepEpApi,
+    pub source: &'a SourceInput,
+    pub nvshmem: &'a NvshmemInput,
+    pub python: &'a PythonTarget,
+    pub toolchain: &'a Toolchain,
+    /// As the stack writes them (`90`).
+    pub cuda_archs: &'a [String],
+    /// Parallel compile jobs (MAX_JOBS; does not change the output, so not in the key).
+    pub jobs: usize,
+    /// The stack allows rule deepep-v1-rdc-fix to be violated.
+    pub allow_missing_rdc_fix: bool,
+    /// V2: an NCCL root to build against instead of the environment's own.
+    pub nccl_override: Option<&'a Path>,
+    /// Accept `nccl_override` although it puts a second libnccl into the process.
+    pub allow_second_nccl: bool,
+    /// Called with one line per phase.
+    pub progress: &'a dyn Fn(&str),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvshmemFacts {
+    pub prefix: PathBuf,
+    pub identity: serde_json::Value,
+    pub version: Option<String>,
+    pub host_soname: String,
+    pub use_nccl: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PythonFacts {
+    pub mode: String,
+    pub executable: PathBuf,
+    pub version: String,
+    pub torch: Option<String>,
+    pub torch_cuda: Option<String>,
+    pub identity: serde_json::Value,
+}
+
+/// `build-report.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BuildReport {
+    pub schema: u32,
+    pub step: String,
+    pub api: String,
+    pub source: SourceInput,
+    pub declared_version: Option<String>,
+    /// Whether csrc/kernels/configs.cuh forces RDC (V1), read from the source at build time.
+    pub rdc_fix: Option<bool>,
+    pub nvshmem: NvshmemFacts,
+    pub nccl_root: Option<PathBuf>,
+    pub python: PythonFacts,
+    pub toolchain: String,
+    pub toolchain_identity: serde_json::Value,
+    pub torch_cuda_arch_list: String,
+    pub environment: BuildEnv,
+    pub command: Vec<String>,
+    pub jobs: usize,
+    pub build_seconds: f64,
+    pub wheel: WheelFacts,
+}
+
+/// The result of [`build`].
+#[derive(Debug)]
+pub struct Built {
+    pub key: StepKey,
+    pub outcome: Outcome,
+    pub wheel: PathBuf,
+    pub report: BuildReport,
+}
+
+/// Everything decided before the step runs (cheap: also done when the step is cached).
+struct Prepared {
+    key: StepKey,
+    inputs: serde_json::Value,
+    arch_list: String,
+    host_soname: String,
+    nccl_root: Option<PathBuf>,
+}
+
+/// The step key of `req`, after the checks that need no compiler: the NVSHMEM is built
+/// without NCCL and (V1) has the unversioned link; the environment has torch for the
+/// toolchain's CUDA major and a setuptools that builds wheels; (V2) one NCCL.
+pub fn build_key(req: &BuildRequest<'_>) -> Result<(StepKey, serde_json::Value)> {
+    let p = prepare(req)?;
+    Ok((p.key, p.inputs))
+}
+
+fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
+    let arch_list = torch_cuda_arch_list(req.cuda_archs)?;
+    req.nvshmem.require_nccl_off()?;
+    if req.api == DeepEpApi::V1 {
+        check_v1_prefix(&req.nvshmem.prefix)?;
+    }
+    let host_soname = req.nvshmem.host_soname()?;
+    check_python(&req.python.env, req.toolchain)?;
+    let nccl_root = match req.api {
+        DeepEpApi::V1 => None,
+        DeepEpApi::V2 => Some(v2_nccl_root(&req.python.env, req.nccl_override, req.allow_second_nccl)?),
+    };
+    let inputs = serde_json::json!({
+        "recipe": RECIPE,
+        "api": req.api.as_str(),
+        "source": { "tree_sha256": req.source.tree_sha256, "rev": req.source.rev },
+        "nvshmem": { "identity": req.nvshmem.identity, "version": req.nvshmem.version() },
+        "python": req.python.identity,
+        "torch_cuda_arch_list": arch_list,
+        "toolchain": req.toolchain.identity(),
+        "nccl_root": nccl_root,
+    });
+    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root })
+}
+
+/// torch must be there, for the toolchain's CUDA major; setup.py must be able to write
+/// a wheel (setuptools >= 70.1 has bdist_wheel, older ones need the `wheel` package).
+fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
+    let python = env.python.display();
+    let Some(torch) = env.torch_version() else {
+        bail!("{python} has no torch: DeepEP builds against the environment's torch (managed mode makes one from the lock)");
+    };
+    match env.torch_cuda() {
+        Some(cuda) if cuda.split('.').next() == Some(&tc.cuda_major().to_string()) => {}
+        Some(cuda) => bail!(
+            "torch {torch} in {python} is built for CUDA {cuda}, the toolchain is CUDA {} ({}): DeepEP must be compiled with torch's CUDA major",
+            tc.versions.cuda,
+            tc.nvcc.display()
+        ),
+        None => bail!("torch {torch} in {python} is a CPU build (torch.version.cuda is None): DeepEP needs a CUDA torch"),
+    }
+    let setuptools = env.dist("setuptools").map(|d| d.version.clone());
+    let has_bdist_wheel = setuptools
+        .as_deref()
+        .and_then(|v| v.parse::<pep440_rs::Version>().ok())
+        .is_some_and(|v| v >= "70.1".parse().expect("a version"))
+        || env.dist("wheel").is_some();
+    if !has_bdist_wheel {
+        bail!(
+            "{python} has setuptools {} without bdist_wheel: install setuptools >= 70.1 (torch's own pin is newer) or the `wheel` package",
+            setuptools.as_deref().unwrap_or("(none)")
+        );
+    }
+    Ok(())
+}
+
+/// V2 links NCCL: the environment's own (the one torch loads). Another one would put a
+/// second libnccl into the process (DeepEP issue 710).
+pub fn v2_nccl_root(env: &PythonEnv, override_root: Option<&Path>, allow_second: bool) -> Result<PathBuf> {
+    let own = env.site_packages().join("nvidia/nccl");
+    let own_ok = own.join("include/nccl.h").is_file() && own.join("lib/libnccl.so.2").is_file();
+    match override_root {
+        None if own_ok => Ok(own),
+        None => bail!(
+            "{} has no NCCL with headers ({} lacks include/nccl.h or lib/libnccl.so.2): DeepEP V2 builds against the environment's nvidia-nccl wheel",
+            env.python.display(),
+            own.display()
+        ),
+        Some(other) if own_ok && same_dir(other, &own) => Ok(own),
+        Some(other) if allow_second => Ok(other.to_path_buf()),
+        Some(other) => bail!(
+            "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710). \
+             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow it explicitly if you accept what it breaks",
+            other.display(),
+            own.display(),
+            commstack_stack::rules::DEEPEP_V2_MIN_NCCL
+        ),
+    }
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Build (or find) DeepEP for `req`. On failure the log and its first error lines are in
+/// the error, and the step's directory is kept under `failed/`.
+pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built> {
+    let p = prepare(req)?;
+    let result = store.run(&p.key, &p.inputs, force, |dir| {
+        let report = run_build(&dir.out, &dir.logs, &p, req)?;
+        let path = dir.out.join(BUILD_REPORT_FILE);
+        fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(())
+    });
+    let outcome = match result {
+        Ok(o) => o,
+        Err(err) => {
+            let log = err.chain().find_map(|e| e.downcast_ref::<CommandFailed>()).and_then(|f| f.log.file_name().map(PathBuf::from));
+            return Err(match log {
+                Some(name) => err.context(format!("full log: {}", store.failed_path(&p.key).join("logs").join(name).display())),
+                None => err,
+            });
+        }
+    };
+    let report = load_report(outcome.path())?;
+    Ok(Built { wheel: outcome.path().join("dist").join(&report.wheel.filename), key: p.key, outcome, report })
+}
+
+pub fn load_report(step: &Path) -> Result<BuildReport> {
+    let path = step.join(BUILD_REPORT_FILE);
+    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a DeepEP build report", path.display()))
+}
+
+fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> Result<BuildReport> {
+    let work = out.join("work");
+    let (src, home, tmp, dist) = (work.join("src"), work.join("home"), work.join("tmp"), out.join("dist"));
+    for d in [&home, &tmp, &dist] {
+        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    (req.progress)(&format!("preparing the source {} ...", req.source.path.display()));
+    req.source.materialize(&src)?;
+    let found = detect_api(&src)?;
+    if found != req.api {
+        bail!(
+            "the source {} (tree {}) is DeepEP {}, the stack says deepep.api = {:?}",
+            req.source.path.display(),
+            req.source.tree_sha256,
+            found.as_str(),
+            req.api.as_str()
+        );
+    }
+    let rdc_fix = match req.api {
+        DeepEpApi::V1 => Some(check_rdc_fix(&src, req.nvshmem.version().as_deref(), req.allow_missing_rdc_fix)?),
+        DeepEpApi::V2 => None,
+    };
+    let env = build_env(&EnvInputs {
+        api: req.api,
+        python_bin_dir: &req.python.env.bin_dir(),
+        toolchain: req.toolchain,
+        nvshmem_prefix: &req.nvshmem.prefix,
+        nccl_root: p.nccl_root.as_deref(),
+        torch_cuda_arch_list: &p.arch_list,
+        jobs: req.jobs,
+        home: &home,
+        tmp: &tmp,
+        git_ceiling: &work,
+    })?;
+    let args: Vec<String> = vec!["setup.py".into(), "bdist_wheel".into(), "--dist-dir".into(), dist.display().to_string()];
+    let log = logs.join("build.log");
+    (req.progress)(&format!("building (setup.py bdist_wheel, MAX_JOBS={}); log: {}", req.jobs, log.display()));
+    let seconds = run_logged(&req.python.env.python, &args, &src, &env.vars, &log, "setup.py bdist_wheel")?;
+
+    let wheels: Vec<PathBuf> = fs::read_dir(&dist)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    let [wheel] = &wheels[..] else {
+        bail!("setup.py bdist_wheel left {} wheel(s) in {}, expected one (see logs/build.log)", wheels.len(), dist.display());
+    };
+    let needed = match req.api {
+        DeepEpApi::V1 => vec![p.host_soname.clone()],
+        DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],
+    };
+    let stubs: Vec<&Path> = req.toolchain.cuda_stubs_dir.iter().map(PathBuf::as_path).collect();
+    let facts = check_wheel(wheel, &Expect { api: req.api, needed: &needed, forbidden_search_dirs: &stubs }, &tmp)?;
+    let declared = declared_version(&src);
+    fs::remove_dir_all(&work).with_context(|| format!("cannot remove the build tree {}", work.display()))?;
+    let py = &req.python.env;
+    Ok(BuildReport {
+        schema: 1,
+        step: p.key.dir_name(),
+        api: req.api.as_str().into(),
+        source: req.source.clone(),
+        declared_version: declared,
+        rdc_fix,
+        nvshmem: NvshmemFacts {
+            prefix: req.nvshmem.prefix.clone(),
+            identity: req.nvshmem.identity.clone(),
+            version: req.nvshmem.version(),
+            host_soname: p.host_soname.clone(),
+            use_nccl: req.nvshmem.host.build_vars.use_nccl(),
+        },
+        nccl_root: p.nccl_root.clone(),
+        python: PythonFacts {
+            mode: req.python.mode.clone(),
+            executable: py.python.clone(),
+            version: py.version.clone(),
+            torch: py.torch_version().map(str::to_string),
+            torch_cuda: py.torch_cuda().map(str::to_string),
+            identity: req.python.identity.clone(),
+        },
+        toolchain: req.toolchain.describe(),
+        toolchain_identity: req.toolchain.identity(),
+        torch_cuda_arch_list: p.arch_list.clone(),
+        environment: env,
+        command: std::iter::once(py.python.display().to_string()).chain(args).collect(),
+        jobs: req.jobs,
+        build_seconds: seconds,
+        wheel: facts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::Paths;
+
+    fn env_with_nccl(site: &Path) -> PythonEnv {
+        let nccl = site.join("nvidia/nccl");
+        fs::create_dir_all(nccl.join("include")).unwrap();
+        fs::create_dir_all(nccl.join("lib")).unwrap();
+        fs::write(nccl.join("include/nccl.h"), "#define NCCL_MAJOR 2\n").unwrap();
+        fs::write(nccl.join("lib/libnccl.so.2"), "").unwrap();
+        PythonEnv {
+            schema: 1,
+            python: PathBuf::from("/env/bin/python"),
+            executable: PathBuf::from("/env/bin/python"),
+            version: "3.12.3".into(),
+            implementation: "cpython".into(),
+            prefix: PathBuf::from("/env"),
+            base_prefix: PathBuf::from("/usr"),
+            sys_path: vec![site.to_path_buf()],
+            paths: Paths {
+                purelib: site.to_path_buf(),
+                platlib: site.to_path_buf(),
+                scripts: PathBuf::from("/env/bin"),
+                data: PathBuf::from("/env"),
+                include: PathBuf::from("/env/include"),
+            },
+            dists: vec![],
+            torch: None,
+            pip: false,
+        }
+    }
+
+    #[test]
+    fn v2_builds_against_the_environments_nccl_and_refuses_a_second_one() {
+        let d = tempfile::tempdir().unwrap();
+        let env = env_with_nccl(d.path());
+        let own = d.path().join("nvidia/nccl");
+        assert_eq!(v2_nccl_root(&env, None, false).unwrap(), own);
+        assert_eq!(v2_nccl_root(&env, Some(&own), false).unwrap(), own);
+        let other = d.path().join("nccl-2.30.7");
+        fs::create_dir_all(&other).unwrap();
+        let err = v2_nccl_root(&env, Some(&other), false).unwrap_err().to_string();
+        assert!(err.contains("two libnccl") && err.contains("issue 710"), "{err}");
+        assert_eq!(v2_nccl_root(&env, Some(&other), true).unwrap(), other);
+        let bare = env_with_nccl(&d.path().join("empty"));
+        fs::remove_file(d.path().join("empty/nvidia/nccl/include/nccl.h")).unwrap();
+        assert!(v2_nccl_root(&bare, None, false).unwrap_err().to_string().contains("include/nccl.h"));
+    }
+}

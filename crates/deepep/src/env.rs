@@ -1,0 +1,267 @@
+//! The environment DeepEP's `setup.py` runs in: empty, then an explicit list computed
+//! from the stack. Nothing is inherited from the caller's shell.
+//!
+//! DeepEP's setup.py and torch's extension builder read many variables (below): a stray
+//! `TORCH_CUDA_ARCH_LIST`, `NVSHMEM_DIR` or `DISABLE_SM90_FEATURES` in a user's shell
+//! would silently change the wheel. Starting from nothing removes them all.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use commstack_stack::manifest::DeepEpApi;
+use commstack_toolchain::Toolchain;
+use serde::{Deserialize, Serialize};
+
+/// Variables that change a DeepEP build when set, and so are never inherited (the
+/// recipe sets the ones it needs). Documentation, and the list the tests check.
+pub const NEVER_INHERITED: [&str; 28] = [
+    // DeepEP V1 setup.py
+    "NVSHMEM_DIR",
+    "TORCH_CUDA_ARCH_LIST",
+    "DISABLE_SM90_FEATURES",
+    "DISABLE_AGGRESSIVE_PTX_INSTRS",
+    "TOPK_IDX_BITS",
+    // DeepEP V2 setup.py and deep_ep/utils/find_pkgs.py
+    "EP_NVSHMEM_ROOT_DIR",
+    "EP_NCCL_ROOT_DIR",
+    "NCCL_DIR",
+    "EP_NUM_TOPK_IDX_BITS",
+    "EP_JIT_CACHE_DIR",
+    "EP_JIT_PRINT_COMPILER_COMMAND",
+    // torch.utils.cpp_extension
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "MAX_JOBS",
+    "TORCH_EXTENSIONS_DIR",
+    "TORCH_DONT_CHECK_COMPILER_ABI",
+    // compilers and linker
+    "CC",
+    "CXX",
+    "CFLAGS",
+    "CXXFLAGS",
+    "LDFLAGS",
+    "CPATH",
+    "LIBRARY_PATH",
+    "LD_LIBRARY_PATH",
+    "NVCC_APPEND_FLAGS",
+    "NVCC_PREPEND_FLAGS",
+    // Python
+    "PYTHONPATH",
+    "PYTHONHOME",
+];
+
+/// What the environment is computed from.
+#[derive(Clone, Debug)]
+pub struct EnvInputs<'a> {
+    pub api: DeepEpApi,
+    /// The `bin` directory of the Python environment that builds (first on PATH).
+    pub python_bin_dir: &'a Path,
+    pub toolchain: &'a Toolchain,
+    /// The NVSHMEM install prefix (`include/`, `lib/libnvshmem_host.so`, `lib/libnvshmem_device.a`).
+    pub nvshmem_prefix: &'a Path,
+    /// V2 only: the NCCL root (`include/nccl.h`, `lib/libnccl.so.2`), the environment's own.
+    pub nccl_root: Option<&'a Path>,
+    /// `TORCH_CUDA_ARCH_LIST` (see [`crate::archs`]).
+    pub torch_cuda_arch_list: &'a str,
+    pub jobs: usize,
+    /// Private HOME and TMPDIR for the build.
+    pub home: &'a Path,
+    pub tmp: &'a Path,
+    /// The build directory: `git` must not find a repository above it (setup.py asks
+    /// `git rev-parse` for a version suffix).
+    pub git_ceiling: &'a Path,
+}
+
+/// The computed environment and why each stack-driven variable is there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildEnv {
+    pub vars: BTreeMap<String, String>,
+    /// One line per decision a rule or a trap made (for the build report).
+    pub notes: Vec<String>,
+}
+
+/// The whole environment of the DeepEP build.
+pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
+    let tc = i.toolchain;
+    let mut vars = BTreeMap::new();
+    let mut notes = Vec::new();
+    let mut path: Vec<String> = vec![i.python_bin_dir.display().to_string()];
+    for dir in tc.bin_dirs() {
+        push_unique(&mut path, dir.display().to_string());
+    }
+    // sh, coreutils, as/ld (gcc calls them by name), git for setup.py's version suffix.
+    for dir in ["/usr/bin", "/bin"] {
+        push_unique(&mut path, dir.to_string());
+    }
+    vars.insert("PATH".into(), path.join(":"));
+    vars.insert("HOME".into(), i.home.display().to_string());
+    vars.insert("TMPDIR".into(), i.tmp.display().to_string());
+    vars.insert("LANG".into(), "C.UTF-8".into());
+    vars.insert("LC_ALL".into(), "C.UTF-8".into());
+    vars.insert("TZ".into(), "UTC".into());
+    // bdist_wheel stamps zip entries with this time; zip cannot go below 1980-01-01.
+    vars.insert("SOURCE_DATE_EPOCH".into(), "315532800".into());
+    vars.insert("GIT_CEILING_DIRECTORIES".into(), i.git_ceiling.display().to_string());
+    vars.insert("PYTHONNOUSERSITE".into(), "1".into());
+    vars.insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
+    vars.insert("PYTHONHASHSEED".into(), "0".into());
+
+    vars.insert("CUDA_HOME".into(), tc.cuda_home.display().to_string());
+    vars.insert("CC".into(), tc.cc.display().to_string());
+    vars.insert("CXX".into(), tc.cxx.display().to_string());
+    vars.insert("MAX_JOBS".into(), i.jobs.max(1).to_string());
+    vars.insert("TORCH_CUDA_ARCH_LIST".into(), i.torch_cuda_arch_list.to_string());
+    vars.insert("NVSHMEM_DIR".into(), i.nvshmem_prefix.display().to_string());
+    notes.push(format!("NVSHMEM_DIR: the stack's NVSHMEM install {}", i.nvshmem_prefix.display()));
+
+    if i.api == DeepEpApi::V2 {
+        let Some(nccl) = i.nccl_root else {
+            bail!("DeepEP V2 builds against NCCL's device API: the build needs the environment's NCCL (nvidia/nccl)");
+        };
+        vars.insert("NCCL_DIR".into(), nccl.display().to_string());
+        notes.push(format!("NCCL_DIR: the environment's own NCCL {} (one libnccl per process)", nccl.display()));
+    }
+
+    // CUDA 13 moved libcu++ (cuda/std/...) under include/cccl; g++ compiling DeepEP's
+    // .cpp files does not look there (rule deepep-v1-cccl; V2's setup.py hard-codes
+    // /usr/local/cuda/include/cccl, which a wheel toolchain does not have).
+    if tc.cuda_major() >= 13 {
+        let cccl: Vec<&PathBuf> = tc.cuda_include_dirs.iter().filter(|d| d.ends_with("cccl")).collect();
+        if cccl.is_empty() {
+            bail!(
+                "the CUDA {} toolchain at {} has no include/cccl directory: DeepEP's sources include cuda/std/tuple from it (install or lock nvidia-cuda-cccl)",
+                tc.versions.cuda,
+                tc.cuda_home.display()
+            );
+        }
+        let joined: Vec<String> = cccl.iter().map(|d| d.display().to_string()).collect();
+        vars.insert("CPATH".into(), joined.join(":"));
+        notes.push(format!("CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)", joined.join(":"), tc.versions.cuda));
+    }
+
+    // DeepEP links -lcuda. The stub (SONAME libcuda.so.1) is found through LIBRARY_PATH,
+    // which gcc searches after the -L directories and before the system ones: the link
+    // is the same on a machine with a driver and one without.
+    let Some(stubs) = &tc.cuda_stubs_dir else {
+        bail!(
+            "the toolchain at {} has no libcuda.so link stub (lib/stubs): DeepEP links -lcuda. Use the wheel toolchain (`cargo xtask toolchain`, it makes one) or a CUDA toolkit that has targets/x86_64-linux/lib/stubs",
+            tc.cuda_home.display()
+        );
+    };
+    vars.insert("LIBRARY_PATH".into(), stubs.display().to_string());
+    notes.push(format!("LIBRARY_PATH: the libcuda link stub in {} (never shipped)", stubs.display()));
+    Ok(BuildEnv { vars, notes })
+}
+
+fn push_unique(list: &mut Vec<String>, item: String) {
+    if !list.contains(&item) {
+        list.push(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commstack_toolchain::{ToolVersions, ToolchainSource};
+
+    pub(crate) fn toolchain(cuda: &str, stubs: bool) -> Toolchain {
+        let home = PathBuf::from("/tc/cuda");
+        let include = home.join("targets/x86_64-linux/include");
+        Toolchain {
+            source: ToolchainSource::System,
+            cuda_home: home.clone(),
+            nvcc: home.join("bin/nvcc"),
+            cuda_include_dirs: vec![include.clone(), include.join("cccl")],
+            cudart_lib_dir: home.join("targets/x86_64-linux/lib"),
+            cuda_stubs_dir: stubs.then(|| home.join("targets/x86_64-linux/lib/stubs")),
+            cmake: PathBuf::from("/tc/bin/cmake"),
+            ninja: PathBuf::from("/tc/bin/ninja"),
+            cc: PathBuf::from("/usr/bin/gcc"),
+            cxx: PathBuf::from("/usr/bin/g++"),
+            versions: ToolVersions {
+                nvcc: format!("{cuda}.88"),
+                cuda: cuda.into(),
+                cmake: "4.1.3".into(),
+                ninja: "1.13.2".into(),
+                cc: "gcc 13".into(),
+                cxx: "g++ 13".into(),
+            },
+        }
+    }
+
+    fn inputs<'a>(tc: &'a Toolchain, api: DeepEpApi, nccl: Option<&'a Path>) -> EnvInputs<'a> {
+        EnvInputs {
+            api,
+            python_bin_dir: Path::new("/venv/bin"),
+            toolchain: tc,
+            nvshmem_prefix: Path::new("/store/nvshmem-x/nvshmem"),
+            nccl_root: nccl,
+            torch_cuda_arch_list: "9.0",
+            jobs: 16,
+            home: Path::new("/w/home"),
+            tmp: Path::new("/w/tmp"),
+            git_ceiling: Path::new("/w"),
+        }
+    }
+
+    #[test]
+    fn v1_on_cuda_13_gets_the_stack_values_and_the_cccl_path() {
+        let tc = toolchain("13.0", true);
+        let env = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap();
+        let v = &env.vars;
+        assert_eq!(v["NVSHMEM_DIR"], "/store/nvshmem-x/nvshmem");
+        assert_eq!(v["TORCH_CUDA_ARCH_LIST"], "9.0");
+        assert_eq!(v["CPATH"], "/tc/cuda/targets/x86_64-linux/include/cccl");
+        assert_eq!(v["MAX_JOBS"], "16");
+        assert_eq!(v["CUDA_HOME"], "/tc/cuda");
+        assert_eq!(v["LIBRARY_PATH"], "/tc/cuda/targets/x86_64-linux/lib/stubs");
+        assert_eq!(v["PATH"], "/venv/bin:/tc/cuda/bin:/tc/bin:/usr/bin:/bin");
+        assert!(!v.contains_key("NCCL_DIR"));
+        assert!(env.notes.iter().any(|n| n.contains("deepep-v1-cccl")));
+    }
+
+    #[test]
+    fn only_the_allowlist_is_set() {
+        // The process-level proof (a real setup.py sees exactly these and nothing of the
+        // caller's) is in tests/build_fixture.rs.
+        let tc = toolchain("13.0", true);
+        let after = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap();
+        let allowed = [
+            "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "SOURCE_DATE_EPOCH", "GIT_CEILING_DIRECTORIES",
+            "PYTHONNOUSERSITE", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "CUDA_HOME", "CC", "CXX", "MAX_JOBS",
+            "TORCH_CUDA_ARCH_LIST", "NVSHMEM_DIR", "CPATH", "LIBRARY_PATH",
+        ];
+        let keys: Vec<&str> = after.vars.keys().map(String::as_str).collect();
+        let mut want = allowed.to_vec();
+        want.sort();
+        assert_eq!(keys, want);
+        for k in NEVER_INHERITED {
+            if !allowed.contains(&k) {
+                assert!(!after.vars.contains_key(k), "{k} must not be set");
+            }
+        }
+    }
+
+    #[test]
+    fn v2_takes_the_environments_nccl_and_cuda_12_no_cccl() {
+        let tc = toolchain("13.0", true);
+        let env = build_env(&inputs(&tc, DeepEpApi::V2, Some(Path::new("/venv/site/nvidia/nccl")))).unwrap();
+        assert_eq!(env.vars["NCCL_DIR"], "/venv/site/nvidia/nccl");
+        assert!(build_env(&inputs(&tc, DeepEpApi::V2, None)).unwrap_err().to_string().contains("NCCL"));
+        let tc12 = toolchain("12.9", true);
+        let env = build_env(&inputs(&tc12, DeepEpApi::V1, None)).unwrap();
+        assert!(!env.vars.contains_key("CPATH"));
+    }
+
+    #[test]
+    fn missing_cccl_or_stub_is_an_error_that_says_what_to_do() {
+        let mut tc = toolchain("13.0", true);
+        tc.cuda_include_dirs.truncate(1);
+        let err = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap_err().to_string();
+        assert!(err.contains("cuda/std/tuple") && err.contains("nvidia-cuda-cccl"), "{err}");
+        let tc = toolchain("13.0", false);
+        let err = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap_err().to_string();
+        assert!(err.contains("-lcuda") && err.contains("stub"), "{err}");
+    }
+}

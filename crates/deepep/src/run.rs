@@ -1,0 +1,155 @@
+//! Running one command with exactly the environment given, its output in a log file,
+//! and the first error lines read back when it fails (the same [`CommandFailed`] the
+//! NVSHMEM build reports, so callers print both alike).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+pub use commstack_nvshmem::{CommandFailed, first_error_lines};
+
+/// Run `program args...` in `cwd` with `env` as its whole environment, stdout and stderr
+/// appended to `log` as they come (`tail -f` works). Returns the seconds taken.
+pub fn run_logged(
+    program: &Path,
+    args: &[String],
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+    log: &Path,
+    what: &str,
+) -> Result<f64> {
+    let shown = format!(
+        "{} {}",
+        program.display(),
+        args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+    );
+    let file = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    {
+        let mut f = &file;
+        writeln!(f, "$ cd {}", cwd.display())?;
+        for (k, v) in env {
+            writeln!(f, "$ export {k}={}", shell_quote(v))?;
+        }
+        writeln!(f, "$ {shown}")?;
+    }
+    // Only the command's own output is searched for errors, not the header above it.
+    let output_starts = file.metadata()?.len() as usize;
+    let started = Instant::now();
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("cannot start {what}: {shown}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    if !status.success() {
+        let bytes = fs::read(log).unwrap_or_default();
+        let text = String::from_utf8_lossy(bytes.get(output_starts..).unwrap_or_default());
+        return Err(CommandFailed {
+            what: what.to_string(),
+            log: log.to_path_buf(),
+            status: status.to_string(),
+            first_errors: first_error_lines(&text, 20),
+        }
+        .into());
+    }
+    Ok(seconds)
+}
+
+/// Run a short command with `env` as its whole environment and return its stdout;
+/// the error holds stderr.
+pub fn output(program: &Path, args: &[&str], env: &BTreeMap<String, String>) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} {} failed ({}): {}",
+            program.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("{} printed non-UTF-8 output", program.display()))
+}
+
+/// The environment for helper commands (pip, venv, probes): a minimal PATH, a private
+/// HOME, no pip configuration from the user or the machine (PIP_* variables, pip.conf).
+pub fn tool_env(home: &Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".into(), "/usr/bin:/bin".into());
+    env.insert("HOME".into(), home.display().to_string());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    env.insert("LC_ALL".into(), "C.UTF-8".into());
+    env.insert("PYTHONNOUSERSITE".into(), "1".into());
+    env.insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
+    env.insert("PIP_CONFIG_FILE".into(), "/dev/null".into());
+    env.insert("PIP_DISABLE_PIP_VERSION_CHECK".into(), "1".into());
+    env.insert("PIP_NO_INPUT".into(), "1".into());
+    env
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_command_names_its_log_and_first_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("build.log");
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
+        let err = run_logged(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo compiling; echo '/usr/bin/ld: cannot find -l:libnvshmem_host.so' >&2; exit 3".into()],
+            dir.path(),
+            &env,
+            &log,
+            "setup.py bdist_wheel",
+        )
+        .unwrap_err();
+        let failed = err.downcast_ref::<CommandFailed>().unwrap();
+        assert_eq!(failed.first_errors[0], "/usr/bin/ld: cannot find -l:libnvshmem_host.so");
+        let text = fs::read_to_string(&log).unwrap();
+        assert!(text.contains("$ export PATH=/usr/bin:/bin") && text.contains("compiling"), "{text}");
+    }
+
+    #[test]
+    fn the_environment_is_exactly_the_one_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = tool_env(dir.path());
+        env.insert("ONLY_THIS".into(), "1".into());
+        let out = output(Path::new("/usr/bin/env"), &[], &env).unwrap();
+        let keys: Vec<&str> = out.lines().filter_map(|l| l.split('=').next()).collect();
+        let mut want: Vec<&str> = env.keys().map(String::as_str).collect();
+        want.sort();
+        let mut got = keys.clone();
+        got.sort();
+        assert_eq!(got, want, "cargo's CARGO_* variables and the user's PIP_* must not leak");
+    }
+}

@@ -1,0 +1,101 @@
+//! Proof that a built DeepEP wheel is what the stack needs, read from the wheel itself:
+//! RECORD verifies; the libcuda link stub is not in it; the extension module needs the
+//! stack's NVSHMEM (V1) or NCCL (V2) by SONAME and no search path of the build machine's
+//! stub directory.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use commstack_stack::manifest::DeepEpApi;
+use commstack_verify::elf::ElfFile;
+use commstack_wheel::Wheel;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// What the wheel holds, as the build report records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WheelFacts {
+    pub filename: String,
+    pub sha256: String,
+    pub name: String,
+    pub version: String,
+    pub files: Vec<String>,
+    /// The compiled extension (`deep_ep_cpp.cpython-312-x86_64-linux-gnu.so`, `deep_ep/_C...so`).
+    pub extension: String,
+    pub needed: Vec<String>,
+    pub runpath: Vec<String>,
+    pub rpath: Vec<String>,
+}
+
+/// What a wheel must (not) hold.
+pub struct Expect<'a> {
+    pub api: DeepEpApi,
+    /// SONAMEs the extension must need (`libnvshmem_host.so.3`).
+    pub needed: &'a [String],
+    /// Directories that must not appear in its RPATH/RUNPATH (the libcuda stub's).
+    pub forbidden_search_dirs: &'a [&'a Path],
+}
+
+/// Check `wheel`; `scratch` is a directory to extract the extension into.
+pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Result<WheelFacts> {
+    let wheel = Wheel::open(wheel_path)?;
+    wheel.verify().with_context(|| format!("the built wheel {} does not verify", wheel_path.display()))?;
+    let files: Vec<String> = wheel.entries.iter().filter(|e| !e.is_dir).map(|e| e.path.clone()).collect();
+    if let Some(stub) = files.iter().find(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with("libcuda.so"))) {
+        bail!(
+            "{} contains {stub}: the libcuda link stub must never ship (the driver's libcuda.so.1 is used at run time)",
+            wheel_path.display()
+        );
+    }
+    let prefix = match expect.api {
+        DeepEpApi::V1 => "deep_ep_cpp",
+        DeepEpApi::V2 => "deep_ep/_C",
+    };
+    let extensions: Vec<&String> = files.iter().filter(|f| f.starts_with(prefix) && f.ends_with(".so")).collect();
+    let [extension] = extensions[..] else {
+        bail!(
+            "{} should hold one extension module {prefix}*.so, it holds {}: {:?}",
+            wheel_path.display(),
+            extensions.len(),
+            extensions
+        );
+    };
+    let extension = extension.clone();
+    fs::create_dir_all(scratch)?;
+    let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
+    fs::write(&so, wheel.read(&extension)?).with_context(|| format!("cannot write {}", so.display()))?;
+    let info = ElfFile::open(&so)?.dynamic_info()?;
+    fs::remove_file(&so).ok();
+    for soname in expect.needed {
+        if !info.needed.contains(soname) {
+            bail!(
+                "{extension} in {} does not need {soname} (it needs {}): it was not linked against the stack's library",
+                wheel_path.display(),
+                info.needed.join(", ")
+            );
+        }
+    }
+    // -lcuda against the stub: the SONAME libcuda.so.1 is recorded, never the file name.
+    if let Some(bad) = info.needed.iter().find(|n| n.starts_with("libcuda.so") && *n != "libcuda.so.1") {
+        bail!("{extension} needs {bad}, not libcuda.so.1: it was linked against a libcuda without the driver's SONAME");
+    }
+    for dir in expect.forbidden_search_dirs {
+        let d = dir.display().to_string();
+        if let Some(entry) = info.runpath.iter().chain(&info.rpath).find(|e| e.starts_with(&d)) {
+            bail!("{extension} searches {entry} at run time: the build machine's libcuda stub directory must not be on its path");
+        }
+    }
+    let bytes = fs::read(wheel_path)?;
+    Ok(WheelFacts {
+        filename: wheel_path.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        name: wheel.name().to_string(),
+        version: wheel.version()?.to_string(),
+        files,
+        extension,
+        needed: info.needed,
+        runpath: info.runpath,
+        rpath: info.rpath,
+    })
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Every GPU check of the stack, on a GPU machine with no Rust and no network, from a
+# bundle made by `cargo xtask gpu-bundle BUNDLE` and a checkout of this repository.
+#
+#   gpu/run.sh BUNDLE OUT [STEP...]
+#
+# Steps (default: all, in this order; each logs to WORK/<step>.log and never stops the
+# others):
+#   facts          the machine: GPU, driver, CUDA, torch, NCCL/NVSHMEM wheels, tools
+#   doctor         `xtask doctor` (text + JSON)
+#   gate           the exit-clean gate on a real NCCL process group (world size 1):
+#                  crates/verify/gpu/pg_exit.py test_dirty must fail, test_clean pass
+#   selftest-nvidia  commstack-selftest (1 GPU) against NVIDIA's NVSHMEM of the torch env
+#   nvshmem        `xtask build nvshmem` from the locked source (bundle mirror), system
+#                  CUDA: cold build timed, then the no-op timed; proof report kept
+#   verify-before  static + runtime verify of the torch env as it is (NVIDIA's NVSHMEM)
+#   dropin         install our drop-in nvidia-nvshmem wheel into the torch env
+#   verify-after   the same verify: torch must now map our libnvshmem_host
+#   selftest-ours  commstack-selftest against our NVSHMEM
+#
+# OUT receives results.tgz (every log and report) and, from the nvshmem step, the
+# install as nvshmem-install.tgz.NN parts (each < 16 MB). A summary table is printed.
+# Environment: PYTHON (default python3: the torch env), CUDA_HOME (default /usr/local/cuda),
+# JOBS (default: all cores).
+
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n '2,25p' "$0"; exit 2; }
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bundle="$(cd "$1" && pwd)" || exit 2
+out="$2"
+shift 2
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia nvshmem verify-before dropin verify-after selftest-ours)
+
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+work="$(mktemp -d /tmp/commstack-gpu.XXXXXX)"
+export COMMSTACK_HOME="$work/home"
+# Shared multi-GPU hosts must keep NVLink multicast off; harmless on one GPU.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+X="$bundle/bin/xtask"
+PY="${PYTHON:-python3}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+JOBS="${JOBS:-$(nproc)}"
+cd "$repo" || exit 2
+site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)"
+summary="$work/summary.tsv"
+: >"$summary"
+
+step() { # step NAME: runs the function step_NAME, logs, times, records its status
+    local name="$1" t0 rc
+    t0=$(date +%s.%N)
+    echo "::: $name" >&2
+    ( set -x; "step_${name//-/_}" ) >"$work/$name.log" 2>&1
+    rc=$?
+    printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" >>"$summary"
+    tail -n 15 "$work/$name.log" | sed "s/^/  [$name] /" >&2
+}
+
+step_facts() {
+    nvidia-smi
+    nvidia-smi topo -m
+    "$CUDA_HOME/bin/nvcc" --version
+    cmake --version; ninja --version; gcc --version | head -1; nproc; free -g; df -h /tmp
+    which cargo rustc || echo "no Rust toolchain here (expected)"
+    "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl(compiled)", torch.cuda.nccl.version())'
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-nccl|nvidia-nvshmem|cuda-|triton)' || true
+    ls -la "$site/nvidia/nvshmem/lib" || true
+    cat /proc/driver/nvidia/params 2>/dev/null | grep -E 'EnableStreamMemOPs|RegistryDwords' || true
+    "$X" --version
+}
+
+step_doctor() {
+    "$X" doctor | tee "$work/doctor.txt"
+    "$X" doctor --json >"$work/doctor.json"
+    true
+}
+
+step_gate() {
+    "$X" verify --python "$PY" --level tests,exit-clean --report "$work/gate" \
+        --test crates/verify/gpu/pg_exit.py:test_dirty --test crates/verify/gpu/pg_exit.py:test_clean
+    echo "verify exit status: $? (1 expected: test_dirty must fail the gate, test_clean pass)"
+    for f in "$work"/gate/*.log; do echo "== logscan $f"; "$X" logscan "$f"; done
+    true
+}
+
+selftest_with() { # selftest_with NAME LIBDIR
+    COMMSTACK_SELFTEST="$bundle/bin/commstack-selftest" COMMSTACK_NVSHMEM_LIB="$2" \
+        bash kernels/gpu/run-selftest.sh "$work/$1"
+}
+
+step_selftest_nvidia() { selftest_with selftest-nvidia "$site/nvidia/nvshmem/lib"; }
+
+step_nvshmem() {
+    "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match || return
+    local archive src
+    archive="$(find "$COMMSTACK_HOME/cache" -name 'nvshmem_src_*.tar.gz' | head -1)"
+    src="$work/nvshmem-src"
+    mkdir -p "$src" && tar -xzf "$archive" -C "$src" --strip-components=1 || return
+    local rdma=()
+    [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" \
+        || { mkdir -p "$work/failed" && find "$COMMSTACK_HOME/store/failed" -path '*/logs/*' -exec cp {} "$work/failed/" \; ; return 1; }
+    t1=$(date +%s.%N)
+    echo "COLD BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
+    t0=$(date +%s.%N)
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" || return
+    t1=$(date +%s.%N)
+    echo "NO-OP BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
+    "$X" store ls
+    local d
+    for d in "$COMMSTACK_HOME"/store/steps/*/; do
+        if [ -f "$d/build-report.json" ]; then
+            cp "$d/build-report.json" "$work/"
+            cp -r "$d/logs" "$work/nvshmem-logs" 2>/dev/null
+            # The whole step (with .step.json): `xtask store import` can bring it into another store.
+            tar -C "$(dirname "$d")" -czf "$work/nvshmem-install.tgz" "$(basename "$d")" && split -b 15m -d "$work/nvshmem-install.tgz" "$out/nvshmem-install.tgz."
+        fi
+        [ -f "$d/wheel-report.json" ] && cp "$d/wheel-report.json" "$d"/dist/*.whl "$work/"
+    done
+    ls -la "$work"/*.whl
+}
+
+verify_env() { # verify_env NAME [extra args]
+    local name="$1"; shift
+    "$X" verify --python "$PY" --level static,runtime --expect-nccl 2.28.9 --expect-nvshmem 3.4.5 \
+        --nvshmem-option NVSHMEM_IBGDA_SUPPORT=ON --cuda-arch 90 --target-glibc 2.39 --target-glibcxx 3.4.33 \
+        --report "$work/$name" "$@"
+    echo "verify exit status: $?"
+}
+
+step_verify_before() { verify_env verify-before --nvshmem-prefix "$site/nvidia/nvshmem"; true; }
+
+step_dropin() {
+    local wheel
+    wheel="$(ls "$work"/nvidia_nvshmem_cu*.whl | head -1)"
+    [ -n "$wheel" ] || { echo "no drop-in wheel: the nvshmem step failed"; return 1; }
+    "$PY" -m pip install --no-index --no-deps --force-reinstall "$wheel"
+    "$PY" -m pip show nvidia-nvshmem-cu13
+    "$PY" -m pip check || true
+}
+
+step_verify_after() { verify_env verify-after --nvshmem-prefix "$site/nvidia/nvshmem"; true; }
+
+step_selftest_ours() { selftest_with selftest-ours "$site/nvidia/nvshmem/lib"; }
+
+for s in "${steps[@]}"; do step "$s"; done
+
+tar -C "$work" --exclude=home --exclude=nvshmem-src --exclude='nvshmem-install.tgz' -czf "$out/results.tgz" .
+echo
+echo "step              rc   seconds"
+awk -F'\t' '{ printf "%-16s %3s %9s\n", $1, $2, $3 }' "$summary"
+ls -la "$out"

@@ -1,0 +1,332 @@
+//! `cargo xtask build deepep`: DeepEP from the locked revision, built against the stack's
+//! NVSHMEM and torch into a wheel, then the wheelhouse images are made from.
+//!
+//! Two modes: managed (default: a build venv made from the lock's wheels in the fetch
+//! cache) and adopt (`--python PATH`: an existing environment's torch). Every step is in
+//! the store; a second run with the same inputs does nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use commstack_deepep::adopt::env_dir;
+use commstack_deepep::build::{BuildRequest, PythonTarget, build};
+use commstack_deepep::venv::{managed_venv, runtime_wheels};
+use commstack_deepep::wheelhouse::{WheelhouseKind, assemble_wheelhouse};
+use commstack_deepep::{LockedWheel, NvshmemInput, SourceInput};
+use commstack_fetch::{Artifact, FetchOptions};
+use commstack_nvshmem::{DropInSpec, build_dropin_wheel, dropin_distribution};
+use commstack_stack::rules::RuleId;
+use commstack_stack::{Lock, Stack};
+use commstack_store::{Outcome, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::cmd_build::Args;
+use crate::cmd_toolchain::resolve;
+use crate::ctx::Ctx;
+
+/// The options only `build deepep` reads (flattened into `build`'s arguments).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DeepepArgs {
+    /// deepep: build in this existing Python environment and its torch (adopt mode)
+    /// instead of a venv made from the lock (managed mode).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// deepep, managed mode: the interpreter the build venv is made from (default:
+    /// python3.X on PATH, X.Y the lock's target).
+    #[arg(long, value_name = "PATH", conflicts_with = "python")]
+    pub base_python: Option<PathBuf>,
+    /// deepep: the NVSHMEM to build against: an NVSHMEM build step (`<store>/steps/nvshmem-*`
+    /// or a copy of one) or an install prefix. Default: the store's build of the stack's NVSHMEM.
+    #[arg(long, value_name = "DIR")]
+    pub nvshmem: Option<PathBuf>,
+    /// deepep: the drop-in NVSHMEM wheel (default: made from the --nvshmem build step).
+    #[arg(long, value_name = "WHEEL")]
+    pub nvshmem_wheel: Option<PathBuf>,
+    /// deepep V2: an NCCL root to build against instead of the environment's own.
+    #[arg(long, value_name = "DIR")]
+    pub nccl_dir: Option<PathBuf>,
+    /// deepep V2: accept --nccl-dir although the process then holds a second libnccl.
+    #[arg(long)]
+    pub allow_second_nccl: bool,
+}
+
+/// What `build deepep --python P` leaves for `adopt --python P`:
+/// `<home>/adopt/<env-id>/build.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AdoptPointer {
+    pub python: PathBuf,
+    pub wheelhouse: PathBuf,
+    pub build_step: PathBuf,
+    pub nvshmem_version: Option<String>,
+    pub rdc_fix: Option<bool>,
+}
+
+pub const POINTER_FILE: &str = "build.json";
+
+pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
+    let started = Instant::now();
+    let say = |line: &str| {
+        if !ctx.quiet {
+            eprintln!("{line}");
+        }
+    };
+    let d = &args.deepep;
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let lock = read_lock(ctx)?;
+    for why in lock.staleness(&stack) {
+        eprintln!("warning: {} is stale: {why} (run `cargo xtask lock`)", ctx.lock_path().display());
+    }
+    let api = stack.deepep.api;
+    let archs = if args.cuda_archs.is_empty() { stack.nvshmem.cuda_archs.clone() } else { args.cuda_archs.clone() };
+    let store = Store::open(ctx.store_dir())?;
+    let tc = resolve(ctx, &args.toolchain, false)?;
+    say(&format!("toolchain: {}", tc.describe()));
+
+    let nvshmem = nvshmem_input(&store, d.nvshmem.as_deref(), &lock, &archs)?;
+    say(&format!(
+        "nvshmem: {} (NVSHMEM {}, {})",
+        nvshmem.prefix.display(),
+        nvshmem.version().unwrap_or_else(|| "?".into()),
+        nvshmem.identity
+    ));
+    let dropin = dropin_wheel(&store, &nvshmem, d.nvshmem_wheel.as_deref(), &lock, &stack)?;
+    say(&format!("drop-in: {}", dropin.path.display()));
+
+    let (python, runtime, kind) = match &d.python {
+        Some(p) => {
+            let target = PythonTarget::adopted(p)?;
+            (target, vec![dropin.clone()], WheelhouseKind::Overlay)
+        }
+        None => {
+            let cache = commstack_fetch::Cache::new(ctx.cache_dir());
+            let wheels = runtime_wheels(&lock, &cache, std::slice::from_ref(&dropin))?;
+            let minor = python_minor(&lock.resolved.python_tag)?;
+            let base = match &d.base_python {
+                Some(p) => p.clone(),
+                None => commstack_toolchain::find_in_path(&format!("python{minor}"), None).with_context(|| {
+                    format!("no python{minor} on PATH: the lock targets Python {minor}; pass --base-python, or --python to adopt an existing environment")
+                })?,
+            };
+            let venv = managed_venv(&store, &base, &minor, &wheels, false)?;
+            report_step(&say, "build venv", &venv.outcome);
+            (PythonTarget::managed(&venv)?, wheels, WheelhouseKind::Full)
+        }
+    };
+    say(&format!(
+        "python: {} ({} mode; Python {}, torch {}, CUDA {})",
+        python.env.python.display(),
+        python.mode,
+        python.env.version,
+        python.env.torch_version().unwrap_or("absent"),
+        python.env.torch_cuda().unwrap_or("none")
+    ));
+
+    let source = deepep_source(ctx, &lock, args.source.as_deref())?;
+    if !source.is_locked() {
+        println!("WARNING deepep: {}", source.provenance);
+    }
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let req = BuildRequest {
+        api,
+        source: &source,
+        nvshmem: &nvshmem,
+        python: &python,
+        toolchain: &tc,
+        cuda_archs: &archs,
+        jobs,
+        allow_missing_rdc_fix: stack.is_allowed(RuleId::DeepEpV1RdcFix),
+        nccl_override: d.nccl_dir.as_deref(),
+        allow_second_nccl: d.allow_second_nccl || stack.is_allowed(RuleId::DeepEpV2Nccl),
+        progress: &say,
+    };
+    let built = build(&store, &req, args.force)?;
+    match &built.outcome {
+        Outcome::Cached { path } => println!("deepep: already built with these inputs, nothing to do: {}", path.display()),
+        Outcome::Built { path, seconds } => println!("deepep: built in {seconds:.1} s: {}", path.display()),
+    }
+    let r = &built.report;
+    println!(
+        "wheel: {} (needs {}; TORCH_CUDA_ARCH_LIST={}, RDC fix {}, NVSHMEM {} NCCL={})",
+        built.wheel.display(),
+        r.wheel.needed.join(", "),
+        r.torch_cuda_arch_list,
+        match r.rdc_fix {
+            Some(true) => "present",
+            Some(false) => "ABSENT (allowed)",
+            None => "n/a",
+        },
+        r.nvshmem.version.as_deref().unwrap_or("?"),
+        match r.nvshmem.use_nccl {
+            Some(false) => "OFF",
+            _ => "?",
+        }
+    );
+    let deepep_wheel = LockedWheel {
+        name: commstack_wheel::normalize_name(&r.wheel.name),
+        version: r.wheel.version.clone(),
+        filename: r.wheel.filename.clone(),
+        sha256: r.wheel.sha256.clone(),
+        path: built.wheel.clone(),
+    };
+    let house = assemble_wheelhouse(&store, kind, &runtime, &dropin, &deepep_wheel, false)?;
+    println!(
+        "wheelhouse{}: {} ({} wheels; {})",
+        if house.outcome.was_cached() { " (cached)" } else { "" },
+        house.dir.display(),
+        house.manifest.wheels.len(),
+        house.manifest.install
+    );
+    if let Some(p) = &d.python {
+        let dir = env_dir(&ctx.home, &python.env);
+        std::fs::create_dir_all(&dir)?;
+        let pointer = AdoptPointer {
+            python: p.clone(),
+            wheelhouse: house.dir.clone(),
+            build_step: built.outcome.path().to_path_buf(),
+            nvshmem_version: r.nvshmem.version.clone(),
+            rdc_fix: r.rdc_fix,
+        };
+        crate::util::write_all_atomically(&[(&dir.join(POINTER_FILE), &serde_json::to_string_pretty(&pointer)?)])?;
+        println!("next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)", p.display());
+    }
+    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report_step(say: &dyn Fn(&str), what: &str, outcome: &Outcome) {
+    match outcome {
+        Outcome::Cached { path } => say(&format!("{what}: in the store ({})", path.display())),
+        Outcome::Built { path, seconds } => say(&format!("{what}: made in {seconds:.1} s ({})", path.display())),
+    }
+}
+
+pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
+    let path = ctx.lock_path();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the lock {}: run `cargo xtask lock` first (or pass --stack FILE)", path.display()))?;
+    Ok(Lock::parse(&path, &text)?)
+}
+
+/// `cp312` -> `3.12`.
+fn python_minor(tag: &str) -> Result<String> {
+    let digits = tag.strip_prefix("cp").filter(|d| d.len() >= 2 && d.chars().all(|c| c.is_ascii_digit()));
+    let d = digits.with_context(|| format!("the lock's python tag {tag:?} is not like cp312"))?;
+    Ok(format!("{}.{}", &d[..1], &d[1..]))
+}
+
+/// `--nvshmem DIR`, else the store's NVSHMEM build of the lock's version for `archs`.
+fn nvshmem_input(store: &Store, explicit: Option<&Path>, lock: &Lock, archs: &[String]) -> Result<NvshmemInput> {
+    let input = match explicit {
+        Some(p) => NvshmemInput::open(p)?,
+        None => {
+            let found = commstack_deepep::nvshmem::find_in_store(store, &lock.resolved.nvshmem, archs)?;
+            let Some(newest) = found.first() else {
+                bail!(
+                    "the store {} has no NVSHMEM {} build for CUDA archs {}: run `cargo xtask build nvshmem` first, or pass --nvshmem DIR",
+                    store.root().display(),
+                    lock.resolved.nvshmem,
+                    archs.join(",")
+                );
+            };
+            if found.len() > 1 {
+                eprintln!(
+                    "note: {} NVSHMEM {} builds in the store; using the newest, {} (pass --nvshmem to choose)",
+                    found.len(),
+                    lock.resolved.nvshmem,
+                    newest.display()
+                );
+            }
+            NvshmemInput::open(newest)?
+        }
+    };
+    if let Some(built) = &input.built
+        && built.report.options.cuda_archs != archs
+    {
+        bail!(
+            "the NVSHMEM build {} has device code for {:?}, DeepEP is asked for {:?}: libnvshmem_device.a must hold the archs DeepEP compiles for",
+            built.prefix.display(),
+            built.report.options.cuda_archs,
+            archs
+        );
+    }
+    Ok(input)
+}
+
+/// The drop-in wheel: `--nvshmem-wheel`, else made (or found) from the NVSHMEM build step.
+fn dropin_wheel(store: &Store, nvshmem: &NvshmemInput, explicit: Option<&Path>, lock: &Lock, stack: &Stack) -> Result<LockedWheel> {
+    let pin = lock
+        .resolved
+        .nvshmem_pin
+        .split_once("==")
+        .map(|(_, v)| v.trim().to_string())
+        .with_context(|| format!("the lock pins no NVSHMEM wheel for torch ({:?})", lock.resolved.nvshmem_pin))?;
+    let distribution = dropin_distribution(stack.torch.cuda_major as u32);
+    let wheel = match explicit {
+        Some(p) => LockedWheel::from_file(p)?,
+        None => {
+            let built = nvshmem.built.as_ref().with_context(|| {
+                format!(
+                    "{} is an install prefix, not an NVSHMEM build step: pass the drop-in wheel with --nvshmem-wheel, or the step with --nvshmem",
+                    nvshmem.prefix.display()
+                )
+            })?;
+            let spec = DropInSpec {
+                cuda_major: stack.torch.cuda_major as u32,
+                torch_pin: pin.clone(),
+                allow_version_mismatch: stack.is_allowed(RuleId::NvshmemMatchesTorch),
+            };
+            let (dropin, _) = build_dropin_wheel(store, built, &spec, false)?;
+            LockedWheel {
+                name: commstack_wheel::normalize_name(&dropin.distribution),
+                version: dropin.version.clone(),
+                filename: dropin.filename.clone(),
+                sha256: dropin.sha256.clone(),
+                path: dropin.wheel.clone(),
+            }
+        }
+    };
+    let public = wheel.version.split('+').next().unwrap_or_default();
+    if wheel.name != distribution || public != pin || !wheel.version.contains("+commstack.") {
+        bail!(
+            "{} is {} {}, not the stack's drop-in {distribution}=={pin}+commstack.*",
+            wheel.path.display(),
+            wheel.name,
+            wheel.version
+        );
+    }
+    Ok(wheel)
+}
+
+/// `--source PATH` (hashed, compared with the lock), else the lock's archive from the
+/// fetch cache (verified by its tree hash when it was fetched).
+fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<SourceInput> {
+    let locked = lock
+        .sources
+        .iter()
+        .find(|s| s.name == "deepep")
+        .with_context(|| format!("{} has no deepep source: run `cargo xtask lock`", ctx.lock_path().display()))?;
+    let rev = locked.rev.clone().unwrap_or_else(|| lock.resolved.deepep_rev.clone());
+    if let Some(p) = explicit {
+        return SourceInput::from_path(p, locked.tree.as_deref(), &rev);
+    }
+    let tree = locked.tree.clone().context("the lock pins the deepep source by no tree hash")?;
+    let artifact = Artifact::tree_only(&locked.name, &locked.url, &tree).map_err(anyhow::Error::msg)?;
+    let mut options = FetchOptions::new(ctx.cache_dir());
+    options.offline = true;
+    options.progress = false;
+    let fetched = commstack_fetch::fetch_all(&[artifact], &options).with_context(|| {
+        format!(
+            "the DeepEP source {} is not in the download cache: run `cargo xtask fetch --only sources` (or pass --source DIR|ARCHIVE)",
+            locked.filename
+        )
+    })?;
+    let f = fetched.into_iter().next().context("fetch returned nothing")?;
+    Ok(SourceInput { path: f.path, tree_sha256: tree, rev, provenance: "locked".into() })
+}
+
+// TEMPORARY (compile check until main.rs declares `mod cmd_adopt;`): remove before hand-off.
+#[path = "cmd_adopt.rs"]
+#[allow(dead_code)]
+mod adopt_cli_compile_check;

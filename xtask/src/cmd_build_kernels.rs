@@ -1,0 +1,75 @@
+//! `cargo xtask build kernels`: the CUDA kernel crate (commstack-selftest), compiled with the
+//! locked toolchain against an NVSHMEM install.
+//!
+//! The NVSHMEM comes from, in order: `--nvshmem PREFIX`, or NVIDIA's wheel of the version
+//! torch pins, unpacked from the download cache (good for compiling and for CI; a stack run
+//! on a GPU links against the stack's own build, given with `--nvshmem`). The binary is
+//! built by cargo, which caches it; this module only computes the environment.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use commstack_store::{StepKey, Store};
+use xshell::{Shell, cmd};
+
+use crate::ctx::Ctx;
+
+/// Where the NVSHMEM a kernel build compiles against came from.
+pub struct NvshmemForKernels {
+    pub prefix: PathBuf,
+    pub describe: String,
+}
+
+/// `--nvshmem PREFIX`, or NVIDIA's wheel from the cache unpacked into the store.
+pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKernels> {
+    if let Some(p) = explicit {
+        let p = p.canonicalize().with_context(|| format!("no NVSHMEM install at {}", p.display()))?;
+        if !p.join("lib/libnvshmem_device.a").is_file() {
+            bail!("{} has no lib/libnvshmem_device.a: pass an NVSHMEM install prefix", p.display());
+        }
+        return Ok(NvshmemForKernels { describe: format!("NVSHMEM at {}", p.display()), prefix: p });
+    }
+    let lock_path = ctx.lock_path();
+    let text = std::fs::read_to_string(&lock_path)
+        .with_context(|| format!("reading {}: run `cargo xtask lock`", lock_path.display()))?;
+    let lock = commstack_stack::Lock::parse(&lock_path, &text)?;
+    let wheel = lock
+        .packages
+        .iter()
+        .find(|p| p.replaced_by.as_deref() == Some("nvshmem"))
+        .context("the lock names no NVIDIA NVSHMEM wheel to compile against: pass --nvshmem PREFIX")?;
+    let fetched = commstack_fetch::Cache::new(ctx.cache_dir())
+        .get(&wheel.sha256, &wheel.filename)?
+        .with_context(|| {
+            format!("{} is not in the cache: run `cargo xtask fetch --only replaced`", wheel.filename)
+        })?;
+    let store = Store::open(ctx.store_dir())?;
+    let inputs = serde_json::json!({ "wheel": wheel.filename, "sha256": wheel.sha256 });
+    let key = StepKey::new("nvidia-nvshmem-unpacked", &inputs);
+    let outcome = store.run(&key, &inputs, false, |dir| {
+        commstack_wheel::unpack(&fetched, &dir.out).map(|_| ())
+    })?;
+    let prefix = outcome.path().join("nvidia/nvshmem");
+    Ok(NvshmemForKernels {
+        describe: format!("NVIDIA's {} {} (compile only)", wheel.name, wheel.version),
+        prefix,
+    })
+}
+
+/// Build commstack-selftest (release) and return its path.
+pub fn build_selftest(ctx: &Ctx, nvcc: &Path, nvshmem: &NvshmemForKernels, archs: &[String]) -> Result<PathBuf> {
+    let root = crate::util::workspace_root();
+    let sh = Shell::new()?;
+    sh.change_dir(&root);
+    let archs = archs.join(";");
+    if !ctx.quiet {
+        eprintln!("building commstack-selftest: nvcc {}, {}, archs {archs}", nvcc.display(), nvshmem.describe);
+    }
+    cmd!(sh, "cargo build --release --locked -p commstack-kernels --bin commstack-selftest")
+        .env("COMMSTACK_NVCC", nvcc)
+        .env("NVSHMEM_HOME", &nvshmem.prefix)
+        .env("COMMSTACK_CUDA_ARCHS", &archs)
+        .run()
+        .context("building the kernel crate failed (its build script says what is missing)")?;
+    Ok(root.join("target/release/commstack-selftest"))
+}
