@@ -21,9 +21,9 @@ if [ ! -x .tools/uv-venv/bin/uv ]; then
 fi
 COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
 
-step "the kernel crate, compiled with the pinned CUDA 13.0 wheels against NVSHMEM's headers"
-# shellcheck source=../kernels/dev-env.sh
-source kernels/dev-env.sh
-cargo test --locked -p commstack-kernels
+step "the kernel crate: the locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests run"
+cargo xtask --quiet fetch --only toolchain,replaced
+cargo xtask toolchain
+cargo xtask build kernels --nvshmem-from nvidia-wheel --test
 
 step "all tests passed in $((SECONDS - started)) s"

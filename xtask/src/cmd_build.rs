@@ -40,16 +40,24 @@ pub struct Args {
     /// Parallel compile jobs (default: the CPU count).
     #[arg(long, short)]
     pub jobs: Option<usize>,
-    /// An unpacked source tree to build instead of the locked one (its tree hash keys
-    /// the build and is reported). Needs no network.
+    /// An unpacked source tree to build instead of the locked one (development only: its
+    /// tree hash keys the build, and the output says it is an override).
     #[arg(long, value_name = "DIR")]
     pub source: Option<PathBuf>,
+    /// Where the locked source comes from when it is not in the cache yet.
+    #[command(flatten)]
+    pub fetch: SourceFetchArgs,
+    /// The install prefix of a package an enabled transport builds against, e.g.
+    /// `--with ucx=/opt/ucx` (for nvshmem.ucx = true in stack.toml). Repeatable.
+    #[arg(long, value_name = "KEY=PREFIX", value_parser = parse_with)]
+    pub with: Vec<(String, PathBuf)>,
     #[command(flatten)]
     pub toolchain: ToolchainArgs,
-    /// CMAKE_CUDA_ARCHITECTURES entries (default 90).
+    /// CMAKE_CUDA_ARCHITECTURES entries, overriding stack.toml's nvshmem.cuda-archs.
     #[arg(long, value_delimiter = ',', value_name = "ARCH,...")]
     pub cuda_archs: Vec<String>,
-    /// Build without IBGDA (no rdma-core needed; no internode DeepEP kernels).
+    /// Build without IBGDA, overriding stack.toml (no rdma-core needed; no internode
+    /// DeepEP kernels).
     #[arg(long)]
     pub no_ibgda: bool,
     /// Where rdma-core's headers and libmlx5 are (`/`, or a `dpkg -x` tree of
@@ -70,6 +78,15 @@ pub struct Args {
     /// unexplained differences.
     #[arg(long, value_name = "WHEEL")]
     pub compare_with: Option<PathBuf>,
+    /// kernels: the NVSHMEM to compile against: `stack` (the stack's own build, made or
+    /// found in the store), `nvidia-wheel` (NVIDIA's wheel of torch's pin, from the cache:
+    /// enough to compile and test on a CPU machine), or an install PREFIX.
+    #[arg(long, value_name = "stack|nvidia-wheel|PREFIX", default_value = "stack")]
+    pub nvshmem_from: String,
+    /// kernels: run the crate's tests (debug build) with that environment instead of
+    /// building the release binary.
+    #[arg(long)]
+    pub test: bool,
     /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).
     #[arg(long)]
     pub python3: Option<PathBuf>,
@@ -84,39 +101,50 @@ pub struct Args {
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.target {
         Target::Nvshmem => nvshmem(ctx, args),
-        Target::Kernels => {
-            bail!("`cargo xtask build kernels` is not implemented yet (the kernel crate's issue)")
-        }
+        Target::Kernels => crate::cmd_build_kernels::run(ctx, &args),
         Target::Deepep => deepep::run(ctx, &args),
     }
 }
 
 fn nvshmem(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    nvshmem_build(ctx, &args).map(|(code, _)| code)
+}
+
+/// Build (or find) the stack's NVSHMEM; returns the exit code and the install prefix.
+pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     let started = Instant::now();
     let say = |line: &str| {
         if !ctx.quiet {
             eprintln!("{line}");
         }
     };
-    let source = args
-        .source
-        .clone()
-        .context("the locked NVSHMEM source is not wired into `build` yet: pass --source DIR (an unpacked NVSHMEM tree)")?;
-    let source = source
-        .canonicalize()
-        .with_context(|| format!("no source tree at {}", source.display()))?;
-    let tree = commstack_fetch::tree::tree_sha256_dir(&source)
-        .with_context(|| format!("cannot hash {}", source.display()))?;
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let (source, tree) = match &args.source {
+        Some(dir) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("no source tree at {}", dir.display()))?;
+            let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
+                .with_context(|| format!("cannot hash {}", dir.display()))?;
+            println!("WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source", dir.display());
+            (dir, tree)
+        }
+        None => locked_source(ctx, &args.fetch, "nvshmem")?,
+    };
 
     let tc = resolve(ctx, &args.toolchain, false)?;
     say(&format!("toolchain: {}", tc.describe()));
 
-    let mut options = NvshmemOptions::default();
+    let homes = args.with.iter().cloned().collect();
+    let mut options = NvshmemOptions::from_stack(&stack.nvshmem, &homes, args.rdma_core.clone())?;
     if !args.cuda_archs.is_empty() {
+        println!("note: --cuda-archs overrides stack.toml's nvshmem.cuda-archs");
         options.cuda_archs = args.cuda_archs.clone();
     }
-    options.ibgda = !args.no_ibgda;
-    options.rdma_core = args.rdma_core.clone();
+    if args.no_ibgda {
+        println!("note: --no-ibgda overrides stack.toml's nvshmem.ibgda");
+        options.ibgda = false;
+    }
     let python3 = match &args.python3 {
         Some(p) => p.clone(),
         None => commstack_toolchain::find_in_path("python3", None).context(
@@ -132,7 +160,7 @@ fn nvshmem(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         options: &options,
         toolchain: &tc,
         python3,
-        passthrough: resolve_passthrough(&args.keep_env)?,
+        passthrough: resolve_passthrough(&stack.nvshmem.pass_env.iter().chain(&args.keep_env).cloned().collect::<Vec<_>>())?,
         jobs,
         progress: &say,
     };
@@ -146,7 +174,7 @@ fn nvshmem(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             work.display(),
             work.join("logs/configure.log").display()
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok((ExitCode::SUCCESS, work.clone()));
     }
     let store = Store::open(ctx.store_dir())?;
     let built = build(&store, &req, args.force)?;
@@ -224,7 +252,7 @@ fn nvshmem(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         }
     }
     say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
-    Ok(code)
+    Ok((code, built.prefix.clone()))
 }
 
 /// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
@@ -236,4 +264,70 @@ fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
         .nvshmem_pin
         .split_once("==")
         .map(|(_, v)| v.trim().to_string())
+}
+
+/// Mirrors and trust flags for fetching a locked source (see `cargo xtask fetch --help`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SourceFetchArgs {
+    /// A mirror directory or URL tried before upstream. Repeatable.
+    #[arg(long, value_name = "DIR|URL")]
+    pub mirror: Vec<String>,
+    /// Open no network connection.
+    #[arg(long)]
+    pub offline: bool,
+    /// Accept an archive whose tree hash equals the lock's although its sha256 differs.
+    #[arg(long)]
+    pub accept_tree_match: bool,
+}
+
+fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=PREFIX"))?;
+    Ok((k.to_string(), PathBuf::from(v)))
+}
+
+/// The locked source `name`: fetched (or found in the cache), verified, and unpacked into
+/// a store step keyed by its tree hash. Returns the source directory and its tree hash.
+pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(PathBuf, String)> {
+    let lock_path = ctx.lock_path();
+    let text = std::fs::read_to_string(&lock_path)
+        .with_context(|| format!("reading {}: run `cargo xtask lock` first", lock_path.display()))?;
+    let lock = commstack_stack::Lock::parse(&lock_path, &text)?;
+    let artifacts: Vec<_> = crate::cmd_fetch::artifacts_of_lock(&lock)?.into_iter().filter(|a| a.name == name).collect();
+    if artifacts.is_empty() {
+        bail!("{} has no source named {name}", lock_path.display());
+    }
+    let mut options = commstack_fetch::FetchOptions::new(ctx.cache_dir());
+    options.mirrors = fetch
+        .mirror
+        .iter()
+        .map(|m| commstack_fetch::Mirror::parse(m).map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()?;
+    options.offline = fetch.offline;
+    options.accept_tree_match = fetch.accept_tree_match;
+    options.progress = !ctx.quiet;
+    let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
+    let f = &fetched[0];
+    if let Some(d) = f.deviation() {
+        println!("WARNING {d}");
+    }
+    let tree = artifacts[0]
+        .tree_sha256
+        .clone()
+        .with_context(|| format!("the lock has no tree hash for {name}: run `cargo xtask lock`"))?;
+    let store = Store::open(ctx.store_dir())?;
+    let inputs = serde_json::json!({ "source": name, "tree": tree });
+    let key = commstack_store::StepKey::new(&format!("{name}-source"), &inputs);
+    let archive = f.path.clone();
+    let outcome = store.run(&key, &inputs, false, |dir| {
+        let src = dir.out.join("src");
+        std::fs::create_dir_all(&src)?;
+        let sh = xshell::Shell::new()?;
+        xshell::cmd!(sh, "tar -xzf {archive} -C {src} --strip-components=1").quiet().run()?;
+        let got = commstack_fetch::tree::tree_sha256_dir(&src)?;
+        if got != tree {
+            bail!("{} unpacked to tree {got}, not the locked {tree}", archive.display());
+        }
+        Ok(())
+    })?;
+    Ok((outcome.path().join("src"), tree))
 }

@@ -73,3 +73,37 @@ pub fn build_selftest(ctx: &Ctx, nvcc: &Path, nvshmem: &NvshmemForKernels, archs
         .context("building the kernel crate failed (its build script says what is missing)")?;
     Ok(root.join("target/release/commstack-selftest"))
 }
+
+/// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.
+pub fn run(ctx: &Ctx, args: &crate::cmd_build::Args) -> Result<std::process::ExitCode> {
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let tc = crate::cmd_toolchain::resolve(ctx, &args.toolchain, false)?;
+    let nvshmem = match args.nvshmem_from.as_str() {
+        "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
+        "stack" => {
+            let (code, prefix) = crate::cmd_build::nvshmem_build(ctx, args)?;
+            if code != std::process::ExitCode::SUCCESS {
+                bail!("the stack's NVSHMEM build did not pass its checks");
+            }
+            NvshmemForKernels { describe: format!("the stack's NVSHMEM at {}", prefix.display()), prefix }
+        }
+        path => nvshmem_prefix(ctx, Some(Path::new(path)))?,
+    };
+    let archs = if args.cuda_archs.is_empty() { stack.nvshmem.cuda_archs.clone() } else { args.cuda_archs.clone() };
+    if !args.test {
+        let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &archs)?;
+        println!("commstack-selftest: {} ({})", bin.display(), nvshmem.describe);
+    } else {
+        // The tests build the crate (debug profile) with the same environment.
+        let sh = Shell::new()?;
+        sh.change_dir(crate::util::workspace_root());
+        let archs = archs.join(";");
+        cmd!(sh, "cargo test --locked -p commstack-kernels")
+            .env("COMMSTACK_NVCC", &tc.nvcc)
+            .env("NVSHMEM_HOME", &nvshmem.prefix)
+            .env("COMMSTACK_CUDA_ARCHS", &archs)
+            .run()
+            .context("the kernel crate's tests failed")?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -296,3 +296,42 @@ mod tests {
         assert_eq!(o.sass_archs(), vec![90, 120]);
     }
 }
+
+impl NvshmemOptions {
+    /// stack.toml's `[nvshmem]` section, option by option. The transports and bootstraps
+    /// that build against another installed package (UCX, libfabric, GDRCopy, MPI, SHMEM,
+    /// PMIx) need that package's prefix: `homes` maps the stack key (`"ucx"`) to it.
+    /// `rdma_core` is where rdma-core's headers are (IBGDA, IBRC, IBDEVX).
+    pub fn from_stack(
+        n: &commstack_stack::manifest::Nvshmem,
+        homes: &std::collections::BTreeMap<String, PathBuf>,
+        rdma_core: Option<PathBuf>,
+    ) -> Result<NvshmemOptions> {
+        let t = &n.transports;
+        let home = |key: &str, on: bool| -> Result<Option<PathBuf>> {
+            match (on, homes.get(key)) {
+                (false, _) => Ok(None),
+                (true, Some(p)) => Ok(Some(p.clone())),
+                (true, None) => bail!(
+                    "stack.toml sets nvshmem.{key} = true, which builds against an installed {key}: \
+                     give its prefix with `--with {key}=PREFIX`, or set nvshmem.{key} = false \
+                     (commstack does not provision {key} itself)"
+                ),
+            }
+        };
+        Ok(NvshmemOptions {
+            cuda_archs: n.cuda_archs.clone(),
+            ibgda: t.ibgda,
+            ibrc: t.ibrc,
+            ibdevx: t.ibdevx,
+            ucx: home("ucx", t.ucx)?,
+            libfabric: home("libfabric", t.libfabric)?,
+            gdrcopy: home("gdrcopy", t.gdrcopy)?,
+            mpi: home("mpi", t.mpi)?,
+            shmem: home("shmem", t.shmem)?,
+            pmix: home("pmix", t.pmix)?,
+            rdma_core,
+            ..NvshmemOptions::default()
+        })
+    }
+}
