@@ -31,6 +31,23 @@ enum Which {
         #[arg(long, value_name = "UV")]
         with_uv: Option<PathBuf>,
     },
+    /// `cargo xtask fetch` of the lock's wheels into an empty cache, beside `pip download
+    /// --no-deps` of the same URLs; then a fetch killed half-way and resumed.
+    Fetch {
+        /// Which part of the lock: wheels (the target closure, 2.7 GB for the default
+        /// stack) or toolchain.
+        #[arg(long, default_value = "wheels")]
+        part: String,
+        /// Parallel downloads.
+        #[arg(long, default_value_t = 4)]
+        jobs: usize,
+        /// Also time `pip download --no-deps` of the same files.
+        #[arg(long)]
+        with_pip: bool,
+        /// Skip the kill-and-resume measurement.
+        #[arg(long)]
+        no_resume: bool,
+    },
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
     Logscan {
@@ -45,6 +62,28 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         Which::Lock { runs, with_pip, with_uv } => {
             let uv = with_uv.map(|p| std::fs::canonicalize(&p).with_context(|| format!("no uv at {}", p.display()))).transpose()?;
             bench_lock(ctx, runs, with_pip, uv.as_deref())
+        }
+        Which::Fetch { part, jobs, with_pip, no_resume } => {
+            let lock_path = ctx.lock_path();
+            let lock = commstack_stack::Lock::parse(&lock_path, &std::fs::read_to_string(&lock_path)?)?;
+            let mut subset = lock.clone();
+            subset.sources.clear();
+            match part.as_str() {
+                "wheels" => {
+                    subset.toolchain.clear();
+                    subset.packages.retain(|p| p.replaced_by.is_none());
+                }
+                "toolchain" => subset.packages.clear(),
+                other => bail!("--part {other}: use wheels or toolchain"),
+            }
+            let artifacts = crate::cmd_fetch::artifacts_of_lock(&subset)?;
+            let cold = crate::cmd_fetch::bench::cold(&artifacts, jobs, with_pip)?;
+            println!("{}", cold.line());
+            if !no_resume {
+                let resumed = crate::cmd_fetch::bench::resume(&artifacts, &std::env::current_exe()?, jobs)?;
+                println!("{}", resumed.line());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Which::Logscan { mib } => {
             let dir = tempfile::tempdir()?;

@@ -1,7 +1,6 @@
 //! `cargo xtask fetch`: every artifact of stack.lock into the verified download cache.
 
-// Called by `cargo xtask bench fetch` (cmd_bench) once that is wired.
-#[allow(dead_code)]
+// Called by `cargo xtask bench fetch` (cmd_bench).
 pub mod bench;
 
 use std::path::PathBuf;

@@ -46,6 +46,10 @@ pub struct Args {
     /// that many GPUs exist.
     #[arg(long, value_name = "DIR")]
     deepep_source: Option<PathBuf>,
+    /// The kernel crate's self-test binary (`cargo xtask build kernels`), for the selftest
+    /// level: run on 1 GPU against the environment's NVSHMEM (--nvshmem-prefix).
+    #[arg(long, value_name = "PATH")]
+    selftest: Option<PathBuf>,
     /// Where the report (verify-<environment>.json and .txt) and test logs go.
     /// Default: <home>/reports.
     #[arg(long, value_name = "DIR")]
@@ -106,6 +110,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         .map(|(i, t)| test_spec(i, t))
         .collect::<Result<_>>()?;
     opts.deepep_source = args.deepep_source.clone();
+    opts.selftest = args.selftest.clone();
     opts.log_dir = Some(report_dir.clone());
     let report = verify_python(&opts)
         .with_context(|| format!("verifying the environment of {}", python.display()))?;

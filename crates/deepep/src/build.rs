@@ -268,6 +268,9 @@ pub fn load_report(step: &Path) -> Result<BuildReport> {
 }
 
 fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> Result<BuildReport> {
+    // setup.py runs in the source copy: every path absolute (the store may be relative).
+    let (out, logs) = (std::path::absolute(out)?, std::path::absolute(logs)?);
+    let (out, logs) = (out.as_path(), logs.as_path());
     let work = out.join("work");
     let (src, home, tmp, dist) = (work.join("src"), work.join("home"), work.join("tmp"), out.join("dist"));
     for d in [&home, &tmp, &dist] {

@@ -86,40 +86,40 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     let tc = i.toolchain;
     let mut vars = BTreeMap::new();
     let mut notes = Vec::new();
-    let mut path: Vec<String> = vec![i.python_bin_dir.display().to_string()];
+    let mut path: Vec<String> = vec![abs(i.python_bin_dir)];
     for dir in tc.bin_dirs() {
-        push_unique(&mut path, dir.display().to_string());
+        push_unique(&mut path, abs(&dir));
     }
     // sh, coreutils, as/ld (gcc calls them by name), git for setup.py's version suffix.
     for dir in ["/usr/bin", "/bin"] {
         push_unique(&mut path, dir.to_string());
     }
     vars.insert("PATH".into(), path.join(":"));
-    vars.insert("HOME".into(), i.home.display().to_string());
-    vars.insert("TMPDIR".into(), i.tmp.display().to_string());
+    vars.insert("HOME".into(), abs(i.home));
+    vars.insert("TMPDIR".into(), abs(i.tmp));
     vars.insert("LANG".into(), "C.UTF-8".into());
     vars.insert("LC_ALL".into(), "C.UTF-8".into());
     vars.insert("TZ".into(), "UTC".into());
     // bdist_wheel stamps zip entries with this time; zip cannot go below 1980-01-01.
     vars.insert("SOURCE_DATE_EPOCH".into(), "315532800".into());
-    vars.insert("GIT_CEILING_DIRECTORIES".into(), i.git_ceiling.display().to_string());
+    vars.insert("GIT_CEILING_DIRECTORIES".into(), abs(i.git_ceiling));
     vars.insert("PYTHONNOUSERSITE".into(), "1".into());
     vars.insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
     vars.insert("PYTHONHASHSEED".into(), "0".into());
 
-    vars.insert("CUDA_HOME".into(), tc.cuda_home.display().to_string());
-    vars.insert("CC".into(), tc.cc.display().to_string());
-    vars.insert("CXX".into(), tc.cxx.display().to_string());
+    vars.insert("CUDA_HOME".into(), abs(&tc.cuda_home));
+    vars.insert("CC".into(), abs(&tc.cc));
+    vars.insert("CXX".into(), abs(&tc.cxx));
     vars.insert("MAX_JOBS".into(), i.jobs.max(1).to_string());
     vars.insert("TORCH_CUDA_ARCH_LIST".into(), i.torch_cuda_arch_list.to_string());
-    vars.insert("NVSHMEM_DIR".into(), i.nvshmem_prefix.display().to_string());
-    notes.push(format!("NVSHMEM_DIR: the stack's NVSHMEM install {}", i.nvshmem_prefix.display()));
+    vars.insert("NVSHMEM_DIR".into(), abs(i.nvshmem_prefix));
+    notes.push(format!("NVSHMEM_DIR: the stack's NVSHMEM install {}", abs(i.nvshmem_prefix)));
 
     if i.api == DeepEpApi::V2 {
         let Some(nccl) = i.nccl_root else {
             bail!("DeepEP V2 builds against NCCL's device API: the build needs the environment's NCCL (nvidia/nccl)");
         };
-        vars.insert("NCCL_DIR".into(), nccl.display().to_string());
+        vars.insert("NCCL_DIR".into(), abs(nccl));
         notes.push(format!("NCCL_DIR: the environment's own NCCL {} (one libnccl per process)", nccl.display()));
     }
 
@@ -135,7 +135,7 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
                 tc.cuda_home.display()
             );
         }
-        let joined: Vec<String> = cccl.iter().map(|d| d.display().to_string()).collect();
+        let joined: Vec<String> = cccl.iter().map(|d| abs(d)).collect();
         vars.insert("CPATH".into(), joined.join(":"));
         notes.push(format!("CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)", joined.join(":"), tc.versions.cuda));
     }
@@ -149,9 +149,14 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
             tc.cuda_home.display()
         );
     };
-    vars.insert("LIBRARY_PATH".into(), stubs.display().to_string());
-    notes.push(format!("LIBRARY_PATH: the libcuda link stub in {} (never shipped)", stubs.display()));
+    vars.insert("LIBRARY_PATH".into(), abs(stubs));
+    notes.push(format!("LIBRARY_PATH: the libcuda link stub in {} (never shipped)", abs(stubs)));
     Ok(BuildEnv { vars, notes })
+}
+
+/// Absolute (the build runs in another directory), symlinks kept as they are.
+fn abs(p: &Path) -> String {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
 
 fn push_unique(list: &mut Vec<String>, item: String) {

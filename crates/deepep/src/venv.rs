@@ -182,6 +182,9 @@ pub fn managed_venv(store: &Store, base_python: &Path, python_minor: &str, wheel
 }
 
 fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_version: &str, wheels: &[LockedWheel]) -> Result<VenvReport> {
+    // Commands run elsewhere than this process: every path absolute (the store may be relative).
+    let (out, final_path, logs) = (std::path::absolute(out)?, std::path::absolute(final_path)?, std::path::absolute(logs)?);
+    let (out, final_path, logs) = (out.as_path(), final_path.as_path(), logs.as_path());
     let work = out.join("work");
     let links = work.join("wheels");
     let home = work.join("home");
@@ -192,7 +195,7 @@ fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_versi
         if actual != w.sha256 {
             bail!("{} has sha256 {actual}, the lock says {}: fetch it again", w.path.display(), w.sha256);
         }
-        std::os::unix::fs::symlink(&w.path, links.join(&w.filename))
+        std::os::unix::fs::symlink(std::path::absolute(&w.path)?, links.join(&w.filename))
             .with_context(|| format!("cannot link {} into {}", w.filename, links.display()))?;
     }
     let req = out.join("requirements.txt");

@@ -65,6 +65,7 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         target.platform_tag(),
         stack.resolve.index_url
     ));
+    check_torch_exists(stack, &client).await?;
     let closure = commstack_resolve::resolve(
         &client,
         &Request {
@@ -155,6 +156,29 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
         .sum();
     Ok(Locked { lock, seconds: started.elapsed().as_secs_f64(), requests })
+}
+
+/// A torch version the index does not have is the most likely typo in a stack: say so at
+/// the manifest's line, with the versions that exist, before resolving anything.
+async fn check_torch_exists(stack: &Stack, client: &IndexClient) -> Result<()> {
+    let name = pep508_rs::PackageName::from_str("torch").expect("a valid name");
+    let loc = stack.locate("torch.version").map(|l| format!("{l}: ")).unwrap_or_default();
+    let Some(page) = client.project(&name).await? else {
+        bail!("{loc}the index {} has no torch at all", stack.resolve.index_url);
+    };
+    let wanted = &stack.torch.version;
+    let mut versions: Vec<&Version> = page.files.iter().filter_map(|f| f.wheel.as_ref().map(|w| &w.version)).collect();
+    versions.sort();
+    versions.dedup();
+    if !versions.contains(&wanted) {
+        let newest: Vec<String> = versions.iter().rev().filter(|v| !v.any_prerelease()).take(5).map(|v| v.to_string()).collect();
+        bail!(
+            "{loc}torch {wanted} is not on the index {} (newest releases: {})",
+            stack.resolve.index_url,
+            newest.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn wheel(p: &commstack_resolve::Resolved) -> Wheel {

@@ -290,3 +290,13 @@ async fn a_package_missing_from_the_index_is_named() {
     let err = format!("{:#}", tokio::time::timeout(Duration::from_secs(30), lock(&s)).await.unwrap().unwrap_err());
     assert!(err.contains("doesnotexist"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_torch_version_the_index_lacks_points_at_the_manifest() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let s = stack(&url, |t| t.replace("version = \"2.11.0\"", "version = \"2.99.0\""));
+    let err = format!("{:#}", lock(&s).await.unwrap_err());
+    assert!(err.contains("stack.toml:7:11: torch 2.99.0 is not on the index"), "{err}");
+    assert!(err.contains("newest releases: 2.12.0, 2.11.0"), "{err}");
+}

@@ -15,6 +15,7 @@ pub mod process;
 pub mod report;
 pub mod runner;
 pub mod runtime;
+pub mod selftest;
 pub mod static_level;
 pub mod verify;
 

@@ -30,6 +30,9 @@ pub struct VerifyOptions {
     pub probe_timeout: Duration,
     /// Where each test's full log goes (the report directory).
     pub log_dir: Option<PathBuf>,
+    /// The kernel crate's `commstack-selftest` binary, for the selftest level. It runs
+    /// against the environment's NVSHMEM (`<nvshmem_prefix>/lib` first on the library path).
+    pub selftest: Option<PathBuf>,
 }
 
 impl VerifyOptions {
@@ -42,6 +45,7 @@ impl VerifyOptions {
             deepep_source: None,
             probe_timeout: Duration::from_secs(600),
             log_dir: None,
+            selftest: None,
         }
     }
 }
@@ -85,10 +89,13 @@ pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
     };
 
     let selftest_level = if wants(Level::Selftest) {
-        LevelReport::not_run(
-            Level::Selftest,
-            "the kernel crate's self-test is not wired into verify yet: run it with `cargo xtask build kernels` on the GPU machine",
-        )
+        match &opts.selftest {
+            None => LevelReport::not_run(
+                Level::Selftest,
+                "no self-test binary given: build it with `cargo xtask build kernels` and pass --selftest PATH",
+            ),
+            Some(bin) => crate::selftest::run(bin, &opts.expect, opts.log_dir.as_deref()),
+        }
     } else {
         skipped(Level::Selftest)
     };

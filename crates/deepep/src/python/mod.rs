@@ -87,7 +87,8 @@ impl PythonEnv {
             .with_context(|| format!("{} printed no probe report: is it a CPython >= 3.9?", python.display()))?;
         let mut env: PythonEnv =
             serde_json::from_str(json).with_context(|| format!("the probe report of {} does not parse", python.display()))?;
-        env.python = python.to_path_buf();
+        // Absolute but not resolved: a venv's python is a symlink to the base interpreter.
+        env.python = std::path::absolute(python).unwrap_or_else(|_| python.to_path_buf());
         if env.implementation != "cpython" {
             bail!("{} is {}, not CPython: the stack's wheels are built for CPython", python.display(), env.implementation);
         }
