@@ -139,6 +139,7 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
         allow_missing_rdc_fix: stack.is_allowed(RuleId::DeepEpV1RdcFix),
         nccl_override: d.nccl_dir.as_deref(),
         allow_second_nccl: d.allow_second_nccl || stack.is_allowed(RuleId::DeepEpV2Nccl),
+        rdma_core: args.rdma_core.as_deref(),
         progress: &say,
     };
     let built = build(&store, &req, args.force)?;

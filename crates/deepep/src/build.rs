@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::archs::torch_cuda_arch_list;
 use crate::env::{BuildEnv, EnvInputs, build_env};
-use crate::nvshmem::{NvshmemInput, check_v1_prefix};
+use crate::nvshmem::{NvshmemInput, RdmaHeaders, check_v1_prefix, rdma_core_for};
 use crate::python::PythonEnv;
 use crate::run::{CommandFailed, run_logged};
 use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
@@ -78,6 +78,9 @@ pub struct BuildRequest<'a> {
     pub nccl_override: Option<&'a Path>,
     /// Accept `nccl_override` although it puts a second libnccl into the process.
     pub allow_second_nccl: bool,
+    /// rdma-core (`/`, or a `dpkg -x` tree) for NVSHMEM headers that include
+    /// infiniband/mlx5dv.h; default: the NVSHMEM build's own, else the system's.
+    pub rdma_core: Option<&'a Path>,
     /// Called with one line per phase.
     pub progress: &'a dyn Fn(&str),
 }
@@ -113,6 +116,7 @@ pub struct BuildReport {
     pub rdc_fix: Option<bool>,
     pub nvshmem: NvshmemFacts,
     pub nccl_root: Option<PathBuf>,
+    pub rdma_core: Option<RdmaHeaders>,
     pub python: PythonFacts,
     pub toolchain: String,
     pub toolchain_identity: serde_json::Value,
@@ -140,6 +144,7 @@ struct Prepared {
     arch_list: String,
     host_soname: String,
     nccl_root: Option<PathBuf>,
+    rdma: Option<RdmaHeaders>,
 }
 
 /// The step key of `req`, after the checks that need no compiler: the NVSHMEM is built
@@ -162,8 +167,10 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         DeepEpApi::V1 => None,
         DeepEpApi::V2 => Some(v2_nccl_root(&req.python.env, req.nccl_override, req.allow_second_nccl)?),
     };
+    let rdma = rdma_core_for(req.nvshmem, req.rdma_core)?;
     let inputs = serde_json::json!({
         "recipe": RECIPE,
+        "rdma_core": rdma.as_ref().map(|r| serde_json::json!({ "include_dir": r.include_dir, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })),
         "api": req.api.as_str(),
         "source": { "tree_sha256": req.source.tree_sha256, "rev": req.source.rev },
         "nvshmem": { "identity": req.nvshmem.identity, "version": req.nvshmem.version() },
@@ -172,7 +179,7 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         "toolchain": req.toolchain.identity(),
         "nccl_root": nccl_root,
     });
-    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root })
+    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root, rdma })
 }
 
 /// torch must be there, for the toolchain's CUDA major; setup.py must be able to write
@@ -298,6 +305,7 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         toolchain: req.toolchain,
         nvshmem_prefix: &req.nvshmem.prefix,
         nccl_root: p.nccl_root.as_deref(),
+        rdma_include: p.rdma.as_ref().filter(|r| !r.system).map(|r| r.include_dir.as_path()),
         torch_cuda_arch_list: &p.arch_list,
         jobs: req.jobs,
         home: &home,
@@ -340,6 +348,7 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
             use_nccl: req.nvshmem.host.build_vars.use_nccl(),
         },
         nccl_root: p.nccl_root.clone(),
+        rdma_core: p.rdma.clone(),
         python: PythonFacts {
             mode: req.python.mode.clone(),
             executable: py.python.clone(),

@@ -62,6 +62,9 @@ pub struct EnvInputs<'a> {
     pub nvshmem_prefix: &'a Path,
     /// V2 only: the NCCL root (`include/nccl.h`, `lib/libnccl.so.2`), the environment's own.
     pub nccl_root: Option<&'a Path>,
+    /// rdma-core's include directory, when NVSHMEM's headers include infiniband/mlx5dv.h
+    /// and it is not in the compiler's default path.
+    pub rdma_include: Option<&'a Path>,
     /// `TORCH_CUDA_ARCH_LIST` (see [`crate::archs`]).
     pub torch_cuda_arch_list: &'a str,
     pub jobs: usize,
@@ -139,6 +142,14 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         vars.insert("CPATH".into(), joined.join(":"));
         notes.push(format!("CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)", joined.join(":"), tc.versions.cuda));
     }
+    if let Some(rdma) = i.rdma_include {
+        let cpath = vars.entry("CPATH".to_string()).or_default();
+        if !cpath.is_empty() {
+            cpath.push(':');
+        }
+        cpath.push_str(&abs(rdma));
+        notes.push(format!("CPATH: + {} (NVSHMEM's IBGDA headers include infiniband/mlx5dv.h)", abs(rdma)));
+    }
 
     // DeepEP links -lcuda. The stub (SONAME libcuda.so.1) is found through LIBRARY_PATH,
     // which gcc searches after the -L directories and before the system ones: the link
@@ -202,6 +213,7 @@ mod tests {
             toolchain: tc,
             nvshmem_prefix: Path::new("/store/nvshmem-x/nvshmem"),
             nccl_root: nccl,
+            rdma_include: None,
             torch_cuda_arch_list: "9.0",
             jobs: 16,
             home: Path::new("/w/home"),
@@ -246,6 +258,15 @@ mod tests {
                 assert!(!after.vars.contains_key(k), "{k} must not be set");
             }
         }
+    }
+
+    #[test]
+    fn rdma_core_headers_follow_the_cccl_path() {
+        let tc = toolchain("13.0", true);
+        let mut i = inputs(&tc, DeepEpApi::V1, None);
+        i.rdma_include = Some(Path::new("/bundle/rdma-core/usr/include"));
+        let env = build_env(&i).unwrap();
+        assert_eq!(env.vars["CPATH"], "/tc/cuda/targets/x86_64-linux/include/cccl:/bundle/rdma-core/usr/include");
     }
 
     #[test]

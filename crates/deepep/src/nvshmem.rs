@@ -178,6 +178,62 @@ pub fn check_v1_prefix(prefix: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The first NVSHMEM header that includes `<infiniband/mlx5dv.h>` (the IBGDA transport's
+/// device headers do): code compiled against these headers needs rdma-core's headers too.
+pub fn header_needing_mlx5dv(prefix: &Path) -> Option<PathBuf> {
+    let include = prefix.join("include");
+    walkdir::WalkDir::new(&include).sort_by_file_name().into_iter().filter_map(|e| e.ok()).find_map(|e| {
+        if !e.file_type().is_file() {
+            return None;
+        }
+        let text = fs::read_to_string(e.path()).ok()?;
+        text.lines()
+            .any(|l| {
+                let l = l.trim_start();
+                l.starts_with('#') && l.contains("include") && l.contains("infiniband/mlx5dv.h")
+            })
+            .then(|| e.path().to_path_buf())
+    })
+}
+
+/// Where rdma-core's headers come from for a DeepEP build whose NVSHMEM headers need
+/// them: `explicit` (`--rdma-core`), else the NVSHMEM build's own (if present here), else
+/// the system's default include path. `Ok(None)`: not needed.
+pub fn rdma_core_for(input: &NvshmemInput, explicit: Option<&Path>) -> Result<Option<RdmaHeaders>> {
+    let Some(header) = header_needing_mlx5dv(&input.prefix) else { return Ok(None) };
+    let found = match explicit {
+        Some(dir) => Some(commstack_nvshmem::find_rdma_core(dir)?),
+        None => {
+            let from_build = input
+                .built
+                .as_ref()
+                .and_then(|b| b.report.rdma_core.clone())
+                .filter(|r| r.include_dir.join("infiniband/mlx5dv.h").is_file());
+            from_build.or_else(|| commstack_nvshmem::find_rdma_core(Path::new("/")).ok())
+        }
+    };
+    let Some(r) = found else {
+        bail!(
+            "{} includes <infiniband/mlx5dv.h> (NVSHMEM's IBGDA headers), and no rdma-core headers are here: install libibverbs-dev              (rdma-core), or pass --rdma-core DIR (a `dpkg -x` tree of libibverbs-dev + ibverbs-providers, as the NVSHMEM build used)",
+            header.display()
+        );
+    };
+    // The compiler searches /usr/include anyway; naming it in CPATH would put it before
+    // the C++ library's own headers and break their #include_next.
+    let system = matches!(r.include_dir.to_str(), Some("/usr/include" | "/include" | "/usr/local/include"));
+    Ok(Some(RdmaHeaders { include_dir: r.include_dir, mlx5dv_h_sha256: r.mlx5dv_h_sha256, system }))
+}
+
+/// rdma-core's headers as a DeepEP build uses them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RdmaHeaders {
+    pub include_dir: PathBuf,
+    /// Names the rdma-core release in the build key.
+    pub mlx5dv_h_sha256: String,
+    /// In the compiler's default search path (nothing to add to CPATH).
+    pub system: bool,
+}
+
 /// The store's NVSHMEM build for this stack: the `nvshmem` steps whose report says
 /// `version` and `cuda_archs`, newest first. Empty when none.
 pub fn find_in_store(store: &Store, version: &str, cuda_archs: &[String]) -> Result<Vec<PathBuf>> {

@@ -167,6 +167,7 @@ fn request<'a>(f: &'a Fixture, src: &'a SourceInput, nvshmem: &'a NvshmemInput, 
         jobs: 2,
         allow_missing_rdc_fix: false,
         nccl_override: None,
+        rdma_core: None,
         allow_second_nccl: false,
         progress: &|_| {},
     }
@@ -231,6 +232,30 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
     let err = build(&f.store, &request(&f, &src, &nccl_on, &archs), false).unwrap_err().to_string();
     assert!(err.contains("NVSHMEM_USE_NCCL=ON"), "{err}");
     assert!(std::fs::read_dir(f.store.root().join("failed")).unwrap().next().is_none(), "nothing was built");
+
+    // NVSHMEM built with IBGDA: its headers include <infiniband/mlx5dv.h>. Without
+    // rdma-core's headers the build is refused up front (this machine has none in
+    // /usr/include); with --rdma-core they are on CPATH and in the key.
+    let ibgda_prefix = nvshmem_prefix(&f.root.join("nvshmem-ibgda"), "OFF", true);
+    std::fs::create_dir_all(ibgda_prefix.join("include/device_host_transport")).unwrap();
+    std::fs::write(ibgda_prefix.join("include/device_host_transport/nvshmem_common_ibgda.h"), "#include <infiniband/mlx5dv.h>\n").unwrap();
+    std::fs::write(ibgda_prefix.join("include/nvshmem.h"), "#include \"device_host_transport/nvshmem_common_ibgda.h\"\nint nvshmemx_my_pe(void);\n").unwrap();
+    let ibgda = NvshmemInput::open(&ibgda_prefix).unwrap();
+    if !Path::new("/usr/include/infiniband/mlx5dv.h").exists() {
+        let err = build(&f.store, &request(&f, &src, &ibgda, &archs), false).unwrap_err().to_string();
+        assert!(err.contains("infiniband/mlx5dv.h") && err.contains("--rdma-core"), "{err}");
+    }
+    let rdma = f.root.join("rdma-core");
+    std::fs::create_dir_all(rdma.join("usr/include/infiniband")).unwrap();
+    std::fs::write(rdma.join("usr/include/infiniband/mlx5dv.h"), "#define MLX5DV_FIXTURE 1\n").unwrap();
+    std::fs::write(rdma.join("usr/include/infiniband/verbs.h"), "\n").unwrap();
+    std::fs::create_dir_all(rdma.join("usr/lib/x86_64-linux-gnu")).unwrap();
+    std::fs::write(rdma.join("usr/lib/x86_64-linux-gnu/libmlx5.so.1"), "").unwrap();
+    let mut req = request(&f, &src, &ibgda, &archs);
+    req.rdma_core = Some(&rdma);
+    let built = build(&f.store, &req, false).unwrap();
+    assert!(built.report.environment.vars["CPATH"].ends_with("rdma-core/usr/include"), "{:?}", built.report.environment.vars);
+    assert!(built.report.rdma_core.is_some());
 
     // A source without the RDC fix: decided from its real configs.cuh, at build time.
     let old = source(&f.root, "old", "#pragma once\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n", &[]);
