@@ -326,8 +326,3 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
     let f = fetched.into_iter().next().context("fetch returned nothing")?;
     Ok(SourceInput { path: f.path, tree_sha256: tree, rev, provenance: "locked".into() })
 }
-
-// TEMPORARY (compile check until main.rs declares `mod cmd_adopt;`): remove before hand-off.
-#[path = "cmd_adopt.rs"]
-#[allow(dead_code)]
-mod adopt_cli_compile_check;

@@ -32,6 +32,9 @@ impl Ctx {
                 .context("no cache directory for this user: pass --home DIR or set COMMSTACK_HOME")?
                 .join("commstack"),
         };
+        // Absolute, so build keys and the paths recorded in reports do not depend on the
+        // directory a command was started from.
+        let home = std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
         Ok(Ctx { stack_path: args.stack, home, quiet: args.quiet })
     }
 

@@ -3,6 +3,7 @@
 
 mod ctx;
 mod util;
+mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
 mod cmd_build_kernels;
@@ -53,6 +54,9 @@ enum Command {
     Toolchain(cmd_toolchain::Args),
     /// Build one part of the stack (nvshmem, kernels, deepep) into the store.
     Build(cmd_build::Args),
+    /// Bring an existing Python environment onto the stack: compare with the lock, install
+    /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
+    Adopt(cmd_adopt::Args),
     /// Assemble the folder that runs every GPU check on a machine with no Rust or network.
     GpuBundle(cmd_gpu_bundle::Args),
     /// Prove a Python environment or image holds the stack: static, runtime, tests, exit-clean.
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
         Command::Build(args) => cmd_build::run(&ctx, args),
+        Command::Adopt(args) => cmd_adopt::run(&ctx, args),
         Command::GpuBundle(args) => cmd_gpu_bundle::run(&ctx, args),
         Command::Verify(args) => cmd_verify::run(&ctx, args),
         Command::Logscan(args) => cmd_logscan::run(&ctx, args),

@@ -111,8 +111,9 @@ step_prepare() {
         [ -z "$parts" ] && [ -f "$bundle/nvshmem-install.tgz" ] && parts="$bundle/nvshmem-install.tgz"
         if [ -n "$parts" ]; then
             rm -rf "$work/nvshmem-step" && mkdir -p "$work/nvshmem-step"
+            # gpu/run.sh writes the step directory itself (nvshmem-<hash>/...).
             # shellcheck disable=SC2086
-            cat $parts | tar -xzf - -C "$work/nvshmem-step" || return 1
+            cat $parts | tar -xzf - -C "$work/nvshmem-step" --strip-components=1 || return 1
             nv="$work/nvshmem-step"
         fi
     fi
@@ -158,8 +159,12 @@ build_deepep() { # build_deepep [GLOBAL FLAGS...] -- [BUILD FLAGS...]: the adopt
     local global=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do global+=("$1"); shift; done
     shift
+    # NVSHMEM's IBGDA headers include infiniband/mlx5dv.h: the bundle's rdma-core tree
+    # (the machine has no libibverbs-dev).
+    local rdma=()
+    [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
     seconds_of "$X" "${global[@]}" build deepep --python "$PY" --system --cuda-home "$CUDA_HOME" \
-        --nvshmem "$nv" --source "$src" --jobs "$JOBS" "${wheel_args[@]}" "$@"
+        --nvshmem "$nv" --source "$src" --jobs "$JOBS" "${rdma[@]}" "${wheel_args[@]}" "$@"
 }
 
 step_build() {
@@ -185,8 +190,10 @@ step_documented() {
     rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
     cd "$dir" || return 1
     # DeepEP's README: NVSHMEM_DIR=/path/to/installed/nvshmem python setup.py build, with
-    # the two settings CUDA 13 + H200 need (measured by hand: 81 s on 16 cores).
-    seconds_of env NVSHMEM_DIR="$nvprefix" TORCH_CUDA_ARCH_LIST=9.0 CPATH="$CUDA_HOME/include/cccl" \
+    # the settings CUDA 13 + H200 + an IBGDA NVSHMEM need (measured by hand: 81 s, 16 cores).
+    local cpath="$CUDA_HOME/include/cccl"
+    [ -d "$bundle/rdma-core/usr/include" ] && cpath="$cpath:$bundle/rdma-core/usr/include"
+    seconds_of env NVSHMEM_DIR="$nvprefix" TORCH_CUDA_ARCH_LIST=9.0 CPATH="$cpath" \
         CUDA_HOME="$CUDA_HOME" "$PY" setup.py build
 }
 

@@ -145,6 +145,8 @@ struct Prepared {
     host_soname: String,
     nccl_root: Option<PathBuf>,
     rdma: Option<RdmaHeaders>,
+    /// Include directories for the CUDA library headers the toolchain lacks.
+    cuda_lib_include: Vec<PathBuf>,
 }
 
 /// The step key of `req`, after the checks that need no compiler: the NVSHMEM is built
@@ -168,8 +170,10 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         DeepEpApi::V2 => Some(v2_nccl_root(&req.python.env, req.nccl_override, req.allow_second_nccl)?),
     };
     let rdma = rdma_core_for(req.nvshmem, req.rdma_core)?;
+    let (cuda_lib_include, cuda_lib_headers) = cuda_library_headers(req.toolchain, &req.python.env)?;
     let inputs = serde_json::json!({
         "recipe": RECIPE,
+        "cuda_library_headers": cuda_lib_headers,
         "rdma_core": rdma.as_ref().map(|r| serde_json::json!({ "include_dir": r.include_dir, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })),
         "api": req.api.as_str(),
         "source": { "tree_sha256": req.source.tree_sha256, "rev": req.source.rev },
@@ -179,7 +183,7 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         "toolchain": req.toolchain.identity(),
         "nccl_root": nccl_root,
     });
-    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root, rdma })
+    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root, rdma, cuda_lib_include })
 }
 
 /// torch must be there, for the toolchain's CUDA major; setup.py must be able to write
@@ -211,6 +215,43 @@ fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The CUDA library headers torch's ATen/cuda headers include. A full CUDA toolkit has
+/// them; the compiler wheels do not, and then they come from the environment's own NVIDIA
+/// wheels (`nvidia/cu13/include`, or `nvidia/<lib>/include` for CUDA 12), the very
+/// libraries torch loads. Returns the directories to add and, for the key, each header's
+/// sha256.
+pub const TORCH_CUDA_LIBRARY_HEADERS: [&str; 4] = ["cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h"];
+
+fn cuda_library_headers(tc: &Toolchain, env: &PythonEnv) -> Result<(Vec<PathBuf>, serde_json::Value)> {
+    let in_toolchain = |h: &str| tc.cuda_include_dirs.iter().any(|d| d.join(h).is_file());
+    let missing: Vec<&str> = TORCH_CUDA_LIBRARY_HEADERS.iter().copied().filter(|h| !in_toolchain(h)).collect();
+    if missing.is_empty() {
+        return Ok((Vec::new(), serde_json::Value::Null));
+    }
+    let nvidia = env.site_packages().join("nvidia");
+    let mut candidates: Vec<PathBuf> = fs::read_dir(&nvidia)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path().join("include"))).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    candidates.sort();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut hashes = serde_json::Map::new();
+    for h in &missing {
+        let Some(dir) = candidates.iter().find(|d| d.join(h).is_file()) else {
+            bail!(
+                "torch's ATen headers include {h}, which neither the toolchain ({}) nor the environment's NVIDIA wheels ({}) have: use a CUDA toolkit with the math libraries' headers, or an environment with torch's nvidia-* wheels",
+                tc.cuda_home.display(),
+                nvidia.display()
+            );
+        };
+        let sha = commstack_fetch::sha256_file(&dir.join(h))?;
+        hashes.insert(h.to_string(), serde_json::Value::String(sha));
+        if !dirs.contains(dir) {
+            dirs.push(dir.clone());
+        }
+    }
+    Ok((dirs, serde_json::Value::Object(hashes)))
 }
 
 /// V2 links NCCL: the environment's own (the one torch loads). Another one would put a
@@ -299,13 +340,20 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         DeepEpApi::V1 => Some(check_rdc_fix(&src, req.nvshmem.version().as_deref(), req.allow_missing_rdc_fix)?),
         DeepEpApi::V2 => None,
     };
+    let mut extra_include: Vec<(PathBuf, String)> = Vec::new();
+    if let Some(r) = p.rdma.as_ref().filter(|r| !r.system) {
+        extra_include.push((r.include_dir.clone(), "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into()));
+    }
+    for dir in &p.cuda_lib_include {
+        extra_include.push((dir.clone(), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
+    }
     let env = build_env(&EnvInputs {
         api: req.api,
         python_bin_dir: &req.python.env.bin_dir(),
         toolchain: req.toolchain,
         nvshmem_prefix: &req.nvshmem.prefix,
         nccl_root: p.nccl_root.as_deref(),
-        rdma_include: p.rdma.as_ref().filter(|r| !r.system).map(|r| r.include_dir.as_path()),
+        extra_include: &extra_include,
         torch_cuda_arch_list: &p.arch_list,
         jobs: req.jobs,
         home: &home,

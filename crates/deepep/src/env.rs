@@ -62,9 +62,10 @@ pub struct EnvInputs<'a> {
     pub nvshmem_prefix: &'a Path,
     /// V2 only: the NCCL root (`include/nccl.h`, `lib/libnccl.so.2`), the environment's own.
     pub nccl_root: Option<&'a Path>,
-    /// rdma-core's include directory, when NVSHMEM's headers include infiniband/mlx5dv.h
-    /// and it is not in the compiler's default path.
-    pub rdma_include: Option<&'a Path>,
+    /// More include directories for CPATH, after the cccl one, each with why: rdma-core's
+    /// (NVSHMEM's IBGDA headers include infiniband/mlx5dv.h), the environment's CUDA
+    /// library headers (torch's ATen includes cusparse.h, cublas_v2.h, ...).
+    pub extra_include: &'a [(PathBuf, String)],
     /// `TORCH_CUDA_ARCH_LIST` (see [`crate::archs`]).
     pub torch_cuda_arch_list: &'a str,
     pub jobs: usize,
@@ -142,13 +143,13 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         vars.insert("CPATH".into(), joined.join(":"));
         notes.push(format!("CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)", joined.join(":"), tc.versions.cuda));
     }
-    if let Some(rdma) = i.rdma_include {
+    for (dir, why) in i.extra_include {
         let cpath = vars.entry("CPATH".to_string()).or_default();
         if !cpath.is_empty() {
             cpath.push(':');
         }
-        cpath.push_str(&abs(rdma));
-        notes.push(format!("CPATH: + {} (NVSHMEM's IBGDA headers include infiniband/mlx5dv.h)", abs(rdma)));
+        cpath.push_str(&abs(dir));
+        notes.push(format!("CPATH: + {} ({why})", abs(dir)));
     }
 
     // DeepEP links -lcuda. The stub (SONAME libcuda.so.1) is found through LIBRARY_PATH,
@@ -213,7 +214,7 @@ mod tests {
             toolchain: tc,
             nvshmem_prefix: Path::new("/store/nvshmem-x/nvshmem"),
             nccl_root: nccl,
-            rdma_include: None,
+            extra_include: &[],
             torch_cuda_arch_list: "9.0",
             jobs: 16,
             home: Path::new("/w/home"),
@@ -264,7 +265,8 @@ mod tests {
     fn rdma_core_headers_follow_the_cccl_path() {
         let tc = toolchain("13.0", true);
         let mut i = inputs(&tc, DeepEpApi::V1, None);
-        i.rdma_include = Some(Path::new("/bundle/rdma-core/usr/include"));
+        let extra = [(PathBuf::from("/bundle/rdma-core/usr/include"), "mlx5dv.h".to_string())];
+        i.extra_include = &extra;
         let env = build_env(&i).unwrap();
         assert_eq!(env.vars["CPATH"], "/tc/cuda/targets/x86_64-linux/include/cccl:/bundle/rdma-core/usr/include");
     }

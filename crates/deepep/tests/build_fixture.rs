@@ -125,6 +125,15 @@ fn python_env(root: &Path) -> PythonTarget {
         ("torch/version.py", b"__version__ = '2.11.0'\ncuda = '13.0'\n".to_vec()),
     ]);
     let stand_in = wheel(&w, "wheel", "0.45.1", ("py3", "none", "any"), true, &[], &[("wheel_stand_in/__init__.py", b"".to_vec())]);
+    // The CUDA math libraries' headers torch's ATen includes, as the nvidia-* cu13 wheels
+    // ship them (the fixture toolkit, like the compiler wheels, lacks them).
+    let headers: Vec<(String, Vec<u8>)> = commstack_deepep::build::TORCH_CUDA_LIBRARY_HEADERS
+        .iter()
+        .map(|h| (format!("nvidia/cu13/include/{h}"), format!("/* {h} */\n").into_bytes()))
+        .collect();
+    let header_refs: Vec<(&str, Vec<u8>)> = headers.iter().map(|(p, b)| (p.as_str(), b.clone())).collect();
+    let libs = wheel(&w, "nvidia-cublas", "13.1.0.3", ("py3", "none", "any"), true, &[], &header_refs);
+    install(&libs.path, &layout).unwrap();
     install(&torch.path, &layout).unwrap();
     install(&stand_in.path, &layout).unwrap();
     PythonTarget::adopted(&python).unwrap()
@@ -184,7 +193,9 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     assert_eq!(r.rdc_fix, Some(true));
     assert_eq!(r.torch_cuda_arch_list, "9.0");
     assert_eq!(r.environment.vars["NVSHMEM_DIR"], f.nvshmem.prefix.display().to_string());
-    assert!(r.environment.vars["CPATH"].ends_with("include/cccl"));
+    let cpath: Vec<&str> = r.environment.vars["CPATH"].split(':').collect();
+    assert!(cpath[0].ends_with("include/cccl"), "{cpath:?}");
+    assert!(cpath[1].ends_with("site-packages/nvidia/cu13/include"), "{cpath:?}");
     // The process saw exactly the computed environment: nothing of cargo's or the user's.
     let wheel = commstack_wheel::Wheel::open(&built.wheel).unwrap();
     let seen: Vec<String> = serde_json::from_slice(&wheel.read("deep_ep/build_env.json").unwrap()).unwrap();
@@ -254,7 +265,7 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
     let mut req = request(&f, &src, &ibgda, &archs);
     req.rdma_core = Some(&rdma);
     let built = build(&f.store, &req, false).unwrap();
-    assert!(built.report.environment.vars["CPATH"].ends_with("rdma-core/usr/include"), "{:?}", built.report.environment.vars);
+    assert!(built.report.environment.vars["CPATH"].contains("rdma-core/usr/include"), "{:?}", built.report.environment.vars);
     assert!(built.report.rdma_core.is_some());
 
     // A source without the RDC fix: decided from its real configs.cuh, at build time.

@@ -56,7 +56,7 @@ fn cuda_std_tuple_is_found_only_through_the_computed_cpath() {
         toolchain: &tc,
         nvshmem_prefix: Path::new("/nonexistent/nvshmem"),
         nccl_root: None,
-        rdma_include: None,
+        extra_include: &[],
         torch_cuda_arch_list: "9.0",
         jobs: 1,
         home: dir.path(),
