@@ -194,6 +194,7 @@ fn run_tests_levels(opts: &VerifyOptions, env_id: &str) -> (LevelReport, LevelRe
                     "gate": run.gate,
                     "wall_ms": run.captured.wall_ms,
                     "bandwidth_lines": bandwidth_lines(&run),
+                    "bandwidth": run.captured.lines.iter().filter_map(|l| parse_deepep_bandwidth(&l.text)).collect::<Vec<_>>(),
                 }));
             }
             Err(e) => {
@@ -231,6 +232,36 @@ fn bandwidth_lines(run: &TestRun) -> Vec<String> {
         .collect()
 }
 
+/// One DeepEP tuning result: `[tuning] Best dispatch (BF16): SMs 24, NVL chunk 8, 153.23
+/// GB/s (NVL), t: 312.45 us` (tests/test_intranode.py at 567632d; the internode test adds
+/// an RDMA figure the same way).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeepEpBandwidth {
+    /// "dispatch (BF16)", "dispatch (FP8)", "combine".
+    pub op: String,
+    /// (link, GB/s): ("NVL", 153.23), ("RDMA", 45.1).
+    pub gbps: Vec<(String, f64)>,
+    pub micros: Option<f64>,
+}
+
+pub fn parse_deepep_bandwidth(line: &str) -> Option<DeepEpBandwidth> {
+    use std::sync::OnceLock;
+    static HEAD: OnceLock<regex::Regex> = OnceLock::new();
+    static RATE: OnceLock<regex::Regex> = OnceLock::new();
+    static TIME: OnceLock<regex::Regex> = OnceLock::new();
+    let head = HEAD.get_or_init(|| regex::Regex::new(r"\[tuning\] Best (dispatch(?: \([A-Z0-9]+\))?|combine)").unwrap());
+    let rate = RATE.get_or_init(|| regex::Regex::new(r"([0-9.]+) GB/s \(([A-Za-z]+)\)").unwrap());
+    let time = TIME.get_or_init(|| regex::Regex::new(r"t: ([0-9.]+) us").unwrap());
+    let op = head.captures(line)?.get(1)?.as_str().to_string();
+    let gbps: Vec<(String, f64)> =
+        rate.captures_iter(line).filter_map(|c| Some((c[2].to_string(), c[1].parse().ok()?))).collect();
+    if gbps.is_empty() {
+        return None;
+    }
+    let micros = time.captures(line).and_then(|c| c[1].parse().ok());
+    Some(DeepEpBandwidth { op, gbps, micros })
+}
+
 fn write_log(opts: &VerifyOptions, env_id: &str, run: &TestRun) {
     if let Some(dir) = &opts.log_dir {
         let path = dir.join(format!("verify-{env_id}-{}.log", run.name));
@@ -257,5 +288,25 @@ fn gpu_count(python: &Path) -> Result<u32, String> {
             "`import torch; torch.cuda.device_count()` ended with {exit}: {}",
             last.unwrap_or_default()
         )),
+    }
+}
+
+#[cfg(test)]
+mod bandwidth_tests {
+    use super::*;
+
+    #[test]
+    fn parses_deepep_tuning_lines() {
+        // Format strings of DeepEP 567632d tests/test_intranode.py lines 218 and 260.
+        let d = parse_deepep_bandwidth("[tuning] Best dispatch (BF16): SMs 24, NVL chunk 8, 153.23 GB/s (NVL), t: 312.45 us").unwrap();
+        assert_eq!(d.op, "dispatch (BF16)");
+        assert_eq!(d.gbps, vec![("NVL".to_string(), 153.23)]);
+        assert_eq!(d.micros, Some(312.45));
+        let c = parse_deepep_bandwidth("[tuning] Best combine: SMs 24, NVL chunk 4: 158.01 GB/s (NVL), t: 301.00 us").unwrap();
+        assert_eq!(c.op, "combine");
+        let i = parse_deepep_bandwidth("[tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16: 45.10 GB/s (RDMA), 147.30 GB/s (NVL), t: 1.00 us").unwrap();
+        assert_eq!(i.gbps.len(), 2);
+        assert!(parse_deepep_bandwidth("[config] num_tokens=4096").is_none());
+        assert!(parse_deepep_bandwidth("something 3 GB/s (NVL)").is_none());
     }
 }
