@@ -412,6 +412,8 @@ fn environment_variables_that_change_behaviour_are_listed() {
             ("LD_LIBRARY_PATH", "/usr/local/cuda/lib64:/opt/nccl/lib"),
             ("CUDA_VISIBLE_DEVICES", "0"),
             ("NCCL_SOME_NEW_KNOB", "7"),
+            // NVIDIA's images set it to describe themselves; NCCL never reads it.
+            ("NCCL_VERSION", "2.28.3-1"),
             ("HOME", "/root"),
         ],
     ));
@@ -434,6 +436,7 @@ fn environment_variables_that_change_behaviour_are_listed() {
     ));
     assert!(has("NCCL_SOME_NEW_KNOB=7 — an NCCL setting"));
     assert!(has("CUDA_VISIBLE_DEVICES=0 — limits and renumbers"));
+    assert!(!has("NCCL_VERSION"), "{:?}", env.details);
     assert!(
         env.details
             .last()
