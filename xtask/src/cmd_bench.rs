@@ -64,19 +64,12 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             bench_lock(ctx, runs, with_pip, uv.as_deref())
         }
         Which::Fetch { part, jobs, with_pip, no_resume } => {
-            let lock_path = ctx.lock_path();
-            let lock = commstack_stack::Lock::parse(&lock_path, &std::fs::read_to_string(&lock_path)?)?;
-            let mut subset = lock.clone();
-            subset.sources.clear();
-            match part.as_str() {
-                "wheels" => {
-                    subset.toolchain.clear();
-                    subset.packages.retain(|p| p.replaced_by.is_none());
-                }
-                "toolchain" => subset.packages.clear(),
+            let part = match part.as_str() {
+                "wheels" => crate::cmd_fetch::Part::Wheels,
+                "toolchain" => crate::cmd_fetch::Part::Toolchain,
                 other => bail!("--part {other}: use wheels or toolchain"),
-            }
-            let artifacts = crate::cmd_fetch::artifacts_of_lock(&subset)?;
+            };
+            let artifacts = crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[part])?;
             let cold = crate::cmd_fetch::bench::cold(&artifacts, jobs, with_pip)?;
             println!("{}", cold.line());
             if !no_resume {

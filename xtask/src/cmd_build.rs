@@ -257,9 +257,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
 
 /// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
 fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).ok()?;
-    let lock = commstack_stack::Lock::parse(&path, &text).ok()?;
+    let lock = crate::util::read_lock(ctx).ok()?;
     lock.resolved
         .nvshmem_pin
         .split_once("==")
@@ -288,23 +286,15 @@ fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into
 /// a store step keyed by its tree hash. Returns the source directory and its tree hash.
 pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(PathBuf, String)> {
-    let lock_path = ctx.lock_path();
-    let text = std::fs::read_to_string(&lock_path)
-        .with_context(|| format!("reading {}: run `cargo xtask lock` first", lock_path.display()))?;
-    let lock = commstack_stack::Lock::parse(&lock_path, &text)?;
-    let artifacts: Vec<_> = crate::cmd_fetch::artifacts_of_lock(&lock)?.into_iter().filter(|a| a.name == name).collect();
+    let lock = crate::util::read_lock(ctx)?;
+    let artifacts: Vec<_> = crate::cmd_fetch::artifacts_of_parts(&lock, &[crate::cmd_fetch::Part::Sources])?
+        .into_iter()
+        .filter(|a| a.name == name)
+        .collect();
     if artifacts.is_empty() {
-        bail!("{} has no source named {name}", lock_path.display());
+        bail!("{} has no source named {name}", ctx.lock_path().display());
     }
-    let mut options = commstack_fetch::FetchOptions::new(ctx.cache_dir());
-    options.mirrors = fetch
-        .mirror
-        .iter()
-        .map(|m| commstack_fetch::Mirror::parse(m).map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()?;
-    options.offline = fetch.offline;
-    options.accept_tree_match = fetch.accept_tree_match;
-    options.progress = !ctx.quiet;
+    let options = crate::cmd_fetch::base_options(ctx, &fetch.mirror, fetch.offline, fetch.accept_tree_match)?;
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     let f = &fetched[0];
     if let Some(d) = f.deviation() {

@@ -29,10 +29,7 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
         }
         return Ok(NvshmemForKernels { describe: format!("NVSHMEM at {}", p.display()), prefix: p });
     }
-    let lock_path = ctx.lock_path();
-    let text = std::fs::read_to_string(&lock_path)
-        .with_context(|| format!("reading {}: run `cargo xtask lock`", lock_path.display()))?;
-    let lock = commstack_stack::Lock::parse(&lock_path, &text)?;
+    let lock = crate::util::read_lock(ctx)?;
     let wheel = lock
         .packages
         .iter()

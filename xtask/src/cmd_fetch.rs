@@ -108,17 +108,24 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 
 /// The fetch options the flags ask for, with the cache under `ctx.home`.
 pub fn fetch_options(ctx: &Ctx, flags: &FetchFlags) -> Result<FetchOptions> {
+    let mut options = base_options(ctx, &flags.mirror, flags.offline, flags.accept_tree_match)?;
+    options.jobs = flags.jobs.max(1);
+    options.retries = flags.retries;
+    Ok(options)
+}
+
+/// Fetch options with the cache under `ctx.home`, the given mirrors and trust flags, and
+/// progress unless `--quiet`; every other field at its default. Shared by the commands
+/// that fetch on the way (build, gpu-bundle).
+pub fn base_options(ctx: &Ctx, mirrors: &[String], offline: bool, accept_tree_match: bool) -> Result<FetchOptions> {
     let mut options = FetchOptions::new(ctx.cache_dir());
-    options.mirrors = flags
-        .mirror
+    options.mirrors = mirrors
         .iter()
         .map(|m| Mirror::parse(m).map_err(anyhow::Error::msg))
         .collect::<Result<_>>()
         .context("--mirror")?;
-    options.offline = flags.offline;
-    options.jobs = flags.jobs.max(1);
-    options.retries = flags.retries;
-    options.accept_tree_match = flags.accept_tree_match;
+    options.offline = offline;
+    options.accept_tree_match = accept_tree_match;
     options.progress = !ctx.quiet;
     Ok(options)
 }
@@ -131,40 +138,27 @@ pub fn artifacts_for(ctx: &Ctx, flags: &FetchFlags) -> Result<Vec<Artifact>> {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list of artifacts", path.display()))
         }
-        None if flags.only.is_empty() => locked_artifacts(ctx),
-        None => {
-            let lock = read_lock(ctx)?;
-            let wanted: Vec<_> =
-                lock.artifacts().into_iter().filter(|a| flags.only.contains(&Part::of(a.role))).collect();
-            let mut subset = lock.clone();
-            subset.sources.retain(|s| wanted.iter().any(|a| a.role == commstack_stack::lock::Role::Source && a.name == s.name));
-            subset.toolchain.retain(|_| flags.only.contains(&Part::Toolchain));
-            subset.packages.retain(|p| {
-                flags.only.contains(&if p.replaced_by.is_some() { Part::Replaced } else { Part::Wheels })
-            });
-            artifacts_of_lock(&subset)
-        }
+        None => artifacts_of_parts(&crate::util::read_lock(ctx)?, &flags.only),
     }
 }
 
-fn read_lock(ctx: &Ctx) -> Result<commstack_stack::Lock> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!("reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)", path.display())
-    })?;
-    Ok(commstack_stack::Lock::parse(&path, &text)?)
-}
 
 /// Every artifact of the stack's lock (sources, toolchain wheels, packages).
 pub fn locked_artifacts(ctx: &Ctx) -> Result<Vec<Artifact>> {
-    let lock = read_lock(ctx)?;
+    let lock = crate::util::read_lock(ctx)?;
     artifacts_of_lock(&lock).with_context(|| format!("in {}", ctx.lock_path().display()))
 }
 
 /// The one mapping from the lock's model to what the fetcher needs.
 pub fn artifacts_of_lock(lock: &commstack_stack::Lock) -> Result<Vec<Artifact>> {
+    artifacts_of_parts(lock, &[])
+}
+
+/// The lock's artifacts of the given parts (all of them when `parts` is empty).
+pub fn artifacts_of_parts(lock: &commstack_stack::Lock, parts: &[Part]) -> Result<Vec<Artifact>> {
     lock.artifacts()
         .into_iter()
+        .filter(|a| parts.is_empty() || parts.contains(&Part::of(a.role)))
         .map(|a| {
             let artifact = Artifact {
                 name: a.name,

@@ -73,32 +73,19 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
 
     // The locked sources, named as the lock names them (what `--mirror DIR` reads).
-    let mut flags_args = vec!["fetch".to_string(), "--only".into(), "sources".into(), "--json".into()];
-    for m in &args.mirror {
-        flags_args.extend(["--mirror".into(), m.clone()]);
-    }
-    if args.accept_tree_match {
-        flags_args.push("--accept-tree-match".into());
-    }
-    let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(&exe)
-        .args(["--stack"])
-        .arg(&ctx.stack_path)
-        .arg("--home")
-        .arg(&ctx.home)
-        .args(&flags_args)
-        .output()?;
-    if !out.status.success() {
-        bail!("fetching the locked sources failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let fetched: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).context("fetch --json output")?;
+    let artifacts =
+        crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[crate::cmd_fetch::Part::Sources])?;
+    let options = crate::cmd_fetch::base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
+    let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     std::fs::create_dir_all(dir.join("mirror"))?;
     for f in &fetched {
-        let path = PathBuf::from(f["path"].as_str().context("fetched path")?);
-        let name = f["filename"].as_str().context("fetched filename")?;
-        std::fs::copy(&path, dir.join("mirror").join(name)).with_context(|| format!("copying {}", path.display()))?;
+        if let Some(d) = f.deviation() {
+            println!("WARNING {d}");
+        }
+        std::fs::copy(&f.path, dir.join("mirror").join(&f.filename))
+            .with_context(|| format!("copying {}", f.path.display()))?;
     }
-    manifest.insert("sources".into(), serde_json::Value::Array(fetched));
+    manifest.insert("sources".into(), serde_json::to_value(&fetched)?);
 
     if let Some(rdma) = &args.rdma_core {
         if !rdma.join("usr/include/infiniband/mlx5dv.h").is_file() {

@@ -3,11 +3,8 @@
 //! NVSHMEM build reports, so callers print both alike).
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
 use anyhow::{Context, Result};
 pub use commstack_nvshmem::{CommandFailed, first_error_lines};
@@ -27,45 +24,14 @@ pub fn run_logged(
         program.display(),
         args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
     );
-    let file = File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("cannot open {}", log.display()))?;
-    {
-        let mut f = &file;
-        writeln!(f, "$ cd {}", cwd.display())?;
-        for (k, v) in env {
-            writeln!(f, "$ export {k}={}", shell_quote(v))?;
-        }
-        writeln!(f, "$ {shown}")?;
+    let mut header = format!("$ cd {}\n", cwd.display());
+    for (k, v) in env {
+        header.push_str(&format!("$ export {k}={}\n", shell_quote(v)));
     }
-    // Only the command's own output is searched for errors, not the header above it.
-    let output_starts = file.metadata()?.len() as usize;
-    let started = Instant::now();
-    let status = Command::new(program)
-        .args(args)
-        .current_dir(cwd)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .status()
-        .with_context(|| format!("cannot start {what}: {shown}"))?;
-    let seconds = started.elapsed().as_secs_f64();
-    if !status.success() {
-        let bytes = fs::read(log).unwrap_or_default();
-        let text = String::from_utf8_lossy(bytes.get(output_starts..).unwrap_or_default());
-        return Err(CommandFailed {
-            what: what.to_string(),
-            log: log.to_path_buf(),
-            status: status.to_string(),
-            first_errors: first_error_lines(&text, 20),
-        }
-        .into());
-    }
-    Ok(seconds)
+    header.push_str(&format!("$ {shown}\n"));
+    let mut command = Command::new(program);
+    command.args(args).current_dir(cwd).env_clear().envs(env);
+    commstack_nvshmem::run_command(command, &header, &shown, log, what)
 }
 
 /// Run a short command with `env` as its whole environment and return its stdout;
@@ -135,7 +101,7 @@ mod tests {
         .unwrap_err();
         let failed = err.downcast_ref::<CommandFailed>().unwrap();
         assert_eq!(failed.first_errors[0], "/usr/bin/ld: cannot find -l:libnvshmem_host.so");
-        let text = fs::read_to_string(&log).unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.contains("$ export PATH=/usr/bin:/bin") && text.contains("compiling"), "{text}");
     }
 

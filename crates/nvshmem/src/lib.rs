@@ -31,5 +31,5 @@ pub use dropin::{
 };
 pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME, arch_number};
 pub use proof::{Proof, parse_build_options_h};
-pub use run::{CommandFailed, first_error_lines};
+pub use run::{CommandFailed, first_error_lines, run_command};
 pub use source::{copy_tree, source_version};

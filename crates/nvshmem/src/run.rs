@@ -43,7 +43,14 @@ impl std::error::Error for CommandFailed {}
 /// `log`, which is written as the command runs (`tail -f` works). Returns seconds taken.
 pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
     let shown = cmd.to_string();
-    let mut command: Command = cmd.into();
+    run_command(cmd.into(), &format!("$ {shown}\n"), &shown, log, what)
+}
+
+/// Run `command` (program, arguments, environment and directory already set) with
+/// `header` written to `log` first and the command's output appended after it. On
+/// failure the first error lines are read from the command's output (not the header) into
+/// a [`CommandFailed`]. Returns seconds taken. `shown` names the command in errors.
+pub fn run_command(mut command: Command, header: &str, shown: &str, log: &Path, what: &str) -> Result<f64> {
     let file = File::options()
         .create(true)
         .append(true)
@@ -52,8 +59,9 @@ pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
     {
         use std::io::Write;
         let mut f = &file;
-        writeln!(f, "$ {shown}")?;
+        f.write_all(header.as_bytes())?;
     }
+    let output_starts = file.metadata()?.len() as usize;
     command
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
@@ -64,7 +72,8 @@ pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
         .with_context(|| format!("cannot start {what}: {shown}"))?;
     let seconds = started.elapsed().as_secs_f64();
     if !status.success() {
-        let text = fs::read_to_string(log).unwrap_or_default();
+        let bytes = fs::read(log).unwrap_or_default();
+        let text = String::from_utf8_lossy(bytes.get(output_starts..).unwrap_or_default());
         return Err(CommandFailed {
             what: what.to_string(),
             log: log.to_path_buf(),
