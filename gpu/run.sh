@@ -13,6 +13,8 @@
 #   selftest-nvidia  commstack-selftest (1 GPU) against NVIDIA's NVSHMEM of the torch env
 #   nvshmem        `xtask build nvshmem` from the locked source (bundle mirror), system
 #                  CUDA: cold build timed, then the no-op timed; proof report kept
+#   nvshmem-static the same with --static-lib (NVSHMEM's whole `all` + install), timed,
+#                  and its lib/ and include/ compared with the default's (not in "all")
 #   verify-before  static + runtime verify of the torch env as it is (NVIDIA's NVSHMEM)
 #   dropin         install our drop-in nvidia-nvshmem wheel into the torch env
 #   verify-after   the same verify: torch must now map our libnvshmem_host
@@ -91,36 +93,66 @@ selftest_with() { # selftest_with NAME LIBDIR
 
 step_selftest_nvidia() { selftest_with selftest-nvidia "$site/nvidia/nvshmem/lib"; }
 
-step_nvshmem() {
-    "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match || return
-    local archive src
-    archive="$(find "$COMMSTACK_HOME/cache" -name 'nvshmem_src_*.tar.gz' | head -1)"
-    src="$work/nvshmem-src"
-    mkdir -p "$src" && tar -xzf "$archive" -C "$src" --strip-components=1 || return
-    local rdma=()
+nvshmem_src() { # the locked NVSHMEM source, unpacked once into $work/nvshmem-src
+    local src="$work/nvshmem-src" archive
+    if [ ! -d "$src" ]; then
+        "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match >&2 || return
+        archive="$(find "$COMMSTACK_HOME/cache" -name 'nvshmem_src_*.tar.gz' | head -1)"
+        mkdir -p "$src" && tar -xzf "$archive" -C "$src" --strip-components=1 || return
+    fi
+    echo "$src"
+}
+
+nvshmem_build() { # nvshmem_build NAME [xtask build flags]: cold build, then the no-op, timed
+    local name="$1"; shift
+    local src rdma=() t0 t1 before after d
+    src="$(nvshmem_src)" || return
     [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
-    local t0 t1
+    before="$(ls -d "$COMMSTACK_HOME"/store/steps/nvshmem-*/ 2>/dev/null)"
     t0=$(date +%s.%N)
-    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" \
-        || { mkdir -p "$work/failed" && find "$COMMSTACK_HOME/store/failed" -path '*/logs/*' -exec cp {} "$work/failed/" \; ; return 1; }
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" \
+        || { mkdir -p "$work/$name-failed" && find "$COMMSTACK_HOME/store/failed" -path '*/logs/*' -exec cp {} "$work/$name-failed/" \; ; return 1; }
     t1=$(date +%s.%N)
     echo "COLD BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
     t0=$(date +%s.%N)
-    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" || return
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" || return
     t1=$(date +%s.%N)
     echo "NO-OP BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
-    "$X" store ls
+    after="$(ls -d "$COMMSTACK_HOME"/store/steps/nvshmem-*/ 2>/dev/null)"
+    d="$(comm -13 <(echo "$before") <(echo "$after") | head -1)"
+    [ -n "$d" ] || d="$(echo "$after" | head -1)"
+    echo "STEP $d"
+    cp "$d/build-report.json" "$work/$name-build-report.json"
+    cp -r "$d/logs" "$work/$name-logs"
+    echo "$d" >"$work/$name.step"
+}
+
+step_nvshmem() {
+    nvshmem_build nvshmem || return
     local d
-    for d in "$COMMSTACK_HOME"/store/steps/*/; do
-        if [ -f "$d/build-report.json" ]; then
-            cp "$d/build-report.json" "$work/"
-            cp -r "$d/logs" "$work/nvshmem-logs" 2>/dev/null
-            # The whole step (with .step.json): `xtask store import` can bring it into another store.
-            tar -C "$(dirname "$d")" -czf "$work/nvshmem-install.tgz" "$(basename "$d")" && split -b 15m -d "$work/nvshmem-install.tgz" "$out/nvshmem-install.tgz."
-        fi
+    d="$(cat "$work/nvshmem.step")"
+    cp "$work/nvshmem-build-report.json" "$work/build-report.json"
+    # The whole step (with .step.json): `xtask store import` can bring it into another store.
+    tar -C "$(dirname "$d")" -czf "$work/nvshmem-install.tgz" "$(basename "$d")" && split -b 15m -d "$work/nvshmem-install.tgz" "$out/nvshmem-install.tgz."
+    "$X" store ls
+    for d in "$COMMSTACK_HOME"/store/steps/nvshmem-wheel-*/; do
         [ -f "$d/wheel-report.json" ] && cp "$d/wheel-report.json" "$d"/dist/*.whl "$work/"
     done
     ls -la "$work"/*.whl
+}
+
+step_nvshmem_static() { # the same build with the static library (A/B), and what differs
+    nvshmem_build nvshmem-static --static-lib || return
+    [ -f "$work/nvshmem.step" ] || { echo "run the nvshmem step first to compare"; return; }
+    local a b
+    a="$(cat "$work/nvshmem.step")nvshmem" b="$(cat "$work/nvshmem-static.step")nvshmem"
+    echo "== files of the default install that differ from the static-lib install (none expected):"
+    (cd "$a" && find lib include -type f -o -type l | sort | while read -r f; do
+        if [ -L "$f" ]; then [ "$(readlink "$f")" = "$(readlink "$b/$f")" ] || echo "DIFFERS $f"
+        else cmp -s "$f" "$b/$f" || echo "DIFFERS $f"; fi
+    done) | tee "$work/static-vs-default.txt"
+    echo "== only in the static-lib install:"
+    diff <(cd "$a" && find . | sort) <(cd "$b" && find . | sort) | grep '^>' | head -50
 }
 
 verify_env() { # verify_env NAME [extra args]

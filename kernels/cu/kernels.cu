@@ -1,6 +1,7 @@
 // Self-test kernels and their launchers, exported to Rust.
 //
-// (a) put bandwidth: one contiguous chunk per block, nvshmemx_putmem_block;
+// (a) put and get bandwidth: one contiguous chunk per block, nvshmemx_putmem_block /
+//     nvshmemx_getmem_block;
 // (b) MoE-style dispatch: one warp per (token, destination PE) item,
 //     nvshmemx_putmem_nbi_warp into the receiver's [sender][slot] region;
 // (c) signal ping-pong: one thread per side, nvshmemx_signal_op + signal_wait_until.
@@ -33,6 +34,17 @@ __global__ void __launch_bounds__(kPutThreads)
     nvshmemx_putmem_block(dst + off, src + off, n, pe);
     // putmem_block ends with a block barrier; one quiet per block completes the puts.
     if (threadIdx.x == 0) nvshmem_quiet();
+}
+
+// The same split as put_block_kernel, fetching: each block copies its chunk of `src` on
+// `pe` into the same offsets of the local `dst`. getmem_block returns once the data is
+// in `dst`, so no quiet is needed.
+__global__ void __launch_bounds__(kPutThreads)
+    get_block_kernel(char *dst, const char *src, size_t bytes, size_t chunk, int pe) {
+    const size_t off = (size_t)blockIdx.x * chunk;
+    if (off >= bytes) return;  // uniform across the block
+    const size_t n = (bytes - off < chunk) ? (bytes - off) : chunk;
+    nvshmemx_getmem_block(dst + off, src + off, n, pe);
 }
 
 // Item i sends token item_token[i] (token_bytes at send + token * token_bytes) to PE
@@ -114,6 +126,20 @@ int cs_launch_put(void *dst, const void *src, size_t bytes, size_t chunk, int nb
     put_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
                                                           bytes, chunk, pe);
     CS_LAUNCH_CHECK("put_block_kernel");
+    return 0;
+}
+
+// Same grid contract as cs_launch_put; `src` is read on `pe`, `dst` written locally.
+int cs_launch_get(void *dst, const void *src, size_t bytes, size_t chunk, int nblocks, int pe,
+                  cudaStream_t stream) {
+    if (bytes == 0 || chunk == 0 || chunk % 16 != 0 || nblocks < 1 ||
+        (size_t)(nblocks - 1) * chunk >= bytes || (size_t)nblocks * chunk < bytes) {
+        CS_FAIL("cs_launch_get: bad grid: bytes=%zu chunk=%zu nblocks=%d", bytes, chunk,
+                nblocks);
+    }
+    get_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
+                                                          bytes, chunk, pe);
+    CS_LAUNCH_CHECK("get_block_kernel");
     return 0;
 }
 

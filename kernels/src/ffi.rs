@@ -76,6 +76,15 @@ unsafe extern "C" {
         pe: c_int,
         stream: Stream,
     ) -> c_int;
+    pub fn cs_launch_get(
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        chunk: usize,
+        nblocks: c_int,
+        pe: c_int,
+        stream: Stream,
+    ) -> c_int;
     pub fn cs_launch_dispatch(
         recv: *mut c_void,
         send: *const c_void,

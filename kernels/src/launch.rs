@@ -55,15 +55,51 @@ pub fn put(
     pe: usize,
     grid: PutGrid,
 ) -> anyhow::Result<()> {
+    rma(ffi::cs_launch_put, "put", stream, dst, src, bytes, pe, grid)
+}
+
+/// `nvshmemx_getmem_block` of `src[..bytes]` on PE `pe` into the local `dst[..bytes]`.
+pub fn get(
+    stream: &CudaStream,
+    dst: &SymmetricBuffer<'_>,
+    src: &SymmetricBuffer<'_>,
+    bytes: usize,
+    pe: usize,
+    grid: PutGrid,
+) -> anyhow::Result<()> {
+    rma(ffi::cs_launch_get, "get", stream, dst, src, bytes, pe, grid)
+}
+
+type RmaLauncher = unsafe extern "C" fn(
+    *mut std::ffi::c_void,
+    *const std::ffi::c_void,
+    usize,
+    usize,
+    std::ffi::c_int,
+    std::ffi::c_int,
+    ffi::Stream,
+) -> std::ffi::c_int;
+
+#[allow(clippy::too_many_arguments)]
+fn rma(
+    launcher: RmaLauncher,
+    what: &str,
+    stream: &CudaStream,
+    dst: &SymmetricBuffer<'_>,
+    src: &SymmetricBuffer<'_>,
+    bytes: usize,
+    pe: usize,
+    grid: PutGrid,
+) -> anyhow::Result<()> {
     ensure!(
         bytes <= dst.len() && bytes <= src.len(),
-        "put of {bytes} bytes exceeds its buffers"
+        "{what} of {bytes} bytes exceeds its buffers"
     );
     // SAFETY: both buffers are symmetric allocations of at least `bytes`; the grid
     // covers exactly `bytes` (checked again on the C side).
     check(
         unsafe {
-            ffi::cs_launch_put(
+            launcher(
                 dst.as_ptr(),
                 src.as_ptr(),
                 bytes,
@@ -73,7 +109,7 @@ pub fn put(
                 stream.cu_stream(),
             )
         },
-        "put kernel",
+        &format!("{what} kernel"),
     )
 }
 

@@ -51,6 +51,12 @@ pub struct RankReport {
     pub put: Vec<PutResult>,
     /// What this rank received from its put senders, checked byte by byte.
     pub put_checks: Vec<PutCheck>,
+    /// Get bandwidth measured by this rank as the reader (src_pe: whose memory it read).
+    #[serde(default)]
+    pub get: Vec<PutResult>,
+    /// What this rank read with get from each PE, checked byte by byte.
+    #[serde(default)]
+    pub get_checks: Vec<PutCheck>,
     /// Device-to-device copy baseline (cuMemcpyDtoDAsync) on this GPU, same run.
     pub copy: Vec<CopyResult>,
     pub dispatch: Option<DispatchResult>,
@@ -225,7 +231,12 @@ impl Verdict {
 impl RankReport {
     /// Wrong bytes found by this rank, over all checks.
     pub fn wrong_bytes(&self) -> u64 {
-        let put: u64 = self.put_checks.iter().map(|c| c.wrong_bytes).sum();
+        let put: u64 = self
+            .put_checks
+            .iter()
+            .chain(&self.get_checks)
+            .map(|c| c.wrong_bytes)
+            .sum();
         let copy: u64 = self.copy.iter().map(|c| c.wrong_bytes).sum();
         let dispatch = self
             .dispatch
@@ -390,10 +401,25 @@ pub fn render_table(report: &Report) -> String {
         .flat_map(|r| &r.put_checks)
         .map(|c| ((c.bytes, c.src_pe, c.dst_pe), c))
         .collect();
+    // Data moving src -> dst by get: what rank dst read from src.
+    let get_checks: BTreeMap<(u64, usize, usize), &PutCheck> = report
+        .ranks
+        .iter()
+        .flat_map(|r| &r.get_checks)
+        .map(|c| ((c.bytes, c.src_pe, c.dst_pe), c))
+        .collect();
+    let gets: BTreeMap<(u64, usize, usize), &PutResult> = report
+        .ranks
+        .iter()
+        .flat_map(|r| &r.get)
+        .map(|g| ((g.bytes, g.src_pe, g.dst_pe), g))
+        .collect();
+    let get_of = |p: &PutResult| gets.get(&(p.bytes, p.src_pe, p.dst_pe)).map_or(f64::NAN, |g| g.gbps);
     let check_of = |p: &PutResult| {
-        checks
-            .get(&(p.bytes, p.src_pe, p.dst_pe))
-            .map(|c| c.wrong_bytes)
+        let key = (p.bytes, p.src_pe, p.dst_pe);
+        let put = checks.get(&key).map(|c| c.wrong_bytes);
+        let get = get_checks.get(&key).map(|c| c.wrong_bytes);
+        put.map(|w| w + get.unwrap_or(0))
     };
 
     // Sweep: every GPU's put to itself next to its copy baseline.
@@ -404,13 +430,13 @@ pub fn render_table(report: &Report) -> String {
         }
         let _ = writeln!(
             w,
-            "\nput to self, rank {} (GB/s, median of {} trials; copy = cuMemcpyDtoDAsync)",
+            "\nput and get to self, rank {} (GB/s, median of {} trials; copy = cuMemcpyDtoDAsync)",
             r.rank, report.options.trials
         );
         let _ = writeln!(
             w,
-            "  {:>8} {:>10} {:>10} {:>7} {:>6}  check",
-            "size", "put", "copy", "ratio", "iters"
+            "  {:>8} {:>10} {:>10} {:>10} {:>7} {:>6}  check",
+            "size", "put", "get", "copy", "ratio", "iters"
         );
         for p in selfs {
             let copy = r.copy.iter().find(|c| c.bytes == p.bytes);
@@ -418,9 +444,10 @@ pub fn render_table(report: &Report) -> String {
             let wrong = check_of(p).unwrap_or(0) + copy.map_or(0, |c| c.wrong_bytes);
             let _ = writeln!(
                 w,
-                "  {:>8} {:>10.1} {:>10.1} {:>6.1}% {:>6}  {}",
+                "  {:>8} {:>10.1} {:>10.1} {:>10.1} {:>6.1}% {:>6}  {}",
                 human_bytes(p.bytes),
                 p.gbps,
+                get_of(p),
                 copy_gbps,
                 100.0 * p.gbps / copy_gbps,
                 p.iters,
@@ -439,26 +466,28 @@ pub fn render_table(report: &Report) -> String {
     if let Some(max) = remote.iter().map(|p| p.bytes).max() {
         let _ = writeln!(
             w,
-            "\nput between GPUs at {} (GB/s, median)",
+            "\nput and get between GPUs at {} (GB/s, median; get = dst reading src)",
             human_bytes(max)
         );
         let _ = writeln!(
             w,
-            "  {:>9} {:>10} {:>10}  check (all sizes)",
-            "src->dst", "GB/s", "best"
+            "  {:>9} {:>10} {:>10} {:>10}  check (all sizes)",
+            "src->dst", "put", "best", "get"
         );
         for p in remote.iter().filter(|p| p.bytes == max) {
             let wrong: u64 = checks
                 .values()
+                .chain(get_checks.values())
                 .filter(|c| c.src_pe == p.src_pe && c.dst_pe == p.dst_pe)
                 .map(|c| c.wrong_bytes)
                 .sum();
             let _ = writeln!(
                 w,
-                "  {:>9} {:>10.1} {:>10.1}  {}",
+                "  {:>9} {:>10.1} {:>10.1} {:>10.1}  {}",
                 format!("{}->{}", p.src_pe, p.dst_pe),
                 p.gbps,
                 p.gbps_best,
+                get_of(p),
                 ok_mark(wrong)
             );
         }

@@ -122,6 +122,8 @@ fn run_tests(
         put_grid_blocks,
         put: Vec::new(),
         put_checks: Vec::new(),
+        get: Vec::new(),
+        get_checks: Vec::new(),
         copy: Vec::new(),
         dispatch: None,
         pingpong: Vec::new(),
@@ -172,8 +174,10 @@ fn put_sweep(
         sync_barrier(shmem, stream)?;
         copy_dtod(stream, &dst, &src, bytes)?;
 
-        // Timed: trials interleave every offset and the copy, so drift hits all alike.
+        // Timed: trials interleave every offset, both directions and the copy, so drift
+        // hits all alike. Nobody writes `src`, so gets read what was uploaded.
         let mut put_ms = vec![Vec::new(); world];
+        let mut get_ms = vec![Vec::new(); world];
         let mut copy_ms = Vec::new();
         for _ in 0..opts.trials {
             for (k, samples) in put_ms.iter_mut().enumerate() {
@@ -181,6 +185,13 @@ fn put_sweep(
                 samples.push(timed(stream, || {
                     (0..iters)
                         .try_for_each(|_| launch::put(stream, &dst, &src, bytes, peer(k), grid))
+                })?);
+            }
+            for (k, samples) in get_ms.iter_mut().enumerate() {
+                sync_barrier(shmem, stream)?;
+                samples.push(timed(stream, || {
+                    (0..iters)
+                        .try_for_each(|_| launch::get(stream, &dst, &src, bytes, peer(k), grid))
                 })?);
             }
             sync_barrier(shmem, stream)?;
@@ -208,6 +219,22 @@ fn put_sweep(
                 first_wrong_offset: m.first_offset,
             });
         }
+        // Get checks: poison the local buffer, fetch from peer(k), compare with its bytes.
+        for k in 0..world {
+            sync_barrier(shmem, stream)?;
+            poison(stream, &dst, bytes + PUT_GUARD)?;
+            launch::get(stream, &dst, &src, bytes, peer(k), grid)?;
+            download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
+            let mut m = put_source(opts.seed, peer(k)).compare(0, &host[..bytes]);
+            m.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
+            report.get_checks.push(PutCheck {
+                bytes: bytes as u64,
+                src_pe: peer(k),
+                dst_pe: rank,
+                wrong_bytes: m.wrong_bytes,
+                first_wrong_offset: m.first_offset,
+            });
+        }
         sync_barrier(shmem, stream)?;
         poison(stream, &dst, bytes + PUT_GUARD)?;
         copy_dtod(stream, &dst, &src, bytes)?;
@@ -220,6 +247,16 @@ fn put_sweep(
                 bytes: bytes as u64,
                 src_pe: rank,
                 dst_pe: peer(k),
+                iters,
+                gbps: gbps(bytes, iters, median(samples)),
+                gbps_best: gbps(bytes, iters, min(samples)),
+            });
+        }
+        for (k, samples) in get_ms.iter().enumerate() {
+            report.get.push(PutResult {
+                bytes: bytes as u64,
+                src_pe: peer(k),
+                dst_pe: rank,
                 iters,
                 gbps: gbps(bytes, iters, median(samples)),
                 gbps_best: gbps(bytes, iters, min(samples)),
@@ -238,15 +275,22 @@ fn put_sweep(
             .rev()
             .find(|p| p.dst_pe == rank)
             .map_or(f64::NAN, |p| p.gbps);
+        let self_get = report
+            .get
+            .iter()
+            .rev()
+            .find(|p| p.src_pe == rank)
+            .map_or(f64::NAN, |p| p.gbps);
         let wrong: u64 = report
             .put_checks
             .iter()
+            .chain(&report.get_checks)
             .filter(|c| c.bytes == bytes as u64)
             .map(|c| c.wrong_bytes)
             .sum();
         log!(
             rank,
-            "put {bytes:>10} B: to self {self_put:8.1} GB/s, copy {:8.1} GB/s, {} blocks, wrong bytes {}",
+            "put/get {bytes:>10} B: self put {self_put:8.1} GB/s, get {self_get:8.1} GB/s, copy {:8.1} GB/s, {} blocks, wrong bytes {}",
             copy.gbps,
             grid.nblocks,
             wrong + copy.wrong_bytes

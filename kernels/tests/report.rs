@@ -25,6 +25,7 @@ fn options() -> TestOptions {
 fn rank(rank: usize, world: usize) -> RankReport {
     let mut put = Vec::new();
     let mut put_checks = Vec::new();
+    let (mut get, mut get_checks) = (Vec::new(), Vec::new());
     let mut copy = Vec::new();
     for bytes in [4096u64, 256 << 20] {
         for k in 0..world {
@@ -41,6 +42,22 @@ fn rank(rank: usize, world: usize) -> RankReport {
             put_checks.push(PutCheck {
                 bytes,
                 src_pe: src,
+                dst_pe: rank,
+                wrong_bytes: 0,
+                first_wrong_offset: None,
+            });
+            // This rank reads from `dst` (= rank + k).
+            get.push(PutResult {
+                bytes,
+                src_pe: dst,
+                dst_pe: rank,
+                iters: 10,
+                gbps: 1800.0,
+                gbps_best: 1850.0,
+            });
+            get_checks.push(PutCheck {
+                bytes,
+                src_pe: dst,
                 dst_pe: rank,
                 wrong_bytes: 0,
                 first_wrong_offset: None,
@@ -74,6 +91,8 @@ fn rank(rank: usize, world: usize) -> RankReport {
         put_grid_blocks: 528,
         put,
         put_checks,
+        get,
+        get_checks,
         copy,
         dispatch: Some(DispatchResult {
             tokens: 1024,
@@ -152,6 +171,10 @@ fn any_wrong_byte_fails_the_run() {
     assert_eq!(r.verdict(2, None).exit_code(), exit_code::WRONG_DATA);
 
     let mut r = report(2);
+    r.ranks[0].get_checks[1].wrong_bytes = 1;
+    assert_eq!(r.verdict(2, None), Verdict::WrongData);
+
+    let mut r = report(2);
     r.ranks[0].copy[0].wrong_bytes = 1;
     assert_eq!(r.verdict(2, None), Verdict::WrongData);
 
@@ -207,9 +230,10 @@ fn latency_percentiles_use_nearest_rank() {
 fn the_table_shows_bandwidth_latency_and_correctness() {
     let t = render_table(&report(2));
     for needle in [
-        "put to self, rank 0",
+        "put and get to self, rank 0",
         "256MiB",
         "2000.0",
+        "1800.0",
         "2200.0",
         "90.9%",
         "0->1",
@@ -225,4 +249,11 @@ fn the_table_shows_bandwidth_latency_and_correctness() {
     let t = render_table(&bad);
     assert!(t.contains("7 WRONG"), "{t}");
     assert!(t.contains("7 wrong bytes"), "{t}");
+
+    // A wrong byte read by get shows on the pair it moved along (1 read from 0: 0->1).
+    let mut bad = report(2);
+    bad.ranks[1].get_checks[1].wrong_bytes = 5;
+    let t = render_table(&bad);
+    let line = t.lines().find(|l| l.trim_start().starts_with("0->1")).unwrap();
+    assert!(line.contains("5 WRONG"), "{t}");
 }

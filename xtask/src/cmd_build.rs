@@ -60,6 +60,11 @@ pub struct Args {
     /// DeepEP kernels).
     #[arg(long)]
     pub no_ibgda: bool,
+    /// Also build libnvshmem.a, nvshmem-info and the CMake package with NVSHMEM's own
+    /// install rules, overriding stack.toml's nvshmem.static-lib (about a third more
+    /// compile work; NVIDIA's wheel ships none of them).
+    #[arg(long)]
+    pub static_lib: bool,
     /// Where rdma-core's headers and libmlx5 are (`/`, or a `dpkg -x` tree of
     /// libibverbs-dev + ibverbs-providers). Default: this system.
     #[arg(long, value_name = "DIR")]
@@ -144,6 +149,10 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     if args.no_ibgda {
         println!("note: --no-ibgda overrides stack.toml's nvshmem.ibgda");
         options.ibgda = false;
+    }
+    if args.static_lib && !options.static_lib {
+        println!("note: --static-lib overrides stack.toml's nvshmem.static-lib");
+        options.static_lib = true;
     }
     let python3 = match &args.python3 {
         Some(p) => p.clone(),

@@ -3,9 +3,11 @@
 //!
 //! Step layout (`<store>/steps/nvshmem-<hash>/`):
 //! ```text
-//! nvshmem/              the install (lib/, include/, bin/, ...), built for prefix
-//!                       /opt/commstack/nvshmem, relocatable (RUNPATH $ORIGIN)
-//! logs/                 configure.log, build.log, install.log
+//! nvshmem/              the install, built for prefix /opt/commstack/nvshmem,
+//!                       relocatable (RUNPATH $ORIGIN): lib/ and include/ as in NVIDIA's
+//!                       wheel (see [`crate::wheelset`]), or with nvshmem.static-lib
+//!                       everything NVSHMEM's own install rules put there
+//! logs/                 configure.log, build.log, install.log (static-lib only)
 //! build-report.json     inputs, command line, environment, timings and the proof
 //! ```
 
@@ -25,12 +27,13 @@ use crate::options::NvshmemOptions;
 use crate::proof::{Expected, Proof, prove};
 use crate::run::{CommandFailed, run_logged};
 use crate::source::{copy_tree, source_version};
+use crate::wheelset::{self, Selection};
 
 pub const STEP: &str = "nvshmem";
 pub const INSTALL_DIR: &str = "nvshmem";
 pub const REPORT_FILE: &str = "build-report.json";
 /// Bumped when the recipe changes what it produces.
-const RECIPE: &str = "nvshmem-cmake-2";
+const RECIPE: &str = "nvshmem-cmake-3";
 
 /// Everything one build needs; the lead fills it from stack.lock and the fetch cache.
 pub struct BuildRequest<'a> {
@@ -82,6 +85,10 @@ pub struct BuildReport {
     pub environment: BTreeMap<String, String>,
     pub jobs: usize,
     pub timings: Timings,
+    /// What ninja built and what it left out, unless the stack asked for the static
+    /// library (then: NVSHMEM's whole `all` and its own install rules).
+    #[serde(default)]
+    pub selection: Option<Selection>,
     pub proof: Proof,
 }
 
@@ -117,6 +124,8 @@ pub fn build_key(
         "rdma_core": rdma.as_ref().map(|r| serde_json::json!({ "prefix": r.prefix, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })),
         "passthrough": req.passthrough,
         "install_prefix": INSTALL_PREFIX,
+        "schedule_hook_sha256": (!req.options.static_lib)
+            .then(|| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(wheelset::SCHEDULE_HOOK))),
     });
     Ok((StepKey::new(STEP, &inputs), inputs, rdma, version))
 }
@@ -180,6 +189,8 @@ struct Configured {
     defines: Vec<(String, String)>,
     env: BTreeMap<String, String>,
     configure_s: f64,
+    /// Target dependencies the schedule hook dropped.
+    dropped: Vec<String>,
 }
 
 /// Copy the source into `work/src` and run CMake's configure step in `work/build`.
@@ -213,7 +224,13 @@ fn configure_in(
         )?;
     }
 
-    let defines = cmake_defines(req.options, req.toolchain, &req.python3, &src, rdma)?;
+    let mut defines = cmake_defines(req.options, req.toolchain, &req.python3, &src, rdma)?;
+    if !req.options.static_lib {
+        let hook = work.join("commstack-schedule.cmake");
+        fs::write(&hook, wheelset::SCHEDULE_HOOK)
+            .with_context(|| format!("cannot write {}", hook.display()))?;
+        defines.push(("CMAKE_PROJECT_INCLUDE".into(), hook.display().to_string()));
+    }
     let mut tool_dirs = req.toolchain.bin_dirs();
     if let Some(llvm) = &req.options.bitcode_llvm {
         // NVSHMEM's bitcode rule calls bare `clang`, `opt`, `llvm-dis`, `llvm-as`.
@@ -242,12 +259,14 @@ fn configure_in(
         &logs.join("configure.log"),
         "cmake configure",
     )?;
+    let log = fs::read_to_string(logs.join("configure.log")).unwrap_or_default();
     Ok(Configured {
         build,
         destdir,
         defines,
         env,
         configure_s,
+        dropped: wheelset::dropped_dependencies(&log),
     })
 }
 
@@ -290,7 +309,7 @@ fn run_build(
         defines,
         env,
         configure_s,
-        ..
+        dropped,
     } = configure_in(&work, logs, req, rdma)?;
     let sh = Shell::new()?;
     sh.change_dir(&work);
@@ -303,35 +322,68 @@ fn run_build(
         configure_s,
         ..Default::default()
     };
-    (req.progress)(&format!(
-        "building (ninja -j {jobs}); log: {}",
-        logs.join("build.log").display()
-    ));
-    timings.build_s = run_logged(
-        cmd!(sh, "{ninja} -C {build} -j {jobs}")
-            .env_clear()
-            .envs(&env),
-        &logs.join("build.log"),
-        "ninja build",
-    )?;
-    (req.progress)("installing ...");
-    timings.install_s = run_logged(
-        cmd!(sh, "{cmake} --install {build}")
-            .env_clear()
-            .envs(&env)
-            .env("DESTDIR", &destdir),
-        &logs.join("install.log"),
-        "cmake --install",
-    )?;
-
-    let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
     let prefix = out.join(INSTALL_DIR);
-    fs::rename(&installed, &prefix).with_context(|| {
-        format!(
-            "the install left nothing at {} (see logs/install.log)",
-            installed.display()
-        )
-    })?;
+    let selection = if req.options.static_lib {
+        (req.progress)(&format!(
+            "building everything, the static library too (ninja -j {jobs}); log: {}",
+            logs.join("build.log").display()
+        ));
+        timings.build_s = run_logged(
+            cmd!(sh, "{ninja} -C {build} -j {jobs}")
+                .env_clear()
+                .envs(&env),
+            &logs.join("build.log"),
+            "ninja build",
+        )?;
+        (req.progress)("installing (cmake --install) ...");
+        timings.install_s = run_logged(
+            cmd!(sh, "{cmake} --install {build}")
+                .env_clear()
+                .envs(&env)
+                .env("DESTDIR", &destdir),
+            &logs.join("install.log"),
+            "cmake --install",
+        )?;
+        let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
+        fs::rename(&installed, &prefix).with_context(|| {
+            format!(
+                "the install left nothing at {} (see logs/install.log)",
+                installed.display()
+            )
+        })?;
+        None
+    } else {
+        let mut selection = wheelset::select(|target| {
+            let text = cmd!(sh, "{ninja} -C {build} -t query {target}")
+                .env_clear()
+                .envs(&env)
+                .quiet()
+                .read()
+                .with_context(|| format!("`ninja -t query {target}` failed in {}", build.display()))?;
+            Ok(text)
+        })?;
+        selection.dropped_dependencies = dropped;
+        let targets = &selection.targets;
+        (req.progress)(&format!(
+            "building {} targets, leaving out {} (ninja -j {jobs}); log: {}",
+            targets.len(),
+            selection.left_out.join(", "),
+            logs.join("build.log").display()
+        ));
+        timings.build_s = run_logged(
+            cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
+                .env_clear()
+                .envs(&env),
+            &logs.join("build.log"),
+            "ninja build",
+        )?;
+        (req.progress)("installing lib/ and include/ ...");
+        let started = std::time::Instant::now();
+        wheelset::install(&build, &work.join("src"), &selection, &prefix)?;
+        timings.install_s = started.elapsed().as_secs_f64();
+        Some(selection)
+    };
+    keep_ninja_logs(&build, logs)?;
     fs::remove_dir_all(&work)
         .with_context(|| format!("cannot remove the build tree {}", work.display()))?;
 
@@ -367,6 +419,29 @@ fn run_build(
         environment: env,
         jobs: req.jobs,
         timings,
+        selection,
         proof,
     })
+}
+
+/// Keep every `.ninja_log` of the build tree (NVSHMEM's device library is a nested
+/// project with its own) as `logs/ninja/<dir>.ninja_log`: per-file compile times, for
+/// finding what bounds the build.
+fn keep_ninja_logs(build: &Path, logs: &Path) -> Result<()> {
+    let dest = logs.join("ninja");
+    for entry in walkdir::WalkDir::new(build) {
+        let entry = entry.with_context(|| format!("cannot walk {}", build.display()))?;
+        if entry.file_name() != ".ninja_log" {
+            continue;
+        }
+        let dir = entry.path().parent().and_then(|d| d.strip_prefix(build).ok());
+        let name = match dir.map(|d| d.to_string_lossy().replace('/', "_")) {
+            Some(d) if !d.is_empty() => format!("{d}.ninja_log"),
+            _ => "build.ninja_log".to_string(),
+        };
+        fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
+        fs::copy(entry.path(), dest.join(&name))
+            .with_context(|| format!("cannot keep {}", entry.path().display()))?;
+    }
+    Ok(())
 }

@@ -33,6 +33,9 @@ pub struct RdmaCore {
 /// Look for `infiniband/mlx5dv.h` and `libmlx5.so` under `prefix` (`/`, `/usr`, or an
 /// unpacked `dpkg -x` tree). The error says which packages provide them.
 pub fn find_rdma_core(prefix: &Path) -> Result<RdmaCore> {
+    // CMake runs in the build tree: a relative prefix would point elsewhere there.
+    let prefix = &std::path::absolute(prefix)
+        .with_context(|| format!("cannot make {} absolute", prefix.display()))?;
     let include_dir = ["include", "usr/include"]
         .iter()
         .map(|d| prefix.join(d))
@@ -183,5 +186,12 @@ mod tests {
         let r = find_rdma_core(d.path()).unwrap();
         assert_eq!(r.include_dir, d.path().join("usr/include"));
         assert_eq!(r.libmlx5, lib.join("libmlx5.so"));
+
+        // Given relative (as on a command line), the paths CMake gets are absolute.
+        let depth = std::env::current_dir().unwrap().components().count() - 1;
+        let relative = PathBuf::from("../".repeat(depth)).join(d.path().strip_prefix("/").unwrap());
+        let r = find_rdma_core(&relative).unwrap();
+        assert!(r.libmlx5.is_absolute() && r.include_dir.is_absolute(), "{r:?}");
+        assert!(r.libmlx5.exists());
     }
 }

@@ -19,6 +19,7 @@ mod options;
 mod proof;
 mod run;
 mod source;
+pub mod wheelset;
 
 pub use build::{
     BuildReport, BuildRequest, Built, INSTALL_DIR, REPORT_FILE, SourceInfo, Timings, build,

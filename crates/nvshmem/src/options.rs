@@ -46,6 +46,11 @@ pub struct NvshmemOptions {
     /// Build libnvshmem_device.bc (torch's Triton NVSHMEM kernels load it). Needs an LLVM
     /// with clang, opt, llvm-dis, llvm-as and ClangConfig.cmake: its install prefix here.
     pub bitcode_llvm: Option<PathBuf>,
+    /// Also build the static `libnvshmem.a`, `nvshmem-info` and the CMake package, with
+    /// NVSHMEM's own install rules. NVIDIA's wheel ships none of them, and the static
+    /// library compiles every source a second time (about a third of the build), so the
+    /// default builds only the wheel's set (see `wheelset`). Not a CMake option.
+    pub static_lib: bool,
 }
 
 impl Default for NvshmemOptions {
@@ -75,6 +80,7 @@ impl Default for NvshmemOptions {
             trace: false,
             verbose: false,
             bitcode_llvm: None,
+            static_lib: false,
         }
     }
 }
@@ -331,6 +337,7 @@ impl NvshmemOptions {
             shmem: home("shmem", t.shmem)?,
             pmix: home("pmix", t.pmix)?,
             rdma_core,
+            static_lib: n.static_lib,
             ..NvshmemOptions::default()
         })
     }

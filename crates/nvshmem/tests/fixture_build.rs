@@ -9,7 +9,8 @@ use std::process::Command;
 
 use common::*;
 use commstack_nvshmem::{
-    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, env::resolve_passthrough,
+    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, configure_only,
+    env::resolve_passthrough,
 };
 use commstack_store::Store;
 use commstack_wheel::{Wheel, parse_record, record_hash};
@@ -83,9 +84,81 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(first.outcome.path().join("build-report.json").is_file());
     assert!(first.outcome.path().join("logs/build.log").is_file());
 
+    // The default builds only the wheel's set: NVSHMEM's `all` minus the static library
+    // and nvshmem-info, installed without NVSHMEM's install rules.
+    let sel = first.report.selection.as_ref().expect("the default selects targets");
+    assert_eq!(sel.left_out, ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]);
+    assert!(sel.targets.iter().any(|t| t == "src/lib/libnvshmem_host.so"), "{sel:?}");
+    let log = fs::read_to_string(first.outcome.path().join("logs/build.log")).unwrap();
+    assert!(
+        log.contains("libnvshmem_host.so") && !log.contains("libnvshmem.a") && !log.contains("nvshmem-info"),
+        "{log}"
+    );
+    assert!(!first.prefix.join("lib/libnvshmem.a").exists());
+    assert!(!first.prefix.join("bin").exists());
+
+    // static-lib = true: NVSHMEM's whole `all` and its own install. Its lib/ and include/
+    // hold the same bytes plus the static library, so the default loses nothing else.
+    let with_static = NvshmemOptions {
+        static_lib: true,
+        ..options.clone()
+    };
+    let full = build(
+        &store,
+        &BuildRequest {
+            options: &with_static,
+            python3: req.python3.clone(),
+            passthrough: req.passthrough.clone(),
+            ..req
+        },
+        false,
+    )
+    .unwrap();
+    assert!(full.report.proof.passed(), "{:#?}", full.report.proof.failures);
+    assert!(full.report.selection.is_none());
+    assert!(full.prefix.join("lib/libnvshmem.a").is_file());
+    assert!(full.prefix.join("bin/nvshmem-info").is_file());
+    let ours = tree_digest(&first.prefix, &["lib", "include"]);
+    let mut theirs = tree_digest(&full.prefix, &["lib", "include"]);
+    assert!(theirs.remove("lib/libnvshmem.a").is_some());
+    assert_eq!(ours, theirs);
+
+    // The default also drops nvshmem_host's wait for the device step (a scheduling
+    // change: the bytes above are the same). In the configured graph its objects no
+    // longer wait for that step, and its link still reads libnvshmem_device.a; without
+    // the hook (static-lib) they wait.
+    assert_eq!(sel.dropped_dependencies, ["nvshmem_host -> nvshmem_device_project-build"]);
+    assert!(full.report.cmake_defines.iter().all(|(k, _)| k != "CMAKE_PROJECT_INCLUDE"));
+    let order_deps = |opts: &NvshmemOptions, dir: &str| {
+        let cfg = tmp.path().join(dir);
+        configure_only(
+            &BuildRequest {
+                options: opts,
+                python3: req.python3.clone(),
+                passthrough: req.passthrough.clone(),
+                ..req
+            },
+            &cfg,
+        )
+        .unwrap();
+        let query = |t: &str| {
+            run(Command::new(&tc.ninja)
+                .arg("-C")
+                .arg(cfg.join("build"))
+                .args(["-t", "query", t]))
+        };
+        let link = query("src/lib/libnvshmem_host.so.3.4.5");
+        assert!(link.contains("src/lib/libnvshmem_device.a"), "{link}");
+        query("cmake_object_order_depends_target_nvshmem_host")
+    };
+    let hooked = order_deps(&options, "configured-default");
+    assert!(!hooked.contains("nvshmem_device_project"), "{hooked}");
+    let upstream = order_deps(&with_static, "configured-static");
+    assert!(upstream.contains("nvshmem_device_project-build"), "{upstream}");
+
     // What the build saw: nothing of the hostile environment but the passthrough.
     for file in ["configure-env.txt", "build-env.txt"] {
-        let env = fs::read_to_string(first.prefix.join("share/fixture").join(file)).unwrap();
+        let env = fs::read_to_string(full.prefix.join("share/fixture").join(file)).unwrap();
         let names: Vec<&str> = env
             .lines()
             .filter_map(|l| l.split_once('=').map(|(k, _)| k))
@@ -241,4 +314,21 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(hashed >= 10);
     let host = fs::read(site.join("nvidia/nvshmem/lib/libnvshmem_host.so.3")).unwrap();
     assert!(host.windows(20).any(|w| w == b"NVSHMEM_USE_NCCL=OFF"));
+}
+
+/// Relative path -> content (or link target) of every file and link under `dirs`.
+fn tree_digest(root: &std::path::Path, dirs: &[&str]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in dirs {
+        for e in walkdir::WalkDir::new(root.join(d)) {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if e.path_is_symlink() {
+                out.insert(rel, fs::read_link(e.path()).unwrap().into_os_string().into_encoded_bytes());
+            } else if e.file_type().is_file() {
+                out.insert(rel, fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
 }

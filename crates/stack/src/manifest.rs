@@ -62,6 +62,7 @@ struct RawNvshmem {
     mpi: Option<Spanned<bool>>,
     shmem: Option<Spanned<bool>>,
     pmix: Option<Spanned<bool>>,
+    static_lib: Option<Spanned<bool>>,
     #[serde(default)]
     pass_env: Vec<Spanned<String>>,
 }
@@ -217,6 +218,9 @@ pub struct Nvshmem {
     pub transports: NvshmemTransports,
     /// Environment variables passed through to the NVSHMEM build (all others are cleared).
     pub pass_env: Vec<String>,
+    /// Also build libnvshmem.a, nvshmem-info and the CMake package (NVIDIA's wheel has
+    /// none of them; they double the compile work). Default false.
+    pub static_lib: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -304,6 +308,7 @@ impl Stack {
             m.insert(format!("nvshmem.{name}"), on.to_string());
         }
         m.insert("nvshmem.pass-env".into(), self.nvshmem.pass_env.join(","));
+        m.insert("nvshmem.static-lib".into(), self.nvshmem.static_lib.to_string());
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
         m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());
@@ -529,6 +534,10 @@ impl Validator<'_> {
                 self.spans.insert(format!("nvshmem.{name}"), v.span());
             }
         }
+        let static_lib = raw.static_lib.as_ref().is_some_and(|v| *v.get_ref());
+        if let Some(v) = &raw.static_lib {
+            self.spans.insert("nvshmem.static-lib".into(), v.span());
+        }
         let mut pass_env = Vec::new();
         for var in &raw.pass_env {
             let name = var.get_ref();
@@ -549,7 +558,7 @@ impl Validator<'_> {
         if !ok {
             return None;
         }
-        Some(Nvshmem { version: version?, cuda_archs: archs, transports, pass_env })
+        Some(Nvshmem { version: version?, cuda_archs: archs, transports, pass_env, static_lib })
     }
 
     fn deepep(&mut self, raw: RawDeepEp) -> Option<DeepEp> {
