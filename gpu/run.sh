@@ -105,10 +105,10 @@ nvshmem_src() { # the locked NVSHMEM source, unpacked once into $work/nvshmem-sr
 
 nvshmem_build() { # nvshmem_build NAME [xtask build flags]: cold build, then the no-op, timed
     local name="$1"; shift
-    local src rdma=() t0 t1 before after d
+    local src rdma=() t0 t1 d static=false
     src="$(nvshmem_src)" || return
     [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
-    before="$(ls -d "$COMMSTACK_HOME"/store/steps/nvshmem-*/ 2>/dev/null)"
+    [[ " $* " == *" --static-lib "* ]] && static=true
     t0=$(date +%s.%N)
     "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" \
         || { mkdir -p "$work/$name-failed" && find "$COMMSTACK_HOME/store/failed" -path '*/logs/*' -exec cp {} "$work/$name-failed/" \; ; return 1; }
@@ -118,9 +118,10 @@ nvshmem_build() { # nvshmem_build NAME [xtask build flags]: cold build, then the
     "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" || return
     t1=$(date +%s.%N)
     echo "NO-OP BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
-    after="$(ls -d "$COMMSTACK_HOME"/store/steps/nvshmem-*/ 2>/dev/null)"
-    d="$(comm -13 <(echo "$before") <(echo "$after") | head -1)"
-    [ -n "$d" ] || d="$(echo "$after" | head -1)"
+    # This build's step: the one whose report records the static_lib asked for.
+    d="$(grep -l "\"static_lib\": $static" "$COMMSTACK_HOME"/store/steps/nvshmem-*/build-report.json 2>/dev/null)"
+    [ "$(echo "$d" | grep -c .)" = 1 ] || { echo "cannot tell this build's step (static_lib=$static): ${d:-none}"; return 1; }
+    d="$(dirname "$d")/"
     echo "STEP $d"
     cp "$d/build-report.json" "$work/$name-build-report.json"
     cp -r "$d/logs" "$work/$name-logs"

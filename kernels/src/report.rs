@@ -419,7 +419,10 @@ pub fn render_table(report: &Report) -> String {
         let key = (p.bytes, p.src_pe, p.dst_pe);
         let put = checks.get(&key).map(|c| c.wrong_bytes);
         let get = get_checks.get(&key).map(|c| c.wrong_bytes);
-        put.map(|w| w + get.unwrap_or(0))
+        match (put, get) {
+            (None, None) => None,
+            (p, g) => Some(p.unwrap_or(0) + g.unwrap_or(0)),
+        }
     };
 
     // Sweep: every GPU's put to itself next to its copy baseline.
@@ -472,7 +475,7 @@ pub fn render_table(report: &Report) -> String {
         let _ = writeln!(
             w,
             "  {:>9} {:>10} {:>10} {:>10}  check (all sizes)",
-            "src->dst", "put", "best", "get"
+            "src->dst", "put", "put best", "get"
         );
         for p in remote.iter().filter(|p| p.bytes == max) {
             let wrong: u64 = checks

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
 use commstack_deepep::run::CommandFailed;
@@ -209,11 +208,9 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     assert!(built.outcome.path().join("logs/build.log").is_file());
     assert!(!built.outcome.path().join("work").exists(), "the build tree is removed once done");
 
-    let started = Instant::now();
     let again = build(&f.store, &request(&f, &src, &f.nvshmem, &archs), false).unwrap();
     assert!(again.outcome.was_cached());
     assert_eq!(again.wheel, built.wheel);
-    assert!(started.elapsed().as_secs_f64() < 1.0);
 
     let forced = build(&f.store, &request(&f, &src, &f.nvshmem, &archs), true).unwrap();
     assert!(!forced.outcome.was_cached());

@@ -10,6 +10,8 @@
 # Redefining a built-in command keeps the original as _add_dependencies (what vcpkg's
 # toolchain relies on too). Only this one edge is dropped; each drop is logged, and the
 # recipe records it in the build report.
+# Included once: a second definition would make _add_dependencies the first override.
+include_guard(GLOBAL)
 function(add_dependencies target)
   if(target STREQUAL "nvshmem_host" AND "${ARGN}" STREQUAL "nvshmem_device_project-build")
     message(STATUS "commstack-schedule: dropped ${target} -> ${ARGN}")

@@ -47,6 +47,10 @@ pub struct Selection {
     /// Target dependencies the schedule hook dropped ("nvshmem_host -> ...").
     #[serde(default)]
     pub dropped_dependencies: Vec<String>,
+    /// sha256 of the schedule hook given to CMake (its path in the defines is gone with
+    /// the build tree).
+    #[serde(default)]
+    pub schedule_hook_sha256: Option<String>,
 }
 
 /// Parse `ninja -t query TARGET`: the explicit, implicit and order-only inputs.
@@ -84,8 +88,11 @@ pub fn select(mut query: impl FnMut(&str) -> Result<String>) -> Result<Selection
             }
         }
     }
+    // A target reached through two phonies is listed once.
     targets.sort();
+    targets.dedup();
     left_out.sort();
+    left_out.dedup();
     let Some(host) = targets.iter().find(|t| file_name(t) == "libnvshmem_host.so") else {
         bail!(
             "the NVSHMEM build tree has no libnvshmem_host.so among the outputs of `all` \
@@ -105,11 +112,17 @@ pub fn select(mut query: impl FnMut(&str) -> Result<String>) -> Result<Selection
         .parent()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if lib_dir.is_empty() {
+        bail!(
+            "libnvshmem_host.so is built at the top of the build tree, not in a lib/ directory next to              include/ as in NVSHMEM 3.x; set nvshmem.static-lib = true in stack.toml to install with              NVSHMEM's own rules"
+        );
+    }
     Ok(Selection {
         targets,
         left_out,
         lib_dir,
         dropped_dependencies: Vec::new(),
+        schedule_hook_sha256: None,
     })
 }
 
@@ -118,8 +131,10 @@ fn file_name(path: &str) -> &str {
 }
 
 /// Install the wheel's set from `build` (configured and built) into `prefix`: `lib/`,
-/// `include/` (without NVSHMEM's private `modules/`), and the top files of `src`.
-pub fn install(build: &Path, src: &Path, sel: &Selection, prefix: &Path) -> Result<Vec<PathBuf>> {
+/// `include/` (without entries named `modules`, as NVSHMEM's `PATTERN "modules" EXCLUDE`),
+/// and the top files of `src`, with the modes NVSHMEM's install gives them: 0755 in
+/// `lib/` (its FILE_PERMISSIONS), 0644 elsewhere (not the build tree's umask).
+pub fn install(build: &Path, src: &Path, sel: &Selection, prefix: &Path) -> Result<()> {
     let lib = build.join(&sel.lib_dir);
     let include = lib
         .parent()
@@ -135,22 +150,44 @@ pub fn install(build: &Path, src: &Path, sel: &Selection, prefix: &Path) -> Resu
     fs::create_dir_all(prefix).with_context(|| format!("cannot create {}", prefix.display()))?;
     copy_tree(&lib, &prefix.join("lib"))?;
     copy_tree(&include, &prefix.join("include"))?;
-    let modules = prefix.join("include/modules");
-    if modules.exists() {
-        fs::remove_dir_all(&modules)
-            .with_context(|| format!("cannot remove {}", modules.display()))?;
+    let modules: Vec<PathBuf> = walkdir::WalkDir::new(prefix.join("include"))
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() == "modules")
+        .map(|e| e.into_path())
+        .collect();
+    for m in modules {
+        let removed = if m.is_dir() && !m.is_symlink() { fs::remove_dir_all(&m) } else { fs::remove_file(&m) };
+        removed.with_context(|| format!("cannot remove {}", m.display()))?;
     }
-    let mut top = Vec::new();
     for name in TOP_FILES {
-        let from = src.join(name);
-        if from.is_file() {
-            let to = prefix.join(name);
-            fs::copy(&from, &to)
-                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
-            top.push(to);
+        let (from, to) = (src.join(name), prefix.join(name));
+        if !from.is_file() {
+            bail!(
+                "{} is missing: NVSHMEM's install requires it (version.txt is written by its git_commit \
+                 target); see logs/build.log",
+                from.display()
+            );
         }
+        fs::copy(&from, &to)
+            .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
     }
-    Ok(top)
+    set_modes(prefix)
+}
+
+fn set_modes(prefix: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let lib = prefix.join("lib");
+    for entry in walkdir::WalkDir::new(prefix) {
+        let entry = entry.with_context(|| format!("cannot walk {}", prefix.display()))?;
+        if !entry.file_type().is_file() {
+            continue; // links keep theirs; directories follow the umask, as with cmake
+        }
+        let mode = if entry.path().starts_with(&lib) { 0o755 } else { 0o644 };
+        fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", entry.path().display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -158,7 +195,7 @@ mod tests {
     use super::*;
 
     const ALL: &str = "all:\n  input: phony\n    src/all\n  outputs:\n    CMakeFiles/install.util\n";
-    const SRC_ALL: &str = "src/all:\n  input: phony\n    src/lib/libnvshmem_host.so\n    src/lib/libnvshmem.a\n    \
+    const SRC_ALL: &str = "src/all:\n  input: phony\n    src/other/all\n    src/lib/libnvshmem_host.so\n    src/lib/libnvshmem.a\n    \
                            src/lib/nvshmem_transport_ibgda.so\n    src/bin/nvshmem-info\n    | src/device/all\n    \
                            || src/git_commit\n  outputs:\n    all\n";
     const DEV_ALL: &str = "src/device/all:\n  input: phony\n    src/nvshmem_device_project\n  outputs:\n    src/all\n";
@@ -170,6 +207,7 @@ mod tests {
                 "all" => ALL,
                 "src/all" => SRC_ALL,
                 "src/device/all" => DEV_ALL,
+                "src/other/all" => "src/other/all:\n  input: phony\n    src/lib/libnvshmem_host.so\n",
                 other => panic!("queried {other}"),
             }
             .to_string())
@@ -204,5 +242,8 @@ mod tests {
         assert!(err.to_string().contains("no libnvshmem_host.so"), "{err}");
         let err = select(|_| Ok("all:\n  input: phony\n    src/lib/libnvshmem_host.so\n".to_string())).unwrap_err();
         assert!(err.to_string().contains("static-lib = true"), "{err}");
+        let err = select(|_| Ok("all:\n  input: phony\n    libnvshmem_host.so\n    libnvshmem.a\n".to_string()))
+            .unwrap_err();
+        assert!(err.to_string().contains("top of the build tree"), "{err}");
     }
 }

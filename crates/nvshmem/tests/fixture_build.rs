@@ -118,10 +118,26 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(full.report.selection.is_none());
     assert!(full.prefix.join("lib/libnvshmem.a").is_file());
     assert!(full.prefix.join("bin/nvshmem-info").is_file());
+    // (include/fixture holds each build's own environment, with its own paths.)
     let ours = tree_digest(&first.prefix, &["lib", "include"]);
     let mut theirs = tree_digest(&full.prefix, &["lib", "include"]);
     assert!(theirs.remove("lib/libnvshmem.a").is_some());
-    assert_eq!(ours, theirs);
+    let differs = |k: &String| !k.starts_with("include/fixture/");
+    let content = |t: &std::collections::BTreeMap<String, (u32, Vec<u8>)>| {
+        t.iter()
+            .filter(|(k, _)| differs(k))
+            .map(|(k, (_, bytes))| (k.clone(), bytes.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (a, b) = (content(&ours), content(&theirs));
+    let mismatched: Vec<&String> = a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).collect();
+    assert!(mismatched.is_empty(), "differ: {mismatched:?}");
+    // Modes: NVSHMEM's own (0755 in lib/, its FILE_PERMISSIONS; 0644 elsewhere), not the
+    // build tree's or the umask's. (cmake's install gives .so files 0644 on Debian.)
+    for (k, (mode, _)) in &ours {
+        let want = if k.starts_with("lib/") { 0o755 } else { 0o644 };
+        assert!(*mode == 0 || *mode == want, "{k}: mode {mode:o}, want {want:o}");
+    }
 
     // The default also drops nvshmem_host's wait for the device step (a scheduling
     // change: the bytes above are the same). In the configured graph its objects no
@@ -157,8 +173,11 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(upstream.contains("nvshmem_device_project-build"), "{upstream}");
 
     // What the build saw: nothing of the hostile environment but the passthrough.
-    for file in ["configure-env.txt", "build-env.txt"] {
-        let env = fs::read_to_string(full.prefix.join("share/fixture").join(file)).unwrap();
+    for (file, prefix) in ["configure-env.txt", "build-env.txt"]
+        .into_iter()
+        .flat_map(|f| [(f, &first.prefix), (f, &full.prefix)])
+    {
+        let env = fs::read_to_string(prefix.join("include/fixture").join(file)).unwrap();
         let names: Vec<&str> = env
             .lines()
             .filter_map(|l| l.split_once('=').map(|(k, _)| k))
@@ -171,7 +190,7 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
                     || ["CUDA_HOME", "CMAKE_GENERATOR", "CFLAGS"].contains(k)
             })
             .collect();
-        assert!(leaked.is_empty(), "{file} leaked {leaked:?}");
+        assert!(leaked.is_empty(), "{file} of {} leaked {leaked:?}", prefix.display());
         assert!(
             env.lines().any(|l| l == "NVSHMEM_DISABLE_NVLS=1"),
             "{file}: passthrough missing"
@@ -316,17 +335,24 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(host.windows(20).any(|w| w == b"NVSHMEM_USE_NCCL=OFF"));
 }
 
-/// Relative path -> content (or link target) of every file and link under `dirs`.
-fn tree_digest(root: &std::path::Path, dirs: &[&str]) -> std::collections::BTreeMap<String, Vec<u8>> {
+/// Relative path -> (mode, content) of every file, or (0, link target) of every link,
+/// under `dirs`.
+fn tree_digest(
+    root: &std::path::Path,
+    dirs: &[&str],
+) -> std::collections::BTreeMap<String, (u32, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
     let mut out = std::collections::BTreeMap::new();
     for d in dirs {
         for e in walkdir::WalkDir::new(root.join(d)) {
             let e = e.unwrap();
             let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
             if e.path_is_symlink() {
-                out.insert(rel, fs::read_link(e.path()).unwrap().into_os_string().into_encoded_bytes());
+                let target = fs::read_link(e.path()).unwrap();
+                out.insert(rel, (0, target.into_os_string().into_encoded_bytes()));
             } else if e.file_type().is_file() {
-                out.insert(rel, fs::read(e.path()).unwrap());
+                let mode = e.metadata().unwrap().permissions().mode() & 0o7777;
+                out.insert(rel, (mode, fs::read(e.path()).unwrap()));
             }
         }
     }
