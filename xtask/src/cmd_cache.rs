@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
-use crate::cmd_fetch::{human_bytes, locked_artifacts};
+use crate::cmd_fetch::locked_artifacts;
+use crate::cmd_store::human;
 use crate::ctx::Ctx;
 
 #[derive(clap::Subcommand)]
@@ -78,9 +79,9 @@ fn ls(ctx: &Ctx, cache: &Cache, json: bool) -> Result<ExitCode> {
     for e in &entries {
         total += e.size;
         let name = names.get(&e.sha256).map(String::as_str).unwrap_or(unnamed);
-        println!("{}  {:>10}  {}  {name}", &e.sha256[..12], human_bytes(e.size), e.filename);
+        println!("{}  {:>10}  {}  {name}", &e.sha256[..12], human(e.size), e.filename);
     }
-    println!("{} files, {} in {}", entries.len(), human_bytes(total), cache.root().display());
+    println!("{} files, {} in {}", entries.len(), human(total), cache.root().display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -128,7 +129,7 @@ fn gc(ctx: &Ctx, cache: &Cache, dry_run: bool, all: bool) -> Result<ExitCode> {
     let report = cache.gc(&keep, dry_run).with_context(|| format!("cleaning {}", cache.root().display()))?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     for entry in &report.removed {
-        println!("{verb} {}  {}", entry.filename, human_bytes(entry.size));
+        println!("{verb} {}  {}", entry.filename, human(entry.size));
     }
     for partial in &report.partials {
         println!("{verb} {} (interrupted download)", partial.display());
@@ -137,7 +138,7 @@ fn gc(ctx: &Ctx, cache: &Cache, dry_run: bool, all: bool) -> Result<ExitCode> {
         "{verb} {} files and {} partial downloads: {}",
         report.removed.len(),
         report.partials.len(),
-        human_bytes(report.bytes_freed)
+        human(report.bytes_freed)
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, FetchOptions, Fetched, Mirror, Origin, SourceOverride, Summary};
 
+use crate::cmd_store::human;
 use crate::ctx::Ctx;
 
 /// Where the artifacts come from and how to get them; shared by `fetch` and `mirror export`.
@@ -186,7 +187,7 @@ fn print_fetched(fetched: &[Fetched], seconds: f64, quiet: bool) {
             };
             let bytes = match item.bytes_downloaded {
                 0 => String::new(),
-                n => human_bytes(n),
+                n => human(n),
             };
             println!("{what:>8} {:<40} {bytes:>10}{from}", item.filename);
         }
@@ -204,19 +205,9 @@ fn print_fetched(fetched: &[Fetched], seconds: f64, quiet: bool) {
         s.from_cache,
         s.from_mirror,
         s.from_upstream,
-        human_bytes(s.bytes_downloaded),
+        human(s.bytes_downloaded),
         if s.overrides > 0 { format!(", {} OVERRIDDEN", s.overrides) } else { String::new() },
         if s.tree_matches > 0 { format!(", {} accepted by tree hash", s.tree_matches) } else { String::new() },
     );
 }
 
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all};
 
-use crate::cmd_fetch::{FetchFlags, artifacts_for, fetch_options, human_bytes};
+use crate::cmd_fetch::{FetchFlags, artifacts_for, fetch_options};
+use crate::cmd_store::human;
 use crate::ctx::Ctx;
 
 #[derive(clap::Subcommand)]
@@ -47,7 +48,7 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
                 report.manifest.artifacts.len(),
                 report.copied,
                 report.kept,
-                human_bytes(report.bytes_copied)
+                human(report.bytes_copied)
             );
             println!("use it with: cargo xtask fetch --offline --mirror {}", dir.display());
             Ok(ExitCode::SUCCESS)

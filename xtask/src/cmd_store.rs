@@ -97,15 +97,9 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Sizes in binary units ("1.50 GiB"), for every xtask command.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    indicatif::HumanBytes(bytes).to_string()
 }
 
 fn ago(secs: u64) -> String {

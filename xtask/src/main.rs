@@ -53,7 +53,8 @@ enum Command {
     /// Provision the locked CUDA toolchain, cmake and ninja into the store.
     Toolchain(cmd_toolchain::Args),
     /// Build one part of the stack (nvshmem, kernels, deepep) into the store.
-    Build(cmd_build::Args),
+    // Boxed: its arguments are most of the enum's size (clippy::large_enum_variant).
+    Build(Box<cmd_build::Args>),
     /// Bring an existing Python environment onto the stack: compare with the lock, install
     /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
     Adopt(cmd_adopt::Args),
@@ -82,7 +83,7 @@ fn main() -> ExitCode {
         Command::Mirror(cmd) => cmd_mirror::run(&ctx, cmd),
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
-        Command::Build(args) => cmd_build::run(&ctx, args),
+        Command::Build(args) => cmd_build::run(&ctx, *args),
         Command::Adopt(args) => cmd_adopt::run(&ctx, args),
         Command::GpuBundle(args) => cmd_gpu_bundle::run(&ctx, args),
         Command::Verify(args) => cmd_verify::run(&ctx, args),

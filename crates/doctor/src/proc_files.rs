@@ -125,19 +125,9 @@ pub fn mem_total(text: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Binary units ("64.00 GiB"), as every commstack command prints sizes.
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    indicatif::HumanBytes(n).to_string()
 }
 
 #[cfg(test)]

@@ -105,10 +105,10 @@ fn the_h200_gpu_machine_flags_stream_memops_and_the_single_gpu() {
             .unwrap()
             .contains("NVreg_EnableStreamMemOPs=1")
     );
-    assert_eq!(finding(&report, "dev-shm"), "/dev/shm is 64.0 GiB");
+    assert_eq!(finding(&report, "dev-shm"), "/dev/shm is 64.00 GiB");
     assert!(report.check("dev-shm").unwrap().details[0].contains("half of MemTotal"));
     assert!(
-        finding(&report, "memlock").starts_with("memlock limited to 8.0 MiB: fine without RDMA")
+        finding(&report, "memlock").starts_with("memlock limited to 8.00 MiB: fine without RDMA")
     );
 }
 
@@ -142,7 +142,7 @@ fn a_healthy_hgx_host_passes_everything() {
         finding(&report, "ibgda-peer-mapping"),
         "PeerMappingOverride=1 (RegistryDwords: \"PeerMappingOverride=1;\")"
     );
-    assert_eq!(finding(&report, "dev-shm"), "/dev/shm is 16.0 GiB");
+    assert_eq!(finding(&report, "dev-shm"), "/dev/shm is 16.00 GiB");
     assert_eq!(
         finding(&report, "environment"),
         "only logging variables are set"
@@ -322,7 +322,7 @@ fn docker_defaults_fail_shm_and_memlock_on_an_rdma_host() {
     assert_eq!(status(&report, "dev-shm"), Status::Fail);
     assert!(
         finding(&report, "dev-shm")
-            .starts_with("/dev/shm is 64.0 MiB: NCCL's shared-memory segments")
+            .starts_with("/dev/shm is 64.00 MiB: NCCL's shared-memory segments")
     );
     assert_eq!(status(&report, "memlock"), Status::Fail);
     assert!(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use commstack_fetch::{Artifact, FetchOptions, Summary, fetch_all};
 
-use super::human_bytes;
+use crate::cmd_store::human;
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -45,11 +45,11 @@ pub struct ColdReport {
 
 impl ColdReport {
     pub fn line(&self) -> String {
-        let rate = |s: f64| human_bytes((self.bytes as f64 / s) as u64) + "/s";
+        let rate = |s: f64| human((self.bytes as f64 / s) as u64) + "/s";
         let mut line = format!(
             "cold fetch: {} artifacts, {} in {:.1}s ({}, --jobs {})",
             self.artifacts,
-            human_bytes(self.bytes),
+            human(self.bytes),
             self.fetch_seconds,
             rate(self.fetch_seconds),
             self.jobs
@@ -114,11 +114,11 @@ impl ResumeReport {
     pub fn line(&self) -> String {
         format!(
             "resume: killed at {} of {}; the second run downloaded {} in {:.1}s; re-downloaded {} ({:.2}% of the total)",
-            human_bytes(self.on_disk_at_kill),
-            human_bytes(self.total_bytes),
-            human_bytes(self.second_run_bytes),
+            human(self.on_disk_at_kill),
+            human(self.total_bytes),
+            human(self.second_run_bytes),
             self.second_run_seconds,
-            human_bytes(self.refetched_bytes),
+            human(self.refetched_bytes),
             100.0 * self.refetched_fraction()
         )
     }
