@@ -116,30 +116,24 @@ int cs_put_max_resident_blocks(int *out) {
     return 0;
 }
 
-int cs_launch_put(void *dst, const void *src, size_t bytes, size_t chunk, int nblocks, int pe,
-                  cudaStream_t stream) {
+// One contiguous chunk per block: block i moves bytes [i * chunk, min(+chunk, bytes)).
+// get != 0: read `src` on `pe` into the local `dst`; otherwise write `src` to `dst` on `pe`.
+int cs_launch_rma(void *dst, const void *src, size_t bytes, size_t chunk, int nblocks, int pe,
+                  int get, cudaStream_t stream) {
     if (bytes == 0 || chunk == 0 || chunk % 16 != 0 || nblocks < 1 ||
         (size_t)(nblocks - 1) * chunk >= bytes || (size_t)nblocks * chunk < bytes) {
-        CS_FAIL("cs_launch_put: bad grid: bytes=%zu chunk=%zu nblocks=%d", bytes, chunk,
-                nblocks);
+        CS_FAIL("cs_launch_rma(%s): bad grid: bytes=%zu chunk=%zu nblocks=%d",
+                get ? "get" : "put", bytes, chunk, nblocks);
     }
-    put_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
-                                                          bytes, chunk, pe);
-    CS_LAUNCH_CHECK("put_block_kernel");
-    return 0;
-}
-
-// Same grid contract as cs_launch_put; `src` is read on `pe`, `dst` written locally.
-int cs_launch_get(void *dst, const void *src, size_t bytes, size_t chunk, int nblocks, int pe,
-                  cudaStream_t stream) {
-    if (bytes == 0 || chunk == 0 || chunk % 16 != 0 || nblocks < 1 ||
-        (size_t)(nblocks - 1) * chunk >= bytes || (size_t)nblocks * chunk < bytes) {
-        CS_FAIL("cs_launch_get: bad grid: bytes=%zu chunk=%zu nblocks=%d", bytes, chunk,
-                nblocks);
+    if (get) {
+        get_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
+                                                              bytes, chunk, pe);
+        CS_LAUNCH_CHECK("get_block_kernel");
+    } else {
+        put_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
+                                                              bytes, chunk, pe);
+        CS_LAUNCH_CHECK("put_block_kernel");
     }
-    get_block_kernel<<<nblocks, kPutThreads, 0, stream>>>((char *)dst, (const char *)src,
-                                                          bytes, chunk, pe);
-    CS_LAUNCH_CHECK("get_block_kernel");
     return 0;
 }
 

@@ -67,22 +67,15 @@ unsafe extern "C" {
 
     pub fn cs_put_threads_per_block() -> c_int;
     pub fn cs_put_max_resident_blocks(out: *mut c_int) -> c_int;
-    pub fn cs_launch_put(
+    /// `get` != 0: read `src` on `pe` into local `dst`; else write `src` to `dst` on `pe`.
+    pub fn cs_launch_rma(
         dst: *mut c_void,
         src: *const c_void,
         bytes: usize,
         chunk: usize,
         nblocks: c_int,
         pe: c_int,
-        stream: Stream,
-    ) -> c_int;
-    pub fn cs_launch_get(
-        dst: *mut c_void,
-        src: *const c_void,
-        bytes: usize,
-        chunk: usize,
-        nblocks: c_int,
-        pe: c_int,
+        get: c_int,
         stream: Stream,
     ) -> c_int;
     pub fn cs_launch_dispatch(

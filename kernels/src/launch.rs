@@ -46,44 +46,27 @@ pub fn put_max_resident_blocks() -> anyhow::Result<u32> {
     Ok(n as u32)
 }
 
-/// `nvshmemx_putmem_block` of `src[..bytes]` to `dst[..bytes]` on PE `pe`.
-pub fn put(
-    stream: &CudaStream,
-    dst: &SymmetricBuffer<'_>,
-    src: &SymmetricBuffer<'_>,
-    bytes: usize,
-    pe: usize,
-    grid: PutGrid,
-) -> anyhow::Result<()> {
-    rma(ffi::cs_launch_put, "put", stream, dst, src, bytes, pe, grid)
+/// The direction of a block-wise RMA transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rma {
+    /// `nvshmemx_putmem_block`: local `src` to `dst` on the peer.
+    Put,
+    /// `nvshmemx_getmem_block`: `src` on the peer into the local `dst`.
+    Get,
 }
 
-/// `nvshmemx_getmem_block` of `src[..bytes]` on PE `pe` into the local `dst[..bytes]`.
-pub fn get(
-    stream: &CudaStream,
-    dst: &SymmetricBuffer<'_>,
-    src: &SymmetricBuffer<'_>,
-    bytes: usize,
-    pe: usize,
-    grid: PutGrid,
-) -> anyhow::Result<()> {
-    rma(ffi::cs_launch_get, "get", stream, dst, src, bytes, pe, grid)
+impl Rma {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rma::Put => "put",
+            Rma::Get => "get",
+        }
+    }
 }
 
-type RmaLauncher = unsafe extern "C" fn(
-    *mut std::ffi::c_void,
-    *const std::ffi::c_void,
-    usize,
-    usize,
-    std::ffi::c_int,
-    std::ffi::c_int,
-    ffi::Stream,
-) -> std::ffi::c_int;
-
-#[allow(clippy::too_many_arguments)]
-fn rma(
-    launcher: RmaLauncher,
-    what: &str,
+/// Move `bytes` between `src` and `dst` with PE `pe`, one chunk per block of `grid`.
+pub fn rma(
+    op: Rma,
     stream: &CudaStream,
     dst: &SymmetricBuffer<'_>,
     src: &SymmetricBuffer<'_>,
@@ -93,23 +76,25 @@ fn rma(
 ) -> anyhow::Result<()> {
     ensure!(
         bytes <= dst.len() && bytes <= src.len(),
-        "{what} of {bytes} bytes exceeds its buffers"
+        "{} of {bytes} bytes exceeds its buffers",
+        op.name()
     );
     // SAFETY: both buffers are symmetric allocations of at least `bytes`; the grid
     // covers exactly `bytes` (checked again on the C side).
     check(
         unsafe {
-            launcher(
+            ffi::cs_launch_rma(
                 dst.as_ptr(),
                 src.as_ptr(),
                 bytes,
                 grid.chunk,
                 grid.nblocks as i32,
                 pe as i32,
+                i32::from(op == Rma::Get),
                 stream.cu_stream(),
             )
         },
-        &format!("{what} kernel"),
+        &format!("{} kernel", op.name()),
     )
 }
 

@@ -352,6 +352,30 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<T>
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
+/// (bytes, src_pe, dst_pe): the transfer a result or check is about.
+type Transfer = (u64, usize, usize);
+
+impl PutResult {
+    fn transfer(&self) -> Transfer {
+        (self.bytes, self.src_pe, self.dst_pe)
+    }
+}
+
+impl PutCheck {
+    fn transfer(&self) -> Transfer {
+        (self.bytes, self.src_pe, self.dst_pe)
+    }
+}
+
+/// Every rank's `items`, by the transfer each is about.
+fn by_transfer<'a, T>(
+    report: &'a Report,
+    items: impl Fn(&'a RankReport) -> &'a Vec<T>,
+    transfer: fn(&T) -> Transfer,
+) -> BTreeMap<Transfer, &'a T> {
+    report.ranks.iter().flat_map(items).map(|t| (transfer(t), t)).collect()
+}
+
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (unit, name) in UNITS {
@@ -395,28 +419,13 @@ pub fn render_table(report: &Report) -> String {
         );
     }
 
-    let checks: BTreeMap<(u64, usize, usize), &PutCheck> = report
-        .ranks
-        .iter()
-        .flat_map(|r| &r.put_checks)
-        .map(|c| ((c.bytes, c.src_pe, c.dst_pe), c))
-        .collect();
+    let checks = by_transfer(report, |r| &r.put_checks, PutCheck::transfer);
     // Data moving src -> dst by get: what rank dst read from src.
-    let get_checks: BTreeMap<(u64, usize, usize), &PutCheck> = report
-        .ranks
-        .iter()
-        .flat_map(|r| &r.get_checks)
-        .map(|c| ((c.bytes, c.src_pe, c.dst_pe), c))
-        .collect();
-    let gets: BTreeMap<(u64, usize, usize), &PutResult> = report
-        .ranks
-        .iter()
-        .flat_map(|r| &r.get)
-        .map(|g| ((g.bytes, g.src_pe, g.dst_pe), g))
-        .collect();
-    let get_of = |p: &PutResult| gets.get(&(p.bytes, p.src_pe, p.dst_pe)).map_or(f64::NAN, |g| g.gbps);
+    let get_checks = by_transfer(report, |r| &r.get_checks, PutCheck::transfer);
+    let gets = by_transfer(report, |r| &r.get, PutResult::transfer);
+    let get_of = |p: &PutResult| gets.get(&p.transfer()).map_or(f64::NAN, |g| g.gbps);
     let check_of = |p: &PutResult| {
-        let key = (p.bytes, p.src_pe, p.dst_pe);
+        let key = p.transfer();
         let put = checks.get(&key).map(|c| c.wrong_bytes);
         let get = get_checks.get(&key).map(|c| c.wrong_bytes);
         match (put, get) {

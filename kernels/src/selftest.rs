@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaStream, result};
 
 use crate::driver;
 use crate::ffi;
-use crate::launch::{self, DeviceItems, PingPongTimes, PutGrid};
+use crate::launch::{self, DeviceItems, PingPongTimes, PutGrid, Rma};
 use crate::nvshmem::{Nvshmem, SymmetricBuffer, UniqueId};
 use crate::options::{TestKind, TestOptions};
 use crate::rendezvous;
@@ -169,7 +169,7 @@ fn put_sweep(
         // Warm-up: one of each, untimed.
         for k in 0..world {
             sync_barrier(shmem, stream)?;
-            launch::put(stream, &dst, &src, bytes, peer(k), grid)?;
+            launch::rma(Rma::Put, stream, &dst, &src, bytes, peer(k), grid)?;
         }
         sync_barrier(shmem, stream)?;
         copy_dtod(stream, &dst, &src, bytes)?;
@@ -180,19 +180,15 @@ fn put_sweep(
         let mut get_ms = vec![Vec::new(); world];
         let mut copy_ms = Vec::new();
         for _ in 0..opts.trials {
-            for (k, samples) in put_ms.iter_mut().enumerate() {
-                sync_barrier(shmem, stream)?;
-                samples.push(timed(stream, || {
-                    (0..iters)
-                        .try_for_each(|_| launch::put(stream, &dst, &src, bytes, peer(k), grid))
-                })?);
-            }
-            for (k, samples) in get_ms.iter_mut().enumerate() {
-                sync_barrier(shmem, stream)?;
-                samples.push(timed(stream, || {
-                    (0..iters)
-                        .try_for_each(|_| launch::get(stream, &dst, &src, bytes, peer(k), grid))
-                })?);
+            for (op, ms) in [(Rma::Put, &mut put_ms), (Rma::Get, &mut get_ms)] {
+                for (k, samples) in ms.iter_mut().enumerate() {
+                    sync_barrier(shmem, stream)?;
+                    samples.push(timed(stream, || {
+                        (0..iters).try_for_each(|_| {
+                            launch::rma(op, stream, &dst, &src, bytes, peer(k), grid)
+                        })
+                    })?);
+                }
             }
             sync_barrier(shmem, stream)?;
             copy_ms.push(timed(stream, || {
@@ -206,7 +202,7 @@ fn put_sweep(
             sync_barrier(shmem, stream)?;
             poison(stream, &dst, bytes + PUT_GUARD)?;
             sync_barrier(shmem, stream)?;
-            launch::put(stream, &dst, &src, bytes, peer(k), grid)?;
+            launch::rma(Rma::Put, stream, &dst, &src, bytes, peer(k), grid)?;
             sync_barrier(shmem, stream)?;
             download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
             let mut m = put_source(opts.seed, from).compare(0, &host[..bytes]);
@@ -223,7 +219,7 @@ fn put_sweep(
         for k in 0..world {
             sync_barrier(shmem, stream)?;
             poison(stream, &dst, bytes + PUT_GUARD)?;
-            launch::get(stream, &dst, &src, bytes, peer(k), grid)?;
+            launch::rma(Rma::Get, stream, &dst, &src, bytes, peer(k), grid)?;
             download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
             let mut m = put_source(opts.seed, peer(k)).compare(0, &host[..bytes]);
             m.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
@@ -242,25 +238,26 @@ fn put_sweep(
         let mut copy_check = put_source(opts.seed, rank).compare(0, &host[..bytes]);
         copy_check.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
 
-        for (k, samples) in put_ms.iter().enumerate() {
-            report.put.push(PutResult {
-                bytes: bytes as u64,
-                src_pe: rank,
-                dst_pe: peer(k),
-                iters,
-                gbps: gbps(bytes, iters, median(samples)),
-                gbps_best: gbps(bytes, iters, min(samples)),
-            });
-        }
-        for (k, samples) in get_ms.iter().enumerate() {
-            report.get.push(PutResult {
-                bytes: bytes as u64,
-                src_pe: peer(k),
-                dst_pe: rank,
-                iters,
-                gbps: gbps(bytes, iters, median(samples)),
-                gbps_best: gbps(bytes, iters, min(samples)),
-            });
+        // Data moves from the owner of `src` to the owner of `dst`: for put that is this
+        // rank to peer(k), for get peer(k) to this rank.
+        for (op, ms, results) in [
+            (Rma::Put, &put_ms, &mut report.put),
+            (Rma::Get, &get_ms, &mut report.get),
+        ] {
+            for (k, samples) in ms.iter().enumerate() {
+                let (src_pe, dst_pe) = match op {
+                    Rma::Put => (rank, peer(k)),
+                    Rma::Get => (peer(k), rank),
+                };
+                results.push(PutResult {
+                    bytes: bytes as u64,
+                    src_pe,
+                    dst_pe,
+                    iters,
+                    gbps: gbps(bytes, iters, median(samples)),
+                    gbps_best: gbps(bytes, iters, min(samples)),
+                });
+            }
         }
         let copy = CopyResult {
             bytes: bytes as u64,

@@ -322,37 +322,8 @@ fn run_build(
         configure_s,
         ..Default::default()
     };
-    let prefix = out.join(INSTALL_DIR);
+    // The default asks ninja for the wheel's set; static-lib builds NVSHMEM's `all`.
     let selection = if req.options.static_lib {
-        (req.progress)(&format!(
-            "building everything, the static library too (ninja -j {jobs}); log: {}",
-            logs.join("build.log").display()
-        ));
-        let built = run_logged(
-            cmd!(sh, "{ninja} -C {build} -j {jobs}")
-                .env_clear()
-                .envs(&env),
-            &logs.join("build.log"),
-            "ninja build",
-        );
-        keep_ninja_logs(&build, logs);
-        timings.build_s = built?;
-        (req.progress)("installing (cmake --install) ...");
-        timings.install_s = run_logged(
-            cmd!(sh, "{cmake} --install {build}")
-                .env_clear()
-                .envs(&env)
-                .env("DESTDIR", &destdir),
-            &logs.join("install.log"),
-            "cmake --install",
-        )?;
-        let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
-        fs::rename(&installed, &prefix).with_context(|| {
-            format!(
-                "the install left nothing at {} (see logs/install.log)",
-                installed.display()
-            )
-        })?;
         None
     } else {
         let mut selection = wheelset::select(|target| {
@@ -374,28 +345,51 @@ fn run_build(
         selection.schedule_hook_sha256 = Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
             wheelset::SCHEDULE_HOOK,
         )));
-        let targets = &selection.targets;
-        (req.progress)(&format!(
-            "building {} targets, leaving out {} (ninja -j {jobs}); log: {}",
-            targets.len(),
-            selection.left_out.join(", "),
-            logs.join("build.log").display()
-        ));
-        let built = run_logged(
-            cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
-                .env_clear()
-                .envs(&env),
-            &logs.join("build.log"),
-            "ninja build",
-        );
-        keep_ninja_logs(&build, logs);
-        timings.build_s = built?;
-        (req.progress)("installing lib/ and include/ ...");
-        let started = std::time::Instant::now();
-        wheelset::install(&build, &work.join("src"), &selection, &prefix)?;
-        timings.install_s = started.elapsed().as_secs_f64();
         Some(selection)
     };
+    let targets: &[String] = selection.as_ref().map_or(&[], |s| &s.targets);
+    let what = match &selection {
+        Some(s) => format!("{} targets, leaving out {}", s.targets.len(), s.left_out.join(", ")),
+        None => "everything, the static library too".to_string(),
+    };
+    (req.progress)(&format!(
+        "building {what} (ninja -j {jobs}); log: {}",
+        logs.join("build.log").display()
+    ));
+    let built = run_logged(
+        cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
+            .env_clear()
+            .envs(&env),
+        &logs.join("build.log"),
+        "ninja build",
+    );
+    keep_ninja_logs(&build, logs);
+    timings.build_s = built?;
+
+    let prefix = out.join(INSTALL_DIR);
+    if let Some(selection) = &selection {
+        (req.progress)("installing lib/ and include/ ...");
+        let started = std::time::Instant::now();
+        wheelset::install(&build, &work.join("src"), selection, &prefix)?;
+        timings.install_s = started.elapsed().as_secs_f64();
+    } else {
+        (req.progress)("installing (cmake --install) ...");
+        timings.install_s = run_logged(
+            cmd!(sh, "{cmake} --install {build}")
+                .env_clear()
+                .envs(&env)
+                .env("DESTDIR", &destdir),
+            &logs.join("install.log"),
+            "cmake --install",
+        )?;
+        let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
+        fs::rename(&installed, &prefix).with_context(|| {
+            format!(
+                "the install left nothing at {} (see logs/install.log)",
+                installed.display()
+            )
+        })?;
+    }
     fs::remove_dir_all(&work)
         .with_context(|| format!("cannot remove the build tree {}", work.display()))?;
 
