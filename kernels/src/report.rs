@@ -373,7 +373,12 @@ fn by_transfer<'a, T>(
     items: impl Fn(&'a RankReport) -> &'a Vec<T>,
     transfer: fn(&T) -> Transfer,
 ) -> BTreeMap<Transfer, &'a T> {
-    report.ranks.iter().flat_map(items).map(|t| (transfer(t), t)).collect()
+    report
+        .ranks
+        .iter()
+        .flat_map(items)
+        .map(|t| (transfer(t), t))
+        .collect()
 }
 
 fn human_bytes(bytes: u64) -> String {

@@ -254,6 +254,9 @@ fn the_table_shows_bandwidth_latency_and_correctness() {
     let mut bad = report(2);
     bad.ranks[1].get_checks[1].wrong_bytes = 5;
     let t = render_table(&bad);
-    let line = t.lines().find(|l| l.trim_start().starts_with("0->1")).unwrap();
+    let line = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("0->1"))
+        .unwrap();
     assert!(line.contains("5 WRONG"), "{t}");
 }

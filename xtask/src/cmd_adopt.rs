@@ -70,7 +70,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     if args.undo {
         let undone = adopt::undo(&root)?;
         if undone.is_empty() {
-            println!("nothing to undo for {} ({})", args.python.display(), root.display());
+            println!(
+                "nothing to undo for {} ({})",
+                args.python.display(),
+                root.display()
+            );
         }
         for g in &undone {
             println!("restored from {}", g.display());
@@ -104,14 +108,20 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     print!("{}", cmp.render());
     let dups = env.duplicates();
     if !dups.is_empty() {
-        println!("  note: installed more than once along sys.path (the first copy wins): {}", dups.join(", "));
+        println!(
+            "  note: installed more than once along sys.path (the first copy wins): {}",
+            dups.join(", ")
+        );
     }
 
     if args.check {
         return runtime(ctx, &args, &env, &lock, &root);
     }
     let wanted: Vec<LockedWheel> = match args.only {
-        None => [dropin.clone(), deepep.clone()].into_iter().flatten().collect(),
+        None => [dropin.clone(), deepep.clone()]
+            .into_iter()
+            .flatten()
+            .collect(),
         Some(Only::Deepep) => deepep.clone().into_iter().collect(),
         Some(Only::Nvshmem) => dropin.clone().into_iter().collect(),
     };
@@ -123,7 +133,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         );
         if args.dry_run {
             println!("{msg}");
-            return Ok(if cmp.errors().is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+            return Ok(if cmp.errors().is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
         }
         bail!(msg);
     }
@@ -132,19 +146,31 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     print!("{}", plan.render());
     if args.dry_run {
         println!("(dry run: nothing changed)");
-        return Ok(if cmp.errors().is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+        return Ok(if cmp.errors().is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     if cmp.worst() == Severity::Error && !args.force {
         bail!(
             "the environment does not match the stack ({}): adopting would not make it work. Fix those, or pass --force",
-            cmp.errors().iter().map(|r| r.what.as_str()).collect::<Vec<_>>().join(", ")
+            cmp.errors()
+                .iter()
+                .map(|r| r.what.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if plan.is_noop() {
         println!("already adopted: nothing to install");
     } else {
         let generation = adopt::apply(&plan, &env, &root)?;
-        println!("installed; backup in {} (undo with `cargo xtask adopt --python {} --undo`)", generation.display(), args.python.display());
+        println!(
+            "installed; backup in {} (undo with `cargo xtask adopt --python {} --undo`)",
+            generation.display(),
+            args.python.display()
+        );
     }
     if args.no_verify {
         return Ok(ExitCode::SUCCESS);
@@ -159,14 +185,27 @@ fn read_pointer(root: &Path) -> Option<AdoptPointer> {
 }
 
 /// The verify crate's runtime check; the findings are also written beside the backups.
-fn runtime(_ctx: &Ctx, args: &Args, env: &PythonEnv, lock: &commstack_stack::Lock, root: &Path) -> Result<ExitCode> {
+fn runtime(
+    _ctx: &Ctx,
+    args: &Args,
+    env: &PythonEnv,
+    lock: &commstack_stack::Lock,
+    root: &Path,
+) -> Result<ExitCode> {
     let expect = adopt::expectations(lock, env.site_packages())?;
-    println!("runtime check (import {}):", expect.import_modules.join(", "));
+    println!(
+        "runtime check (import {}):",
+        expect.import_modules.join(", ")
+    );
     let findings = adopt::runtime_check(&args.python, &expect, Duration::from_secs(args.timeout))?;
     print_findings(&findings);
     std::fs::create_dir_all(root)?;
-    let path = root.join(format!("runtime-{}.json", jiff::Timestamp::now().as_second()));
-    std::fs::write(&path, serde_json::to_string_pretty(&findings)?).with_context(|| format!("cannot write {}", path.display()))?;
+    let path = root.join(format!(
+        "runtime-{}.json",
+        jiff::Timestamp::now().as_second()
+    ));
+    std::fs::write(&path, serde_json::to_string_pretty(&findings)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     println!("findings: {}", path.display());
     Ok(match findings.status() {
         Status::Passed => ExitCode::SUCCESS,
@@ -182,7 +221,11 @@ fn print_findings(f: &RuntimeFindings) {
             Status::Failed => "FAIL",
             Status::NotRun => "not run",
         };
-        println!("  [{mark}] {}: {}", c.name, c.detail.lines().next().unwrap_or_default());
+        println!(
+            "  [{mark}] {}: {}",
+            c.name,
+            c.detail.lines().next().unwrap_or_default()
+        );
         for more in c.detail.lines().skip(1) {
             println!("         {more}");
         }

@@ -59,21 +59,36 @@ enum Which {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
-        Which::Lock { runs, with_pip, with_uv } => {
-            let uv = with_uv.map(|p| std::fs::canonicalize(&p).with_context(|| format!("no uv at {}", p.display()))).transpose()?;
+        Which::Lock {
+            runs,
+            with_pip,
+            with_uv,
+        } => {
+            let uv = with_uv
+                .map(|p| {
+                    std::fs::canonicalize(&p).with_context(|| format!("no uv at {}", p.display()))
+                })
+                .transpose()?;
             bench_lock(ctx, runs, with_pip, uv.as_deref())
         }
-        Which::Fetch { part, jobs, with_pip, no_resume } => {
+        Which::Fetch {
+            part,
+            jobs,
+            with_pip,
+            no_resume,
+        } => {
             let part = match part.as_str() {
                 "wheels" => crate::cmd_fetch::Part::Wheels,
                 "toolchain" => crate::cmd_fetch::Part::Toolchain,
                 other => bail!("--part {other}: use wheels or toolchain"),
             };
-            let artifacts = crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[part])?;
+            let artifacts =
+                crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[part])?;
             let cold = crate::cmd_fetch::bench::cold(&artifacts, jobs, with_pip)?;
             println!("{}", cold.line());
             if !no_resume {
-                let resumed = crate::cmd_fetch::bench::resume(&artifacts, &std::env::current_exe()?, jobs)?;
+                let resumed =
+                    crate::cmd_fetch::bench::resume(&artifacts, &std::env::current_exe()?, jobs)?;
                 println!("{}", resumed.line());
             }
             Ok(ExitCode::SUCCESS)
@@ -108,7 +123,10 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
                 .arg("lock")
                 .output()?;
             if !out.status.success() {
-                bail!("{label} lock failed: {}", String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "{label} lock failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             Ok(t.elapsed().as_secs_f64())
         };
@@ -120,17 +138,38 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
     }
     let t = &stack.target;
     let py = format!("{}.{}", t.python.0, t.python.1);
-    println!("| `cargo xtask lock` cold (empty cache, whole process) | {} |", stats(&cold, 2));
-    println!("| `cargo xtask lock` no-op (lock up to date) | {} |", stats(&noop, 3));
+    println!(
+        "| `cargo xtask lock` cold (empty cache, whole process) | {} |",
+        stats(&cold, 2)
+    );
+    println!(
+        "| `cargo xtask lock` no-op (lock up to date) | {} |",
+        stats(&noop, 3)
+    );
     if let Some(uv) = with_uv {
         let mut times = Vec::new();
         for _ in 0..runs {
             let dir = tempfile::tempdir()?;
-            std::fs::write(dir.path().join("in.txt"), format!("torch=={}\n", stack.torch.version))?;
+            std::fs::write(
+                dir.path().join("in.txt"),
+                format!("torch=={}\n", stack.torch.version),
+            )?;
             let t0 = Instant::now();
             let out = Command::new(uv)
-                .args(["pip", "compile", "--quiet", "--no-cache", "--generate-hashes", "in.txt"])
-                .args(["--python-version", &py, "--python-platform", &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1)])
+                .args([
+                    "pip",
+                    "compile",
+                    "--quiet",
+                    "--no-cache",
+                    "--generate-hashes",
+                    "in.txt",
+                ])
+                .args([
+                    "--python-version",
+                    &py,
+                    "--python-platform",
+                    &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1),
+                ])
                 .args(["--index-url", &stack.resolve.index_url])
                 .current_dir(dir.path())
                 .output()?;
@@ -139,7 +178,11 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
             }
             times.push(t0.elapsed().as_secs_f64());
         }
-        println!("| `uv pip compile --generate-hashes --no-cache` ({}) | {} |", uv.display(), stats(&times, 2));
+        println!(
+            "| `uv pip compile --generate-hashes --no-cache` ({}) | {} |",
+            uv.display(),
+            stats(&times, 2)
+        );
     }
     if with_pip {
         let mut times = Vec::new();
@@ -147,13 +190,29 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
             let dir = tempfile::tempdir()?;
             let t0 = Instant::now();
             let out = Command::new("python3")
-                .args(["-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir", "--quiet"])
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--dry-run",
+                    "--ignore-installed",
+                    "--no-cache-dir",
+                    "--quiet",
+                ])
                 .args(["--only-binary=:all:", "--python-version", &py])
                 // pip matches each --platform exactly: name every manylinux level up to the target.
-                .args(pip_platforms(t.glibc.1, t.arch.as_str()).iter().flat_map(|p| ["--platform".to_string(), p.clone()]))
+                .args(
+                    pip_platforms(t.glibc.1, t.arch.as_str())
+                        .iter()
+                        .flat_map(|p| ["--platform".to_string(), p.clone()]),
+                )
                 .arg("--target")
                 .arg(dir.path().join("t"))
-                .args(["--report", "report.json", &format!("torch=={}", stack.torch.version)])
+                .args([
+                    "--report",
+                    "report.json",
+                    &format!("torch=={}", stack.torch.version),
+                ])
                 .env("PIP_FIND_LINKS", "")
                 .current_dir(dir.path())
                 .output()?;
@@ -162,14 +221,24 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
             }
             times.push(t0.elapsed().as_secs_f64());
         }
-        println!("| `pip install --dry-run --report` (same target) | {} |", stats(&times, 1));
+        println!(
+            "| `pip install --dry-run --report` (same target) | {} |",
+            stats(&times, 1)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn pip_platforms(glibc_minor: u32, arch: &str) -> Vec<String> {
-    let mut out: Vec<String> = (5..=glibc_minor).rev().map(|m| format!("manylinux_2_{m}_{arch}")).collect();
-    out.extend(["manylinux2014", "manylinux2010", "manylinux1"].iter().map(|l| format!("{l}_{arch}")));
+    let mut out: Vec<String> = (5..=glibc_minor)
+        .rev()
+        .map(|m| format!("manylinux_2_{m}_{arch}"))
+        .collect();
+    out.extend(
+        ["manylinux2014", "manylinux2010", "manylinux1"]
+            .iter()
+            .map(|l| format!("{l}_{arch}")),
+    );
     out
 }
 

@@ -86,7 +86,11 @@ pub struct Args {
     /// kernels: the NVSHMEM to compile against: `stack` (the stack's own build, made or
     /// found in the store), `nvidia-wheel` (NVIDIA's wheel of torch's pin, from the cache:
     /// enough to compile and test on a CPU machine), or an install PREFIX.
-    #[arg(long, value_name = "stack|nvidia-wheel|PREFIX", default_value = "stack")]
+    #[arg(
+        long,
+        value_name = "stack|nvidia-wheel|PREFIX",
+        default_value = "stack"
+    )]
     pub nvshmem_from: String,
     /// kernels: run the crate's tests (debug build) with that environment instead of
     /// building the release binary.
@@ -131,7 +135,10 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
                 .with_context(|| format!("no source tree at {}", dir.display()))?;
             let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
                 .with_context(|| format!("cannot hash {}", dir.display()))?;
-            println!("WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source", dir.display());
+            println!(
+                "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
+                dir.display()
+            );
             (dir, tree)
         }
         None => locked_source(ctx, &args.fetch, "nvshmem")?,
@@ -169,7 +176,15 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
         options: &options,
         toolchain: &tc,
         python3,
-        passthrough: resolve_passthrough(&stack.nvshmem.pass_env.iter().chain(&args.keep_env).cloned().collect::<Vec<_>>())?,
+        passthrough: resolve_passthrough(
+            &stack
+                .nvshmem
+                .pass_env
+                .iter()
+                .chain(&args.keep_env)
+                .cloned()
+                .collect::<Vec<_>>(),
+        )?,
         jobs,
         progress: &say,
     };
@@ -288,7 +303,9 @@ pub struct SourceFetchArgs {
 }
 
 fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KEY=PREFIX"))?;
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=PREFIX"))?;
     Ok((k.to_string(), PathBuf::from(v)))
 }
 
@@ -296,14 +313,16 @@ fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
 /// a store step keyed by its tree hash. Returns the source directory and its tree hash.
 pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(PathBuf, String)> {
     let lock = crate::util::read_lock(ctx)?;
-    let artifacts: Vec<_> = crate::cmd_fetch::artifacts_of_parts(&lock, &[crate::cmd_fetch::Part::Sources])?
-        .into_iter()
-        .filter(|a| a.name == name)
-        .collect();
+    let artifacts: Vec<_> =
+        crate::cmd_fetch::artifacts_of_parts(&lock, &[crate::cmd_fetch::Part::Sources])?
+            .into_iter()
+            .filter(|a| a.name == name)
+            .collect();
     if artifacts.is_empty() {
         bail!("{} has no source named {name}", ctx.lock_path().display());
     }
-    let options = crate::cmd_fetch::base_options(ctx, &fetch.mirror, fetch.offline, fetch.accept_tree_match)?;
+    let options =
+        crate::cmd_fetch::base_options(ctx, &fetch.mirror, fetch.offline, fetch.accept_tree_match)?;
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     let f = &fetched[0];
     if let Some(d) = f.deviation() {
@@ -321,10 +340,15 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(
         let src = dir.out.join("src");
         std::fs::create_dir_all(&src)?;
         let sh = xshell::Shell::new()?;
-        xshell::cmd!(sh, "tar -xzf {archive} -C {src} --strip-components=1").quiet().run()?;
+        xshell::cmd!(sh, "tar -xzf {archive} -C {src} --strip-components=1")
+            .quiet()
+            .run()?;
         let got = commstack_fetch::tree::tree_sha256_dir(&src)?;
         if got != tree {
-            bail!("{} unpacked to tree {got}, not the locked {tree}", archive.display());
+            bail!(
+                "{} unpacked to tree {got}, not the locked {tree}",
+                archive.display()
+            );
         }
         Ok(())
     })?;

@@ -76,10 +76,17 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
     let lock = read_lock(ctx)?;
     for why in lock.staleness(&stack) {
-        eprintln!("warning: {} is stale: {why} (run `cargo xtask lock`)", ctx.lock_path().display());
+        eprintln!(
+            "warning: {} is stale: {why} (run `cargo xtask lock`)",
+            ctx.lock_path().display()
+        );
     }
     let api = stack.deepep.api;
-    let archs = if args.cuda_archs.is_empty() { stack.nvshmem.cuda_archs.clone() } else { args.cuda_archs.clone() };
+    let archs = if args.cuda_archs.is_empty() {
+        stack.nvshmem.cuda_archs.clone()
+    } else {
+        args.cuda_archs.clone()
+    };
     let store = Store::open(ctx.store_dir())?;
     let tc = resolve(ctx, &args.toolchain, false)?;
     say(&format!("toolchain: {}", tc.describe()));
@@ -127,7 +134,9 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     if !source.is_locked() {
         println!("WARNING deepep: {}", source.provenance);
     }
-    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let req = BuildRequest {
         api,
         source: &source,
@@ -144,8 +153,13 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     };
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
-        Outcome::Cached { path } => println!("deepep: already built with these inputs, nothing to do: {}", path.display()),
-        Outcome::Built { path, seconds } => println!("deepep: built in {seconds:.1} s: {}", path.display()),
+        Outcome::Cached { path } => println!(
+            "deepep: already built with these inputs, nothing to do: {}",
+            path.display()
+        ),
+        Outcome::Built { path, seconds } => {
+            println!("deepep: built in {seconds:.1} s: {}", path.display())
+        }
     }
     let r = &built.report;
     println!(
@@ -174,7 +188,11 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     let house = assemble_wheelhouse(&store, kind, &runtime, &dropin, &deepep_wheel, false)?;
     println!(
         "wheelhouse{}: {} ({} wheels; {})",
-        if house.outcome.was_cached() { " (cached)" } else { "" },
+        if house.outcome.was_cached() {
+            " (cached)"
+        } else {
+            ""
+        },
         house.dir.display(),
         house.manifest.wheels.len(),
         house.manifest.install
@@ -189,8 +207,14 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
             nvshmem_version: r.nvshmem.version.clone(),
             rdc_fix: r.rdc_fix,
         };
-        crate::util::write_all_atomically(&[(&dir.join(POINTER_FILE), &serde_json::to_string_pretty(&pointer)?)])?;
-        println!("next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)", p.display());
+        crate::util::write_all_atomically(&[(
+            &dir.join(POINTER_FILE),
+            &serde_json::to_string_pretty(&pointer)?,
+        )])?;
+        println!(
+            "next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)",
+            p.display()
+        );
     }
     say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
     Ok(ExitCode::SUCCESS)
@@ -199,30 +223,45 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
 fn report_step(say: &dyn Fn(&str), what: &str, outcome: &Outcome) {
     match outcome {
         Outcome::Cached { path } => say(&format!("{what}: in the store ({})", path.display())),
-        Outcome::Built { path, seconds } => say(&format!("{what}: made in {seconds:.1} s ({})", path.display())),
+        Outcome::Built { path, seconds } => say(&format!(
+            "{what}: made in {seconds:.1} s ({})",
+            path.display()
+        )),
     }
 }
 
 pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
     let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read the lock {}: run `cargo xtask lock` first (or pass --stack FILE)", path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
+            path.display()
+        )
+    })?;
     Ok(Lock::parse(&path, &text)?)
 }
 
 /// `cp312` -> `3.12`.
 fn python_minor(tag: &str) -> Result<String> {
-    let digits = tag.strip_prefix("cp").filter(|d| d.len() >= 2 && d.chars().all(|c| c.is_ascii_digit()));
+    let digits = tag
+        .strip_prefix("cp")
+        .filter(|d| d.len() >= 2 && d.chars().all(|c| c.is_ascii_digit()));
     let d = digits.with_context(|| format!("the lock's python tag {tag:?} is not like cp312"))?;
     Ok(format!("{}.{}", &d[..1], &d[1..]))
 }
 
 /// `--nvshmem DIR`, else the store's NVSHMEM build of the lock's version for `archs`.
-fn nvshmem_input(store: &Store, explicit: Option<&Path>, lock: &Lock, archs: &[String]) -> Result<NvshmemInput> {
+fn nvshmem_input(
+    store: &Store,
+    explicit: Option<&Path>,
+    lock: &Lock,
+    archs: &[String],
+) -> Result<NvshmemInput> {
     let input = match explicit {
         Some(p) => NvshmemInput::open(p)?,
         None => {
-            let found = commstack_deepep::nvshmem::find_in_store(store, &lock.resolved.nvshmem, archs)?;
+            let found =
+                commstack_deepep::nvshmem::find_in_store(store, &lock.resolved.nvshmem, archs)?;
             let Some(newest) = found.first() else {
                 bail!(
                     "the store {} has no NVSHMEM {} build for CUDA archs {}: run `cargo xtask build nvshmem` first, or pass --nvshmem DIR",
@@ -256,13 +295,24 @@ fn nvshmem_input(store: &Store, explicit: Option<&Path>, lock: &Lock, archs: &[S
 }
 
 /// The drop-in wheel: `--nvshmem-wheel`, else made (or found) from the NVSHMEM build step.
-fn dropin_wheel(store: &Store, nvshmem: &NvshmemInput, explicit: Option<&Path>, lock: &Lock, stack: &Stack) -> Result<LockedWheel> {
+fn dropin_wheel(
+    store: &Store,
+    nvshmem: &NvshmemInput,
+    explicit: Option<&Path>,
+    lock: &Lock,
+    stack: &Stack,
+) -> Result<LockedWheel> {
     let pin = lock
         .resolved
         .nvshmem_pin
         .split_once("==")
         .map(|(_, v)| v.trim().to_string())
-        .with_context(|| format!("the lock pins no NVSHMEM wheel for torch ({:?})", lock.resolved.nvshmem_pin))?;
+        .with_context(|| {
+            format!(
+                "the lock pins no NVSHMEM wheel for torch ({:?})",
+                lock.resolved.nvshmem_pin
+            )
+        })?;
     let distribution = dropin_distribution(stack.torch.cuda_major as u32);
     let wheel = match explicit {
         Some(p) => LockedWheel::from_file(p)?,
@@ -307,13 +357,25 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
         .sources
         .iter()
         .find(|s| s.name == "deepep")
-        .with_context(|| format!("{} has no deepep source: run `cargo xtask lock`", ctx.lock_path().display()))?;
-    let rev = locked.rev.clone().unwrap_or_else(|| lock.resolved.deepep_rev.clone());
+        .with_context(|| {
+            format!(
+                "{} has no deepep source: run `cargo xtask lock`",
+                ctx.lock_path().display()
+            )
+        })?;
+    let rev = locked
+        .rev
+        .clone()
+        .unwrap_or_else(|| lock.resolved.deepep_rev.clone());
     if let Some(p) = explicit {
         return SourceInput::from_path(p, locked.tree.as_deref(), &rev);
     }
-    let tree = locked.tree.clone().context("the lock pins the deepep source by no tree hash")?;
-    let artifact = Artifact::tree_only(&locked.name, &locked.url, &tree).map_err(anyhow::Error::msg)?;
+    let tree = locked
+        .tree
+        .clone()
+        .context("the lock pins the deepep source by no tree hash")?;
+    let artifact =
+        Artifact::tree_only(&locked.name, &locked.url, &tree).map_err(anyhow::Error::msg)?;
     let mut options = FetchOptions::new(ctx.cache_dir());
     options.offline = true;
     options.progress = false;
@@ -323,6 +385,14 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
             locked.filename
         )
     })?;
-    let f = fetched.into_iter().next().context("fetch returned nothing")?;
-    Ok(SourceInput { path: f.path, tree_sha256: tree, rev, provenance: "locked".into() })
+    let f = fetched
+        .into_iter()
+        .next()
+        .context("fetch returned nothing")?;
+    Ok(SourceInput {
+        path: f.path,
+        tree_sha256: tree,
+        rev,
+        provenance: "locked".into(),
+    })
 }

@@ -23,22 +23,35 @@ pub struct NvshmemForKernels {
 /// `--nvshmem PREFIX`, or NVIDIA's wheel from the cache unpacked into the store.
 pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKernels> {
     if let Some(p) = explicit {
-        let p = p.canonicalize().with_context(|| format!("no NVSHMEM install at {}", p.display()))?;
+        let p = p
+            .canonicalize()
+            .with_context(|| format!("no NVSHMEM install at {}", p.display()))?;
         if !p.join("lib/libnvshmem_device.a").is_file() {
-            bail!("{} has no lib/libnvshmem_device.a: pass an NVSHMEM install prefix", p.display());
+            bail!(
+                "{} has no lib/libnvshmem_device.a: pass an NVSHMEM install prefix",
+                p.display()
+            );
         }
-        return Ok(NvshmemForKernels { describe: format!("NVSHMEM at {}", p.display()), prefix: p });
+        return Ok(NvshmemForKernels {
+            describe: format!("NVSHMEM at {}", p.display()),
+            prefix: p,
+        });
     }
     let lock = crate::util::read_lock(ctx)?;
     let wheel = lock
         .packages
         .iter()
         .find(|p| p.replaced_by.as_deref() == Some("nvshmem"))
-        .context("the lock names no NVIDIA NVSHMEM wheel to compile against: pass --nvshmem PREFIX")?;
+        .context(
+            "the lock names no NVIDIA NVSHMEM wheel to compile against: pass --nvshmem PREFIX",
+        )?;
     let fetched = commstack_fetch::Cache::new(ctx.cache_dir())
         .get(&wheel.sha256, &wheel.filename)?
         .with_context(|| {
-            format!("{} is not in the cache: run `cargo xtask fetch --only replaced`", wheel.filename)
+            format!(
+                "{} is not in the cache: run `cargo xtask fetch --only replaced`",
+                wheel.filename
+            )
         })?;
     let store = Store::open(ctx.store_dir())?;
     let inputs = serde_json::json!({ "wheel": wheel.filename, "sha256": wheel.sha256 });
@@ -54,20 +67,32 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
 }
 
 /// Build commstack-selftest (release) and return its path.
-pub fn build_selftest(ctx: &Ctx, nvcc: &Path, nvshmem: &NvshmemForKernels, archs: &[String]) -> Result<PathBuf> {
+pub fn build_selftest(
+    ctx: &Ctx,
+    nvcc: &Path,
+    nvshmem: &NvshmemForKernels,
+    archs: &[String],
+) -> Result<PathBuf> {
     let root = crate::util::workspace_root();
     let sh = Shell::new()?;
     sh.change_dir(&root);
     let archs = archs.join(";");
     if !ctx.quiet {
-        eprintln!("building commstack-selftest: nvcc {}, {}, archs {archs}", nvcc.display(), nvshmem.describe);
+        eprintln!(
+            "building commstack-selftest: nvcc {}, {}, archs {archs}",
+            nvcc.display(),
+            nvshmem.describe
+        );
     }
-    cmd!(sh, "cargo build --release --locked -p commstack-kernels --bin commstack-selftest")
-        .env("COMMSTACK_NVCC", nvcc)
-        .env("NVSHMEM_HOME", &nvshmem.prefix)
-        .env("COMMSTACK_CUDA_ARCHS", &archs)
-        .run()
-        .context("building the kernel crate failed (its build script says what is missing)")?;
+    cmd!(
+        sh,
+        "cargo build --release --locked -p commstack-kernels --bin commstack-selftest"
+    )
+    .env("COMMSTACK_NVCC", nvcc)
+    .env("NVSHMEM_HOME", &nvshmem.prefix)
+    .env("COMMSTACK_CUDA_ARCHS", &archs)
+    .run()
+    .context("building the kernel crate failed (its build script says what is missing)")?;
     Ok(root.join("target/release/commstack-selftest"))
 }
 
@@ -82,14 +107,25 @@ pub fn run(ctx: &Ctx, args: &crate::cmd_build::Args) -> Result<std::process::Exi
             if code != std::process::ExitCode::SUCCESS {
                 bail!("the stack's NVSHMEM build did not pass its checks");
             }
-            NvshmemForKernels { describe: format!("the stack's NVSHMEM at {}", prefix.display()), prefix }
+            NvshmemForKernels {
+                describe: format!("the stack's NVSHMEM at {}", prefix.display()),
+                prefix,
+            }
         }
         path => nvshmem_prefix(ctx, Some(Path::new(path)))?,
     };
-    let archs = if args.cuda_archs.is_empty() { stack.nvshmem.cuda_archs.clone() } else { args.cuda_archs.clone() };
+    let archs = if args.cuda_archs.is_empty() {
+        stack.nvshmem.cuda_archs.clone()
+    } else {
+        args.cuda_archs.clone()
+    };
     if !args.test {
         let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &archs)?;
-        println!("commstack-selftest: {} ({})", bin.display(), nvshmem.describe);
+        println!(
+            "commstack-selftest: {} ({})",
+            bin.display(),
+            nvshmem.describe
+        );
     } else {
         // The tests build the crate (debug profile) with the same environment.
         let sh = Shell::new()?;

@@ -55,7 +55,9 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
 }
 
 fn ls(ctx: &Ctx, cache: &Cache, json: bool) -> Result<ExitCode> {
-    let entries = cache.ls().with_context(|| format!("listing {}", cache.root().display()))?;
+    let entries = cache
+        .ls()
+        .with_context(|| format!("listing {}", cache.root().display()))?;
     // The lock is optional here: without one, entries are listed without their names.
     let (artifacts, unnamed) = match locked_artifacts(ctx) {
         Ok(artifacts) => (artifacts, "(not in the lock)"),
@@ -79,9 +81,19 @@ fn ls(ctx: &Ctx, cache: &Cache, json: bool) -> Result<ExitCode> {
     for e in &entries {
         total += e.size;
         let name = names.get(&e.sha256).map(String::as_str).unwrap_or(unnamed);
-        println!("{}  {:>10}  {}  {name}", &e.sha256[..12], human(e.size), e.filename);
+        println!(
+            "{}  {:>10}  {}  {name}",
+            &e.sha256[..12],
+            human(e.size),
+            e.filename
+        );
     }
-    println!("{} files, {} in {}", entries.len(), human(total), cache.root().display());
+    println!(
+        "{} files, {} in {}",
+        entries.len(),
+        human(total),
+        cache.root().display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -90,14 +102,19 @@ fn names_by_digest(cache: &Cache, artifacts: &[Artifact]) -> Result<HashMap<Stri
     let mut names: HashMap<String, String> = HashMap::new();
     for artifact in artifacts {
         for digest in cache.digests_in_use(std::slice::from_ref(artifact))? {
-            names.entry(digest).and_modify(|n| *n = format!("{n}, {}", artifact.name)).or_insert(artifact.name.clone());
+            names
+                .entry(digest)
+                .and_modify(|n| *n = format!("{n}, {}", artifact.name))
+                .or_insert(artifact.name.clone());
         }
     }
     Ok(names)
 }
 
 fn verify(cache: &Cache, remove: bool) -> Result<ExitCode> {
-    let (checked, corrupt) = cache.verify(remove).with_context(|| format!("verifying {}", cache.root().display()))?;
+    let (checked, corrupt) = cache
+        .verify(remove)
+        .with_context(|| format!("verifying {}", cache.root().display()))?;
     for bad in &corrupt {
         println!(
             "DAMAGED {}: expected sha256 {}, found {}{}",
@@ -112,7 +129,9 @@ fn verify(cache: &Cache, remove: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if !remove {
-        println!("run `cargo xtask cache verify --remove`, then `cargo xtask fetch` to download them again");
+        println!(
+            "run `cargo xtask cache verify --remove`, then `cargo xtask fetch` to download them again"
+        );
     }
     Ok(ExitCode::FAILURE)
 }
@@ -121,12 +140,14 @@ fn gc(ctx: &Ctx, cache: &Cache, dry_run: bool, all: bool) -> Result<ExitCode> {
     let keep: HashSet<String> = match all {
         true => HashSet::new(),
         false => {
-            let artifacts =
-                locked_artifacts(ctx).context("gc keeps what the lock names (pass --all to delete everything)")?;
+            let artifacts = locked_artifacts(ctx)
+                .context("gc keeps what the lock names (pass --all to delete everything)")?;
             cache.digests_in_use(&artifacts)?
         }
     };
-    let report = cache.gc(&keep, dry_run).with_context(|| format!("cleaning {}", cache.root().display()))?;
+    let report = cache
+        .gc(&keep, dry_run)
+        .with_context(|| format!("cleaning {}", cache.root().display()))?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     for entry in &report.removed {
         println!("{verb} {}  {}", entry.filename, human(entry.size));
@@ -144,8 +165,13 @@ fn gc(ctx: &Ctx, cache: &Cache, dry_run: bool, all: bool) -> Result<ExitCode> {
 }
 
 fn hash(path: &std::path::Path) -> Result<ExitCode> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
-    let tree = commstack_fetch::tree::tree_sha256(path, &name).with_context(|| format!("hashing {}", path.display()))?;
+    let name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let tree = commstack_fetch::tree::tree_sha256(path, &name)
+        .with_context(|| format!("hashing {}", path.display()))?;
     if path.is_file() {
         use sha2::Digest;
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

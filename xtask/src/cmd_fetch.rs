@@ -118,7 +118,12 @@ pub fn fetch_options(ctx: &Ctx, flags: &FetchFlags) -> Result<FetchOptions> {
 /// Fetch options with the cache under `ctx.home`, the given mirrors and trust flags, and
 /// progress unless `--quiet`; every other field at its default. Shared by the commands
 /// that fetch on the way (build, gpu-bundle).
-pub fn base_options(ctx: &Ctx, mirrors: &[String], offline: bool, accept_tree_match: bool) -> Result<FetchOptions> {
+pub fn base_options(
+    ctx: &Ctx,
+    mirrors: &[String],
+    offline: bool,
+    accept_tree_match: bool,
+) -> Result<FetchOptions> {
     let mut options = FetchOptions::new(ctx.cache_dir());
     options.mirrors = mirrors
         .iter()
@@ -136,13 +141,14 @@ pub fn base_options(ctx: &Ctx, mirrors: &[String], offline: bool, accept_tree_ma
 pub fn artifacts_for(ctx: &Ctx, flags: &FetchFlags) -> Result<Vec<Artifact>> {
     match flags.artifacts.as_deref() {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list of artifacts", path.display()))
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a JSON list of artifacts", path.display()))
         }
         None => artifacts_of_parts(&crate::util::read_lock(ctx)?, &flags.only),
     }
 }
-
 
 /// Every artifact of the stack's lock (sources, toolchain wheels, packages).
 pub fn locked_artifacts(ctx: &Ctx) -> Result<Vec<Artifact>> {
@@ -206,8 +212,15 @@ fn print_fetched(fetched: &[Fetched], seconds: f64, quiet: bool) {
         s.from_mirror,
         s.from_upstream,
         human(s.bytes_downloaded),
-        if s.overrides > 0 { format!(", {} OVERRIDDEN", s.overrides) } else { String::new() },
-        if s.tree_matches > 0 { format!(", {} accepted by tree hash", s.tree_matches) } else { String::new() },
+        if s.overrides > 0 {
+            format!(", {} OVERRIDDEN", s.overrides)
+        } else {
+            String::new()
+        },
+        if s.tree_matches > 0 {
+            format!(", {} accepted by tree hash", s.tree_matches)
+        } else {
+            String::new()
+        },
     );
 }
-

@@ -49,7 +49,11 @@ pub struct Args {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let root = crate::util::workspace_root();
-    let dir = if args.dir.is_absolute() { args.dir.clone() } else { std::env::current_dir()?.join(&args.dir) };
+    let dir = if args.dir.is_absolute() {
+        args.dir.clone()
+    } else {
+        std::env::current_dir()?.join(&args.dir)
+    };
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
     }
@@ -59,8 +63,14 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let mut manifest = serde_json::Map::new();
 
     eprintln!("building xtask (release)");
-    cmd!(sh, "cargo build --release --locked -p xtask").run().context("building xtask")?;
-    copy_stripped(&sh, &root.join("target/release/xtask"), &dir.join("bin/xtask"))?;
+    cmd!(sh, "cargo build --release --locked -p xtask")
+        .run()
+        .context("building xtask")?;
+    copy_stripped(
+        &sh,
+        &root.join("target/release/xtask"),
+        &dir.join("bin/xtask"),
+    )?;
 
     if !args.no_selftest {
         let stack = crate::util::read_stack(&ctx.stack_path)?;
@@ -73,8 +83,10 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
 
     // The locked sources, named as the lock names them (what `--mirror DIR` reads).
-    let artifacts =
-        crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[crate::cmd_fetch::Part::Sources])?;
+    let artifacts = crate::cmd_fetch::artifacts_of_parts(
+        &crate::util::read_lock(ctx)?,
+        &[crate::cmd_fetch::Part::Sources],
+    )?;
     let options = crate::cmd_fetch::base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     std::fs::create_dir_all(dir.join("mirror"))?;
@@ -89,14 +101,21 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 
     if let Some(rdma) = &args.rdma_core {
         if !rdma.join("usr/include/infiniband/mlx5dv.h").is_file() {
-            bail!("{} has no usr/include/infiniband/mlx5dv.h: give a `dpkg -x` tree of libibverbs-dev", rdma.display());
+            bail!(
+                "{} has no usr/include/infiniband/mlx5dv.h: give a `dpkg -x` tree of libibverbs-dev",
+                rdma.display()
+            );
         }
         cmd!(sh, "cp -a {rdma} {dir}/rdma-core").run()?;
     }
 
     let mut total = 0u64;
     let mut files = serde_json::Map::new();
-    for entry in walkdir::WalkDir::new(&dir).into_iter().filter_map(Result::ok).filter(|e| e.file_type().is_file()) {
+    for entry in walkdir::WalkDir::new(&dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+    {
         total += entry.metadata()?.len();
         if entry.path().starts_with(dir.join("bin")) {
             let bytes = std::fs::read(entry.path())?;
@@ -109,10 +128,21 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
     manifest.insert("binaries".into(), files.into());
     manifest.insert("bytes".into(), total.into());
-    std::fs::write(dir.join("bundle.json"), serde_json::to_string_pretty(&manifest)?)?;
-    println!("bundle {}: {}", dir.display(), crate::cmd_store::human(total));
+    std::fs::write(
+        dir.join("bundle.json"),
+        serde_json::to_string_pretty(&manifest)?,
+    )?;
+    println!(
+        "bundle {}: {}",
+        dir.display(),
+        crate::cmd_store::human(total)
+    );
     if total > LIMIT {
-        bail!("the bundle is {} MiB, over the {} MiB a GPU run can carry", total >> 20, LIMIT >> 20);
+        bail!(
+            "the bundle is {} MiB, over the {} MiB a GPU run can carry",
+            total >> 20,
+            LIMIT >> 20
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -120,6 +150,8 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 fn copy_stripped(sh: &Shell, from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
     // Debug info is most of a release binary's size and useless on the GPU machine.
-    cmd!(sh, "strip {to}").run().context("strip (binutils) is needed to make the bundle small")?;
+    cmd!(sh, "strip {to}")
+        .run()
+        .context("strip (binutils) is needed to make the bundle small")?;
     Ok(())
 }

@@ -40,7 +40,10 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     if args.check {
         let lock = match parsed {
             None => {
-                eprintln!("{} does not exist: run `cargo xtask lock`", lock_path.display());
+                eprintln!(
+                    "{} does not exist: run `cargo xtask lock`",
+                    lock_path.display()
+                );
                 return Ok(ExitCode::FAILURE);
             }
             Some(Err(d)) => {
@@ -52,10 +55,18 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         let mut problems = lock.staleness(&stack);
         let reqs = std::fs::read_to_string(&req_path).unwrap_or_default();
         if reqs != lock.requirements_txt() {
-            problems.push(format!("{} does not match {}", req_path.display(), lock_path.display()));
+            problems.push(format!(
+                "{} does not match {}",
+                req_path.display(),
+                lock_path.display()
+            ));
         }
         if problems.is_empty() {
-            println!("{} matches {} and the rules", lock_path.display(), ctx.stack_path.display());
+            println!(
+                "{} matches {} and the rules",
+                lock_path.display(),
+                ctx.stack_path.display()
+            );
             return Ok(ExitCode::SUCCESS);
         }
         eprintln!("{} is out of date:", lock_path.display());
@@ -71,7 +82,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         && lock.staleness(&stack).is_empty()
         && std::fs::read_to_string(&req_path).is_ok_and(|r| r == lock.requirements_txt())
     {
-        println!("{} is up to date with {}: nothing to resolve", lock_path.display(), ctx.stack_path.display());
+        println!(
+            "{} is up to date with {}: nothing to resolve",
+            lock_path.display(),
+            ctx.stack_path.display()
+        );
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -103,7 +118,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     println!(
         "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
         r.nvshmem,
-        if r.nvshmem_pin.is_empty() { "nothing" } else { &r.nvshmem_pin },
+        if r.nvshmem_pin.is_empty() {
+            "nothing"
+        } else {
+            &r.nvshmem_pin
+        },
         &r.deepep_rev[..r.deepep_rev.len().min(12)],
         r.deepep_api
     );
@@ -113,8 +132,17 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 
 /// `stack.toml` -> `requirements.lock`; `stacks/x.toml` -> `stacks/x.requirements.lock`.
 pub fn requirements_path(ctx: &Ctx) -> PathBuf {
-    let stem = ctx.stack_path.file_stem().unwrap_or_default().to_string_lossy().to_string();
-    let name = if stem == "stack" { "requirements.lock".to_string() } else { format!("{stem}.requirements.lock") };
+    let stem = ctx
+        .stack_path
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let name = if stem == "stack" {
+        "requirements.lock".to_string()
+    } else {
+        format!("{stem}.requirements.lock")
+    };
     ctx.stack_path.with_file_name(name)
 }
 

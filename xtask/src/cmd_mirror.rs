@@ -50,7 +50,10 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
                 report.kept,
                 human(report.bytes_copied)
             );
-            println!("use it with: cargo xtask fetch --offline --mirror {}", dir.display());
+            println!(
+                "use it with: cargo xtask fetch --offline --mirror {}",
+                dir.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

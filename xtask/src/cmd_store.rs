@@ -32,7 +32,10 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
     let store = Store::open(ctx.store_dir())?;
     match cmd {
         Command::Ls { json } => ls(&store, json),
-        Command::Gc { unused_days, dry_run } => {
+        Command::Gc {
+            unused_days,
+            dry_run,
+        } => {
             let opts = GcOptions {
                 unused_for: unused_days.map(|d| Duration::from_secs(d * 86_400)),
                 keep: Vec::new(),
@@ -46,7 +49,11 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
             for path in &report.kept_in_use {
                 println!("kept {} (a build is running)", path.display());
             }
-            println!("{verb} {} entries, {}", report.removed.len(), human(report.bytes()));
+            println!(
+                "{verb} {} entries, {}",
+                report.removed.len(),
+                human(report.bytes())
+            );
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -72,7 +79,10 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
         println!("the store {} is empty", store.root().display());
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<24} {:<18} {:>10} {:>10} {:>10}", "STEP", "INPUTS", "SIZE", "BUILT", "USED");
+    println!(
+        "{:<24} {:<18} {:>10} {:>10} {:>10}",
+        "STEP", "INPUTS", "SIZE", "BUILT", "USED"
+    );
     let now = SystemTime::now();
     for s in &steps {
         let name = s.path.file_name().unwrap_or_default().to_string_lossy();
@@ -89,11 +99,19 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
                     used.map(|d| ago(d.as_secs())).unwrap_or_else(|| "-".into())
                 );
             }
-            None => println!("{name:<43} {:>10}  (no metadata: damaged; `store gc --unused-days 0` removes it)", human(s.bytes)),
+            None => println!(
+                "{name:<43} {:>10}  (no metadata: damaged; `store gc --unused-days 0` removes it)",
+                human(s.bytes)
+            ),
         }
     }
     let total: u64 = steps.iter().map(|s| s.bytes).sum();
-    println!("{} steps, {} in {}", steps.len(), human(total), store.root().display());
+    println!(
+        "{} steps, {} in {}",
+        steps.len(),
+        human(total),
+        store.root().display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

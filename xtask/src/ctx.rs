@@ -7,7 +7,12 @@ use anyhow::{Context, Result};
 #[derive(clap::Args)]
 pub struct GlobalArgs {
     /// The stack manifest to use; its lock is the file beside it with the `.lock` extension.
-    #[arg(long, global = true, env = "COMMSTACK_STACK", default_value = "stack.toml")]
+    #[arg(
+        long,
+        global = true,
+        env = "COMMSTACK_STACK",
+        default_value = "stack.toml"
+    )]
     pub stack: PathBuf,
     /// Where commstack keeps its download cache and step store.
     /// Default: $XDG_CACHE_HOME/commstack (usually ~/.cache/commstack).
@@ -34,8 +39,13 @@ impl Ctx {
         };
         // Absolute, so build keys and the paths recorded in reports do not depend on the
         // directory a command was started from.
-        let home = std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
-        Ok(Ctx { stack_path: args.stack, home, quiet: args.quiet })
+        let home =
+            std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
+        Ok(Ctx {
+            stack_path: args.stack,
+            home,
+            quiet: args.quiet,
+        })
     }
 
     /// `stack.toml` -> `stack.lock`, `stacks/bookworm.toml` -> `stacks/bookworm.lock`.

@@ -1,8 +1,6 @@
 //! `cargo xtask`: the command line of commstack. Thin on purpose: it parses arguments,
 //! calls the crates under `crates/`, and prints. Each command lives in its own module.
 
-mod ctx;
-mod util;
 mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
@@ -17,6 +15,8 @@ mod cmd_mirror;
 mod cmd_store;
 mod cmd_toolchain;
 mod cmd_verify;
+mod ctx;
+mod util;
 
 use std::process::ExitCode;
 
@@ -27,7 +27,12 @@ use clap::{Parser, Subcommand};
 ///
 /// Data flows one way: stack.toml -> stack.lock -> fetch -> build -> verify.
 #[derive(Parser)]
-#[command(name = "cargo xtask", bin_name = "cargo xtask", version, propagate_version = true)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    version,
+    propagate_version = true
+)]
 struct Cli {
     #[command(flatten)]
     global: ctx::GlobalArgs,

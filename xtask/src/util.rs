@@ -24,14 +24,18 @@ pub fn write_all_atomically(files: &[(&Path, &str)]) -> Result<()> {
         temps.push(tmp);
     }
     for ((path, _), tmp) in files.iter().zip(&temps) {
-        std::fs::rename(tmp, path).with_context(|| format!("cannot move {} into place", path.display()))?;
+        std::fs::rename(tmp, path)
+            .with_context(|| format!("cannot move {} into place", path.display()))?;
     }
     Ok(())
 }
 
 /// A multi-threaded runtime for the commands that use the network.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 /// Read the stack manifest, with an error that says how to pick another one.
@@ -44,14 +48,20 @@ pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
 
 /// The repository root (xtask lives one level below it).
 pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
 }
 
 /// The stack's lock, with an error that says how to make one.
 pub fn read_lock(ctx: &crate::ctx::Ctx) -> Result<commstack_stack::Lock> {
     let path = ctx.lock_path();
     let text = std::fs::read_to_string(&path).with_context(|| {
-        format!("reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)", path.display())
+        format!(
+            "reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
+            path.display()
+        )
     })?;
     Ok(commstack_stack::Lock::parse(&path, &text)?)
 }

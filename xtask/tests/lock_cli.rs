@@ -57,7 +57,11 @@ fn xtask(dir: &Path, args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -79,7 +83,11 @@ fn lock_then_noop_then_check() {
     let out = xtask(dir.path(), &["lock"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("up to date"), "{}", text(&out));
-    assert_eq!(server.connections(), before, "a no-op lock must not touch the network");
+    assert_eq!(
+        server.connections(),
+        before,
+        "a no-op lock must not touch the network"
+    );
 
     let out = xtask(dir.path(), &["lock", "--check"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -94,7 +102,10 @@ fn lock_then_noop_then_check() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("stack.lock is out of date"), "{t}");
-    assert!(t.contains("nvshmem.cuda-archs: the lock has \"90\", stack.toml says \"90,100\""), "{t}");
+    assert!(
+        t.contains("nvshmem.cuda-archs: the lock has \"90\", stack.toml says \"90,100\""),
+        "{t}"
+    );
     assert!(t.contains("run `cargo xtask lock`"), "{t}");
 
     // A hand-edited requirements file is caught too.
@@ -102,7 +113,11 @@ fn lock_then_noop_then_check() {
     std::fs::write(dir.path().join("requirements.lock"), "torch==2.11.0\n").unwrap();
     let out = xtask(dir.path(), &["lock", "--check"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).contains("requirements.lock does not match stack.lock"), "{}", text(&out));
+    assert!(
+        text(&out).contains("requirements.lock does not match stack.lock"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -116,14 +131,29 @@ fn a_failed_lock_leaves_the_old_files_untouched() {
     let lock = std::fs::read(dir.path().join("stack.lock")).unwrap();
     let reqs = std::fs::read(dir.path().join("requirements.lock")).unwrap();
 
-    ix.misbehave(&server, "torch", Behavior::FailFirst { n: 1000, status: 503, retry_after: None });
+    ix.misbehave(
+        &server,
+        "torch",
+        Behavior::FailFirst {
+            n: 1000,
+            status: 503,
+            retry_after: None,
+        },
+    );
     let with_extra = manifest(&url) + "extra-requirements = [\"six\"]\n";
     std::fs::write(dir.path().join("stack.toml"), with_extra).unwrap();
     let out = xtask(dir.path(), &["lock"]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("/simple/torch/ answered 503"), "{}", text(&out));
+    assert!(
+        text(&out).contains("/simple/torch/ answered 503"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(std::fs::read(dir.path().join("stack.lock")).unwrap(), lock);
-    assert_eq!(std::fs::read(dir.path().join("requirements.lock")).unwrap(), reqs);
+    assert_eq!(
+        std::fs::read(dir.path().join("requirements.lock")).unwrap(),
+        reqs
+    );
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
@@ -140,21 +170,33 @@ fn relock_keeps_comments() {
     std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
     assert!(xtask(dir.path(), &["lock"]).status.success());
     let lock = std::fs::read_to_string(dir.path().join("stack.lock")).unwrap();
-    let annotated = lock.replacen("[[package]]\nname = \"torch\"", "# audited 2026-12-02\n[[package]]\nname = \"torch\"", 1);
+    let annotated = lock.replacen(
+        "[[package]]\nname = \"torch\"",
+        "# audited 2026-12-02\n[[package]]\nname = \"torch\"",
+        1,
+    );
     assert_ne!(annotated, lock);
     std::fs::write(dir.path().join("stack.lock"), &annotated).unwrap();
-    std::fs::write(dir.path().join("stack.toml"), manifest(&url) + "extra-requirements = [\"six\"]\n").unwrap();
+    std::fs::write(
+        dir.path().join("stack.toml"),
+        manifest(&url) + "extra-requirements = [\"six\"]\n",
+    )
+    .unwrap();
     let out = xtask(dir.path(), &["lock"]);
     assert!(out.status.success(), "{}", text(&out));
     let relocked = std::fs::read_to_string(dir.path().join("stack.lock")).unwrap();
-    assert!(relocked.contains("# audited 2026-12-02\n[[package]]\nname = \"torch\""), "{relocked}");
+    assert!(
+        relocked.contains("# audited 2026-12-02\n[[package]]\nname = \"torch\""),
+        "{relocked}"
+    );
     assert!(relocked.contains("name = \"six\""));
 }
 
 #[test]
 fn bad_manifest_points_into_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let bad = manifest("https://pypi.org/simple").replace("cuda = 13", "cuda = 13\nnccl = \"2.28.9\"");
+    let bad =
+        manifest("https://pypi.org/simple").replace("cuda = 13", "cuda = 13\nnccl = \"2.28.9\"");
     std::fs::write(dir.path().join("stack.toml"), bad).unwrap();
     let out = xtask(dir.path(), &["lock"]);
     assert!(!out.status.success());
@@ -163,5 +205,9 @@ fn bad_manifest_points_into_the_file() {
     assert!(!dir.path().join("stack.lock").exists());
 
     let out = xtask(dir.path(), &["--stack", "nope.toml", "lock"]);
-    assert!(text(&out).contains("cannot read the stack manifest nope.toml (pick one with --stack FILE"), "{}", text(&out));
+    assert!(
+        text(&out).contains("cannot read the stack manifest nope.toml (pick one with --stack FILE"),
+        "{}",
+        text(&out)
+    );
 }

@@ -30,12 +30,16 @@ fn torch_entry(arch: &str) -> Result<String> {
         Some("virtual") => bail!(
             "CUDA architecture {arch:?}: PTX-only builds have no TORCH_CUDA_ARCH_LIST form; use {base:?} (SASS for that GPU)"
         ),
-        Some(other) => bail!("CUDA architecture {arch:?}: unknown suffix -{other} (expected -real or none)"),
+        Some(other) => {
+            bail!("CUDA architecture {arch:?}: unknown suffix -{other} (expected -real or none)")
+        }
     }
     let digits: String = base.chars().take_while(char::is_ascii_digit).collect();
     let suffix = &base[digits.len()..];
     if digits.len() < 2 || !matches!(suffix, "" | "a" | "f") {
-        bail!("CUDA architecture {arch:?} is not like 90, 90a or 100f (an SM number with an optional a/f suffix)");
+        bail!(
+            "CUDA architecture {arch:?} is not like 90, 90a or 100f (an SM number with an optional a/f suffix)"
+        );
     }
     let (major, minor) = digits.split_at(digits.len() - 1);
     Ok(format!("{major}.{minor}{suffix}"))
@@ -58,8 +62,18 @@ mod tests {
 
     #[test]
     fn bad_archs_are_refused_with_the_reason() {
-        assert!(list(&[]).unwrap_err().to_string().contains("nvshmem.cuda-archs"));
-        assert!(list(&["90-virtual"]).unwrap_err().to_string().contains("PTX-only"));
+        assert!(
+            list(&[])
+                .unwrap_err()
+                .to_string()
+                .contains("nvshmem.cuda-archs")
+        );
+        assert!(
+            list(&["90-virtual"])
+                .unwrap_err()
+                .to_string()
+                .contains("PTX-only")
+        );
         assert!(list(&["sm_90"]).is_err());
         assert!(list(&["9"]).is_err());
         assert!(list(&["90b"]).is_err());

@@ -57,7 +57,11 @@ impl PythonTarget {
     /// An existing environment: keyed by its Python and torch, exactly.
     pub fn adopted(python: &Path) -> Result<PythonTarget> {
         let env = PythonEnv::probe(python)?;
-        Ok(PythonTarget { identity: env.identity(), env, mode: "adopt".into() })
+        Ok(PythonTarget {
+            identity: env.identity(),
+            env,
+            mode: "adopt".into(),
+        })
     }
 }
 
@@ -167,10 +171,15 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
     check_python(&req.python.env, req.toolchain)?;
     let nccl_root = match req.api {
         DeepEpApi::V1 => None,
-        DeepEpApi::V2 => Some(v2_nccl_root(&req.python.env, req.nccl_override, req.allow_second_nccl)?),
+        DeepEpApi::V2 => Some(v2_nccl_root(
+            &req.python.env,
+            req.nccl_override,
+            req.allow_second_nccl,
+        )?),
     };
     let rdma = rdma_core_for(req.nvshmem, req.rdma_core)?;
-    let (cuda_lib_include, cuda_lib_headers) = cuda_library_headers(req.toolchain, &req.python.env)?;
+    let (cuda_lib_include, cuda_lib_headers) =
+        cuda_library_headers(req.toolchain, &req.python.env)?;
     let inputs = serde_json::json!({
         "recipe": RECIPE,
         "cuda_library_headers": cuda_lib_headers,
@@ -183,7 +192,15 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         "toolchain": req.toolchain.identity(),
         "nccl_root": nccl_root,
     });
-    Ok(Prepared { key: StepKey::new(STEP, &inputs), inputs, arch_list, host_soname, nccl_root, rdma, cuda_lib_include })
+    Ok(Prepared {
+        key: StepKey::new(STEP, &inputs),
+        inputs,
+        arch_list,
+        host_soname,
+        nccl_root,
+        rdma,
+        cuda_lib_include,
+    })
 }
 
 /// torch must be there, for the toolchain's CUDA major; setup.py must be able to write
@@ -191,7 +208,9 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
 fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
     let python = env.python.display();
     let Some(torch) = env.torch_version() else {
-        bail!("{python} has no torch: DeepEP builds against the environment's torch (managed mode makes one from the lock)");
+        bail!(
+            "{python} has no torch: DeepEP builds against the environment's torch (managed mode makes one from the lock)"
+        );
     };
     match env.torch_cuda() {
         Some(cuda) if cuda.split('.').next() == Some(&tc.cuda_major().to_string()) => {}
@@ -200,7 +219,9 @@ fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
             tc.versions.cuda,
             tc.nvcc.display()
         ),
-        None => bail!("torch {torch} in {python} is a CPU build (torch.version.cuda is None): DeepEP needs a CUDA torch"),
+        None => bail!(
+            "torch {torch} in {python} is a CPU build (torch.version.cuda is None): DeepEP needs a CUDA torch"
+        ),
     }
     let setuptools = env.dist("setuptools").map(|d| d.version.clone());
     let has_bdist_wheel = setuptools
@@ -222,17 +243,29 @@ fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
 /// wheels (`nvidia/cu13/include`, or `nvidia/<lib>/include` for CUDA 12), the very
 /// libraries torch loads. Returns the directories to add and, for the key, each header's
 /// sha256.
-pub const TORCH_CUDA_LIBRARY_HEADERS: [&str; 4] = ["cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h"];
+pub const TORCH_CUDA_LIBRARY_HEADERS: [&str; 4] =
+    ["cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h"];
 
-fn cuda_library_headers(tc: &Toolchain, env: &PythonEnv) -> Result<(Vec<PathBuf>, serde_json::Value)> {
+fn cuda_library_headers(
+    tc: &Toolchain,
+    env: &PythonEnv,
+) -> Result<(Vec<PathBuf>, serde_json::Value)> {
     let in_toolchain = |h: &str| tc.cuda_include_dirs.iter().any(|d| d.join(h).is_file());
-    let missing: Vec<&str> = TORCH_CUDA_LIBRARY_HEADERS.iter().copied().filter(|h| !in_toolchain(h)).collect();
+    let missing: Vec<&str> = TORCH_CUDA_LIBRARY_HEADERS
+        .iter()
+        .copied()
+        .filter(|h| !in_toolchain(h))
+        .collect();
     if missing.is_empty() {
         return Ok((Vec::new(), serde_json::Value::Null));
     }
     let nvidia = env.site_packages().join("nvidia");
     let mut candidates: Vec<PathBuf> = fs::read_dir(&nvidia)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path().join("include"))).filter(|p| p.is_dir()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path().join("include")))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
         .unwrap_or_default();
     candidates.sort();
     let mut dirs: Vec<PathBuf> = Vec::new();
@@ -256,7 +289,11 @@ fn cuda_library_headers(tc: &Toolchain, env: &PythonEnv) -> Result<(Vec<PathBuf>
 
 /// V2 links NCCL: the environment's own (the one torch loads). Another one would put a
 /// second libnccl into the process (DeepEP issue 710).
-pub fn v2_nccl_root(env: &PythonEnv, override_root: Option<&Path>, allow_second: bool) -> Result<PathBuf> {
+pub fn v2_nccl_root(
+    env: &PythonEnv,
+    override_root: Option<&Path>,
+    allow_second: bool,
+) -> Result<PathBuf> {
     let own = env.site_packages().join("nvidia/nccl");
     let own_ok = own.join("include/nccl.h").is_file() && own.join("lib/libnccl.so.2").is_file();
     match override_root {
@@ -292,27 +329,41 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
     let result = store.run(&p.key, &p.inputs, force, |dir| {
         let report = run_build(&dir.out, &dir.logs, &p, req)?;
         let path = dir.out.join(BUILD_REPORT_FILE);
-        fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", path.display()))?;
+        fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
     });
     let outcome = match result {
         Ok(o) => o,
         Err(err) => {
-            let log = err.chain().find_map(|e| e.downcast_ref::<CommandFailed>()).and_then(|f| f.log.file_name().map(PathBuf::from));
+            let log = err
+                .chain()
+                .find_map(|e| e.downcast_ref::<CommandFailed>())
+                .and_then(|f| f.log.file_name().map(PathBuf::from));
             return Err(match log {
-                Some(name) => err.context(format!("full log: {}", store.failed_path(&p.key).join("logs").join(name).display())),
+                Some(name) => err.context(format!(
+                    "full log: {}",
+                    store.failed_path(&p.key).join("logs").join(name).display()
+                )),
                 None => err,
             });
         }
     };
     let report = load_report(outcome.path())?;
-    Ok(Built { wheel: outcome.path().join("dist").join(&report.wheel.filename), key: p.key, outcome, report })
+    Ok(Built {
+        wheel: outcome.path().join("dist").join(&report.wheel.filename),
+        key: p.key,
+        outcome,
+        report,
+    })
 }
 
 pub fn load_report(step: &Path) -> Result<BuildReport> {
     let path = step.join(BUILD_REPORT_FILE);
-    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a DeepEP build report", path.display()))
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a DeepEP build report", path.display()))
 }
 
 fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> Result<BuildReport> {
@@ -320,11 +371,19 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
     let (out, logs) = (std::path::absolute(out)?, std::path::absolute(logs)?);
     let (out, logs) = (out.as_path(), logs.as_path());
     let work = out.join("work");
-    let (src, home, tmp, dist) = (work.join("src"), work.join("home"), work.join("tmp"), out.join("dist"));
+    let (src, home, tmp, dist) = (
+        work.join("src"),
+        work.join("home"),
+        work.join("tmp"),
+        out.join("dist"),
+    );
     for d in [&home, &tmp, &dist] {
         fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
-    (req.progress)(&format!("preparing the source {} ...", req.source.path.display()));
+    (req.progress)(&format!(
+        "preparing the source {} ...",
+        req.source.path.display()
+    ));
     req.source.materialize(&src)?;
     let found = detect_api(&src)?;
     if found != req.api {
@@ -337,12 +396,19 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         );
     }
     let rdc_fix = match req.api {
-        DeepEpApi::V1 => Some(check_rdc_fix(&src, req.nvshmem.version().as_deref(), req.allow_missing_rdc_fix)?),
+        DeepEpApi::V1 => Some(check_rdc_fix(
+            &src,
+            req.nvshmem.version().as_deref(),
+            req.allow_missing_rdc_fix,
+        )?),
         DeepEpApi::V2 => None,
     };
     let mut extra_include: Vec<(PathBuf, String)> = Vec::new();
     if let Some(r) = p.rdma.as_ref().filter(|r| !r.system) {
-        extra_include.push((r.include_dir.clone(), "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into()));
+        extra_include.push((
+            r.include_dir.clone(),
+            "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into(),
+        ));
     }
     for dir in &p.cuda_lib_include {
         extra_include.push((dir.clone(), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
@@ -360,26 +426,60 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         tmp: &tmp,
         git_ceiling: &work,
     })?;
-    let args: Vec<String> = vec!["setup.py".into(), "bdist_wheel".into(), "--dist-dir".into(), dist.display().to_string()];
+    let args: Vec<String> = vec![
+        "setup.py".into(),
+        "bdist_wheel".into(),
+        "--dist-dir".into(),
+        dist.display().to_string(),
+    ];
     let log = logs.join("build.log");
-    (req.progress)(&format!("building (setup.py bdist_wheel, MAX_JOBS={}); log: {}", req.jobs, log.display()));
-    let seconds = run_logged(&req.python.env.python, &args, &src, &env.vars, &log, "setup.py bdist_wheel")?;
+    (req.progress)(&format!(
+        "building (setup.py bdist_wheel, MAX_JOBS={}); log: {}",
+        req.jobs,
+        log.display()
+    ));
+    let seconds = run_logged(
+        &req.python.env.python,
+        &args,
+        &src,
+        &env.vars,
+        &log,
+        "setup.py bdist_wheel",
+    )?;
 
     let wheels: Vec<PathBuf> = fs::read_dir(&dist)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "whl"))
         .collect();
     let [wheel] = &wheels[..] else {
-        bail!("setup.py bdist_wheel left {} wheel(s) in {}, expected one (see logs/build.log)", wheels.len(), dist.display());
+        bail!(
+            "setup.py bdist_wheel left {} wheel(s) in {}, expected one (see logs/build.log)",
+            wheels.len(),
+            dist.display()
+        );
     };
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
         DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],
     };
-    let stubs: Vec<&Path> = req.toolchain.cuda_stubs_dir.iter().map(PathBuf::as_path).collect();
-    let facts = check_wheel(wheel, &Expect { api: req.api, needed: &needed, forbidden_search_dirs: &stubs }, &tmp)?;
+    let stubs: Vec<&Path> = req
+        .toolchain
+        .cuda_stubs_dir
+        .iter()
+        .map(PathBuf::as_path)
+        .collect();
+    let facts = check_wheel(
+        wheel,
+        &Expect {
+            api: req.api,
+            needed: &needed,
+            forbidden_search_dirs: &stubs,
+        },
+        &tmp,
+    )?;
     let declared = declared_version(&src);
-    fs::remove_dir_all(&work).with_context(|| format!("cannot remove the build tree {}", work.display()))?;
+    fs::remove_dir_all(&work)
+        .with_context(|| format!("cannot remove the build tree {}", work.display()))?;
     let py = &req.python.env;
     Ok(BuildReport {
         schema: 1,
@@ -409,7 +509,9 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         toolchain_identity: req.toolchain.identity(),
         torch_cuda_arch_list: p.arch_list.clone(),
         environment: env,
-        command: std::iter::once(py.python.display().to_string()).chain(args).collect(),
+        command: std::iter::once(py.python.display().to_string())
+            .chain(args)
+            .collect(),
         jobs: req.jobs,
         build_seconds: seconds,
         wheel: facts,
@@ -458,11 +560,21 @@ mod tests {
         assert_eq!(v2_nccl_root(&env, Some(&own), false).unwrap(), own);
         let other = d.path().join("nccl-2.30.7");
         fs::create_dir_all(&other).unwrap();
-        let err = v2_nccl_root(&env, Some(&other), false).unwrap_err().to_string();
-        assert!(err.contains("two libnccl") && err.contains("issue 710"), "{err}");
+        let err = v2_nccl_root(&env, Some(&other), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("two libnccl") && err.contains("issue 710"),
+            "{err}"
+        );
         assert_eq!(v2_nccl_root(&env, Some(&other), true).unwrap(), other);
         let bare = env_with_nccl(&d.path().join("empty"));
         fs::remove_file(d.path().join("empty/nvidia/nccl/include/nccl.h")).unwrap();
-        assert!(v2_nccl_root(&bare, None, false).unwrap_err().to_string().contains("include/nccl.h"));
+        assert!(
+            v2_nccl_root(&bare, None, false)
+                .unwrap_err()
+                .to_string()
+                .contains("include/nccl.h")
+        );
     }
 }

@@ -115,23 +115,38 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     vars.insert("CC".into(), abs(&tc.cc));
     vars.insert("CXX".into(), abs(&tc.cxx));
     vars.insert("MAX_JOBS".into(), i.jobs.max(1).to_string());
-    vars.insert("TORCH_CUDA_ARCH_LIST".into(), i.torch_cuda_arch_list.to_string());
+    vars.insert(
+        "TORCH_CUDA_ARCH_LIST".into(),
+        i.torch_cuda_arch_list.to_string(),
+    );
     vars.insert("NVSHMEM_DIR".into(), abs(i.nvshmem_prefix));
-    notes.push(format!("NVSHMEM_DIR: the stack's NVSHMEM install {}", abs(i.nvshmem_prefix)));
+    notes.push(format!(
+        "NVSHMEM_DIR: the stack's NVSHMEM install {}",
+        abs(i.nvshmem_prefix)
+    ));
 
     if i.api == DeepEpApi::V2 {
         let Some(nccl) = i.nccl_root else {
-            bail!("DeepEP V2 builds against NCCL's device API: the build needs the environment's NCCL (nvidia/nccl)");
+            bail!(
+                "DeepEP V2 builds against NCCL's device API: the build needs the environment's NCCL (nvidia/nccl)"
+            );
         };
         vars.insert("NCCL_DIR".into(), abs(nccl));
-        notes.push(format!("NCCL_DIR: the environment's own NCCL {} (one libnccl per process)", nccl.display()));
+        notes.push(format!(
+            "NCCL_DIR: the environment's own NCCL {} (one libnccl per process)",
+            nccl.display()
+        ));
     }
 
     // CUDA 13 moved libcu++ (cuda/std/...) under include/cccl; g++ compiling DeepEP's
     // .cpp files does not look there (rule deepep-v1-cccl; V2's setup.py hard-codes
     // /usr/local/cuda/include/cccl, which a wheel toolchain does not have).
     if tc.cuda_major() >= 13 {
-        let cccl: Vec<&PathBuf> = tc.cuda_include_dirs.iter().filter(|d| d.ends_with("cccl")).collect();
+        let cccl: Vec<&PathBuf> = tc
+            .cuda_include_dirs
+            .iter()
+            .filter(|d| d.ends_with("cccl"))
+            .collect();
         if cccl.is_empty() {
             bail!(
                 "the CUDA {} toolchain at {} has no include/cccl directory: DeepEP's sources include cuda/std/tuple from it (install or lock nvidia-cuda-cccl)",
@@ -141,7 +156,11 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         }
         let joined: Vec<String> = cccl.iter().map(|d| abs(d)).collect();
         vars.insert("CPATH".into(), joined.join(":"));
-        notes.push(format!("CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)", joined.join(":"), tc.versions.cuda));
+        notes.push(format!(
+            "CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)",
+            joined.join(":"),
+            tc.versions.cuda
+        ));
     }
     for (dir, why) in i.extra_include {
         let cpath = vars.entry("CPATH".to_string()).or_default();
@@ -162,13 +181,19 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         );
     };
     vars.insert("LIBRARY_PATH".into(), abs(stubs));
-    notes.push(format!("LIBRARY_PATH: the libcuda link stub in {} (never shipped)", abs(stubs)));
+    notes.push(format!(
+        "LIBRARY_PATH: the libcuda link stub in {} (never shipped)",
+        abs(stubs)
+    ));
     Ok(BuildEnv { vars, notes })
 }
 
 /// Absolute (the build runs in another directory), symlinks kept as they are.
 fn abs(p: &Path) -> String {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+    std::path::absolute(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
 }
 
 fn push_unique(list: &mut Vec<String>, item: String) {
@@ -246,9 +271,25 @@ mod tests {
         let tc = toolchain("13.0", true);
         let after = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap();
         let allowed = [
-            "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "SOURCE_DATE_EPOCH", "GIT_CEILING_DIRECTORIES",
-            "PYTHONNOUSERSITE", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "CUDA_HOME", "CC", "CXX", "MAX_JOBS",
-            "TORCH_CUDA_ARCH_LIST", "NVSHMEM_DIR", "CPATH", "LIBRARY_PATH",
+            "PATH",
+            "HOME",
+            "TMPDIR",
+            "LANG",
+            "LC_ALL",
+            "TZ",
+            "SOURCE_DATE_EPOCH",
+            "GIT_CEILING_DIRECTORIES",
+            "PYTHONNOUSERSITE",
+            "PYTHONDONTWRITEBYTECODE",
+            "PYTHONHASHSEED",
+            "CUDA_HOME",
+            "CC",
+            "CXX",
+            "MAX_JOBS",
+            "TORCH_CUDA_ARCH_LIST",
+            "NVSHMEM_DIR",
+            "CPATH",
+            "LIBRARY_PATH",
         ];
         let keys: Vec<&str> = after.vars.keys().map(String::as_str).collect();
         let mut want = allowed.to_vec();
@@ -265,18 +306,34 @@ mod tests {
     fn rdma_core_headers_follow_the_cccl_path() {
         let tc = toolchain("13.0", true);
         let mut i = inputs(&tc, DeepEpApi::V1, None);
-        let extra = [(PathBuf::from("/bundle/rdma-core/usr/include"), "mlx5dv.h".to_string())];
+        let extra = [(
+            PathBuf::from("/bundle/rdma-core/usr/include"),
+            "mlx5dv.h".to_string(),
+        )];
         i.extra_include = &extra;
         let env = build_env(&i).unwrap();
-        assert_eq!(env.vars["CPATH"], "/tc/cuda/targets/x86_64-linux/include/cccl:/bundle/rdma-core/usr/include");
+        assert_eq!(
+            env.vars["CPATH"],
+            "/tc/cuda/targets/x86_64-linux/include/cccl:/bundle/rdma-core/usr/include"
+        );
     }
 
     #[test]
     fn v2_takes_the_environments_nccl_and_cuda_12_no_cccl() {
         let tc = toolchain("13.0", true);
-        let env = build_env(&inputs(&tc, DeepEpApi::V2, Some(Path::new("/venv/site/nvidia/nccl")))).unwrap();
+        let env = build_env(&inputs(
+            &tc,
+            DeepEpApi::V2,
+            Some(Path::new("/venv/site/nvidia/nccl")),
+        ))
+        .unwrap();
         assert_eq!(env.vars["NCCL_DIR"], "/venv/site/nvidia/nccl");
-        assert!(build_env(&inputs(&tc, DeepEpApi::V2, None)).unwrap_err().to_string().contains("NCCL"));
+        assert!(
+            build_env(&inputs(&tc, DeepEpApi::V2, None))
+                .unwrap_err()
+                .to_string()
+                .contains("NCCL")
+        );
         let tc12 = toolchain("12.9", true);
         let env = build_env(&inputs(&tc12, DeepEpApi::V1, None)).unwrap();
         assert!(!env.vars.contains_key("CPATH"));
@@ -286,10 +343,17 @@ mod tests {
     fn missing_cccl_or_stub_is_an_error_that_says_what_to_do() {
         let mut tc = toolchain("13.0", true);
         tc.cuda_include_dirs.truncate(1);
-        let err = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap_err().to_string();
-        assert!(err.contains("cuda/std/tuple") && err.contains("nvidia-cuda-cccl"), "{err}");
+        let err = build_env(&inputs(&tc, DeepEpApi::V1, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cuda/std/tuple") && err.contains("nvidia-cuda-cccl"),
+            "{err}"
+        );
         let tc = toolchain("13.0", false);
-        let err = build_env(&inputs(&tc, DeepEpApi::V1, None)).unwrap_err().to_string();
+        let err = build_env(&inputs(&tc, DeepEpApi::V1, None))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("-lcuda") && err.contains("stub"), "{err}");
     }
 }

@@ -29,7 +29,9 @@ pub mod venv;
 pub mod wheel_check;
 pub mod wheelhouse;
 
-pub use build::{BUILD_REPORT_FILE, BuildReport, BuildRequest, Built, PythonTarget, build, build_key};
+pub use build::{
+    BUILD_REPORT_FILE, BuildReport, BuildRequest, Built, PythonTarget, build, build_key,
+};
 pub use nvshmem::NvshmemInput;
 pub use python::PythonEnv;
 pub use source::SourceInput;

@@ -53,18 +53,28 @@ impl NvshmemInput {
     pub fn from_step(dir: &Path) -> Result<NvshmemInput> {
         let meta_path = dir.join(META_FILE);
         let meta: StepMeta = serde_json::from_str(
-            &fs::read_to_string(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?,
+            &fs::read_to_string(&meta_path)
+                .with_context(|| format!("cannot read {}", meta_path.display()))?,
         )
         .with_context(|| format!("{} is not a step description", meta_path.display()))?;
         if meta.step != "nvshmem" {
-            bail!("{} is a `{}` step, not an NVSHMEM build (`nvshmem-<hash>`)", dir.display(), meta.step);
+            bail!(
+                "{} is a `{}` step, not an NVSHMEM build (`nvshmem-<hash>`)",
+                dir.display(),
+                meta.step
+            );
         }
         let report = load_report(dir)?;
         let prefix = dir.join(INSTALL_DIR);
         let (host_lib, host) = read_host(&prefix)?;
         let built = Built {
-            key: StepKey { step: meta.step.clone(), hash: meta.hash.clone() },
-            outcome: Outcome::Cached { path: dir.to_path_buf() },
+            key: StepKey {
+                step: meta.step.clone(),
+                hash: meta.hash.clone(),
+            },
+            outcome: Outcome::Cached {
+                path: dir.to_path_buf(),
+            },
             prefix: prefix.clone(),
             report,
         };
@@ -99,8 +109,12 @@ impl NvshmemInput {
     /// The SONAME DeepEP's extension will need (`libnvshmem_host.so.3`).
     pub fn host_soname(&self) -> Result<String> {
         let info = ElfFile::open(&self.host_lib)?.dynamic_info()?;
-        info.soname
-            .with_context(|| format!("{} has no SONAME: not an NVSHMEM release build", self.host_lib.display()))
+        info.soname.with_context(|| {
+            format!(
+                "{} has no SONAME: not an NVSHMEM release build",
+                self.host_lib.display()
+            )
+        })
     }
 
     /// Refuse an NVSHMEM built with NCCL: torch's process would load it as its only
@@ -142,12 +156,20 @@ fn read_host(prefix: &Path) -> Result<(PathBuf, NvshmemHostInfo)> {
 pub fn link_layout(prefix: &Path) -> Result<LinkLayout> {
     let lib = prefix.join("lib");
     let mut versioned: Vec<String> = fs::read_dir(&lib)
-        .with_context(|| format!("cannot read {}: not an NVSHMEM install prefix (want include/ and lib/)", lib.display()))?
+        .with_context(|| {
+            format!(
+                "cannot read {}: not an NVSHMEM install prefix (want include/ and lib/)",
+                lib.display()
+            )
+        })?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("libnvshmem_host.so."))
         .collect();
     versioned.sort();
-    Ok(LinkLayout { unversioned_host: lib.join("libnvshmem_host.so").exists(), versioned_host: versioned })
+    Ok(LinkLayout {
+        unversioned_host: lib.join("libnvshmem_host.so").exists(),
+        versioned_host: versioned,
+    })
 }
 
 /// Before a V1 build: the prefix must have what DeepEP 567632d's setup.py links and
@@ -163,8 +185,16 @@ pub fn check_v1_prefix(prefix: &Path) -> Result<()> {
              and the link would fail with `cannot find -l:libnvshmem_host.so`. Point --nvshmem at an install prefix that has the link: \
              the stack's NVSHMEM build (`cargo xtask build nvshmem`, step nvshmem-<hash> or its nvshmem/ prefix)",
             lib.display(),
-            if layout.versioned_host.is_empty() { "no libnvshmem_host.so.N".to_string() } else { layout.versioned_host.join(", ") },
-            if wheel_like { " (a pip wheel's directory: wheels carry only the SONAME file)" } else { "" },
+            if layout.versioned_host.is_empty() {
+                "no libnvshmem_host.so.N".to_string()
+            } else {
+                layout.versioned_host.join(", ")
+            },
+            if wheel_like {
+                " (a pip wheel's directory: wheels carry only the SONAME file)"
+            } else {
+                ""
+            },
         );
     }
     for needed in ["lib/libnvshmem_device.a", "include/nvshmem.h"] {
@@ -182,25 +212,31 @@ pub fn check_v1_prefix(prefix: &Path) -> Result<()> {
 /// device headers do): code compiled against these headers needs rdma-core's headers too.
 pub fn header_needing_mlx5dv(prefix: &Path) -> Option<PathBuf> {
     let include = prefix.join("include");
-    walkdir::WalkDir::new(&include).sort_by_file_name().into_iter().filter_map(|e| e.ok()).find_map(|e| {
-        if !e.file_type().is_file() {
-            return None;
-        }
-        let text = fs::read_to_string(e.path()).ok()?;
-        text.lines()
-            .any(|l| {
-                let l = l.trim_start();
-                l.starts_with('#') && l.contains("include") && l.contains("infiniband/mlx5dv.h")
-            })
-            .then(|| e.path().to_path_buf())
-    })
+    walkdir::WalkDir::new(&include)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .find_map(|e| {
+            if !e.file_type().is_file() {
+                return None;
+            }
+            let text = fs::read_to_string(e.path()).ok()?;
+            text.lines()
+                .any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with('#') && l.contains("include") && l.contains("infiniband/mlx5dv.h")
+                })
+                .then(|| e.path().to_path_buf())
+        })
 }
 
 /// Where rdma-core's headers come from for a DeepEP build whose NVSHMEM headers need
 /// them: `explicit` (`--rdma-core`), else the NVSHMEM build's own (if present here), else
 /// the system's default include path. `Ok(None)`: not needed.
 pub fn rdma_core_for(input: &NvshmemInput, explicit: Option<&Path>) -> Result<Option<RdmaHeaders>> {
-    let Some(header) = header_needing_mlx5dv(&input.prefix) else { return Ok(None) };
+    let Some(header) = header_needing_mlx5dv(&input.prefix) else {
+        return Ok(None);
+    };
     let found = match explicit {
         Some(dir) => Some(commstack_nvshmem::find_rdma_core(dir)?),
         None => {
@@ -220,8 +256,15 @@ pub fn rdma_core_for(input: &NvshmemInput, explicit: Option<&Path>) -> Result<Op
     };
     // The compiler searches /usr/include anyway; naming it in CPATH would put it before
     // the C++ library's own headers and break their #include_next.
-    let system = matches!(r.include_dir.to_str(), Some("/usr/include" | "/include" | "/usr/local/include"));
-    Ok(Some(RdmaHeaders { include_dir: r.include_dir, mlx5dv_h_sha256: r.mlx5dv_h_sha256, system }))
+    let system = matches!(
+        r.include_dir.to_str(),
+        Some("/usr/include" | "/include" | "/usr/local/include")
+    );
+    Ok(Some(RdmaHeaders {
+        include_dir: r.include_dir,
+        mlx5dv_h_sha256: r.mlx5dv_h_sha256,
+        system,
+    }))
 }
 
 /// rdma-core's headers as a DeepEP build uses them.
@@ -243,7 +286,9 @@ pub fn find_in_store(store: &Store, version: &str, cuda_archs: &[String]) -> Res
         if meta.step != "nvshmem" {
             continue;
         }
-        let Ok(report) = load_report(&step.path) else { continue };
+        let Ok(report) = load_report(&step.path) else {
+            continue;
+        };
         if report.source.version == version && report.options.cuda_archs == cuda_archs {
             found.push((meta.created, step.path.clone()));
         }

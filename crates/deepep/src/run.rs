@@ -22,7 +22,10 @@ pub fn run_logged(
     let shown = format!(
         "{} {}",
         program.display(),
-        args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+        args.iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let mut header = format!("$ cd {}\n", cwd.display());
     for (k, v) in env {
@@ -53,7 +56,8 @@ pub fn output(program: &Path, args: &[&str], env: &BTreeMap<String, String>) -> 
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    String::from_utf8(out.stdout).with_context(|| format!("{} printed non-UTF-8 output", program.display()))
+    String::from_utf8(out.stdout)
+        .with_context(|| format!("{} printed non-UTF-8 output", program.display()))
 }
 
 /// The environment for helper commands (pip, venv, probes): a minimal PATH, a private
@@ -73,7 +77,10 @@ pub fn tool_env(home: &Path) -> BTreeMap<String, String> {
 }
 
 fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -92,7 +99,11 @@ mod tests {
         env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
         let err = run_logged(
             Path::new("/bin/sh"),
-            &["-c".into(), "echo compiling; echo '/usr/bin/ld: cannot find -l:libnvshmem_host.so' >&2; exit 3".into()],
+            &[
+                "-c".into(),
+                "echo compiling; echo '/usr/bin/ld: cannot find -l:libnvshmem_host.so' >&2; exit 3"
+                    .into(),
+            ],
             dir.path(),
             &env,
             &log,
@@ -100,9 +111,15 @@ mod tests {
         )
         .unwrap_err();
         let failed = err.downcast_ref::<CommandFailed>().unwrap();
-        assert_eq!(failed.first_errors[0], "/usr/bin/ld: cannot find -l:libnvshmem_host.so");
+        assert_eq!(
+            failed.first_errors[0],
+            "/usr/bin/ld: cannot find -l:libnvshmem_host.so"
+        );
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(text.contains("$ export PATH=/usr/bin:/bin") && text.contains("compiling"), "{text}");
+        assert!(
+            text.contains("$ export PATH=/usr/bin:/bin") && text.contains("compiling"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -116,6 +133,9 @@ mod tests {
         want.sort();
         let mut got = keys.clone();
         got.sort();
-        assert_eq!(got, want, "cargo's CARGO_* variables and the user's PIP_* must not leak");
+        assert_eq!(
+            got, want,
+            "cargo's CARGO_* variables and the user's PIP_* must not leak"
+        );
     }
 }

@@ -25,8 +25,13 @@ pub struct SourceInput {
 impl SourceInput {
     /// A user-given directory or archive: hashed here, compared with the lock's tree hash.
     pub fn from_path(path: &Path, locked_tree: Option<&str>, rev: &str) -> Result<SourceInput> {
-        let path = path.canonicalize().with_context(|| format!("no DeepEP source at {}", path.display()))?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let path = path
+            .canonicalize()
+            .with_context(|| format!("no DeepEP source at {}", path.display()))?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tree = commstack_fetch::tree::tree_sha256(&path, &name)
             .with_context(|| format!("cannot hash the DeepEP source {}", path.display()))?;
         let provenance = match locked_tree {
@@ -34,7 +39,12 @@ impl SourceInput {
             Some(t) => format!("OVERRIDE: tree {tree} is not the locked {t}"),
             None => format!("OVERRIDE: tree {tree}; the lock pins no tree"),
         };
-        Ok(SourceInput { path, tree_sha256: tree, rev: rev.to_string(), provenance })
+        Ok(SourceInput {
+            path,
+            tree_sha256: tree,
+            rev: rev.to_string(),
+            provenance,
+        })
     }
 
     pub fn is_locked(&self) -> bool {
@@ -55,10 +65,16 @@ impl SourceInput {
 /// and `git archive --prefix` put around the tree. Refuses entries that would land
 /// outside `dest`.
 pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
-    let name = archive.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    let name = archive
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
     let open = || -> Result<tar::Archive<Box<dyn std::io::Read>>> {
-        let file = BufReader::new(File::open(archive).with_context(|| format!("cannot open {}", archive.display()))?);
-        let reader: Box<dyn std::io::Read> = if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
+        let file = BufReader::new(
+            File::open(archive).with_context(|| format!("cannot open {}", archive.display()))?,
+        );
+        let reader: Box<dyn std::io::Read> = if name.ends_with(".tar.gz") || name.ends_with(".tgz")
+        {
             Box::new(flate2::read::GzDecoder::new(file))
         } else if name.ends_with(".tar") {
             Box::new(file)
@@ -72,8 +88,12 @@ pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
     for entry in open()?.entries()? {
         let entry = entry?;
         let path = entry.path()?.into_owned();
-        let mut comps = path.components().filter(|c| !matches!(c, Component::CurDir));
-        let first = comps.next().map(|c| c.as_os_str().to_string_lossy().into_owned());
+        let mut comps = path
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir));
+        let first = comps
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned());
         let is_global_header = matches!(entry.header().entry_type(), tar::EntryType::XGlobalHeader);
         if is_global_header {
             continue;
@@ -90,12 +110,19 @@ pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
     for entry in open()?.entries()? {
         let mut entry = entry?;
         let kind = entry.header().entry_type();
-        if matches!(kind, tar::EntryType::XGlobalHeader | tar::EntryType::XHeader) {
+        if matches!(
+            kind,
+            tar::EntryType::XGlobalHeader | tar::EntryType::XHeader
+        ) {
             continue;
         }
         let path = entry.path()?.into_owned();
         let mut rel = PathBuf::new();
-        for (i, c) in path.components().filter(|c| !matches!(c, Component::CurDir)).enumerate() {
+        for (i, c) in path
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir))
+            .enumerate()
+        {
             match c {
                 Component::Normal(part) => {
                     if i == 0 && strip.as_deref() == Some(&*part.to_string_lossy()) {
@@ -103,7 +130,11 @@ pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
                     }
                     rel.push(part)
                 }
-                _ => bail!("{}: entry {} leaves the archive's directory", archive.display(), path.display()),
+                _ => bail!(
+                    "{}: entry {} leaves the archive's directory",
+                    archive.display(),
+                    path.display()
+                ),
             }
         }
         if rel.as_os_str().is_empty() {
@@ -114,17 +145,35 @@ pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
             fs::create_dir_all(parent)?;
         }
         if kind.is_symlink() {
-            let link = entry.link_name()?.context("symlink without target")?.into_owned();
-            if link.is_absolute() || (link.components().any(|c| matches!(c, Component::ParentDir)) && escapes(&rel, &link)) {
-                bail!("{}: symlink {} -> {} leaves the tree", archive.display(), rel.display(), link.display());
+            let link = entry
+                .link_name()?
+                .context("symlink without target")?
+                .into_owned();
+            if link.is_absolute()
+                || (link.components().any(|c| matches!(c, Component::ParentDir))
+                    && escapes(&rel, &link))
+            {
+                bail!(
+                    "{}: symlink {} -> {} leaves the tree",
+                    archive.display(),
+                    rel.display(),
+                    link.display()
+                );
             }
-            std::os::unix::fs::symlink(&link, &target).with_context(|| format!("cannot link {}", target.display()))?;
+            std::os::unix::fs::symlink(&link, &target)
+                .with_context(|| format!("cannot link {}", target.display()))?;
         } else if kind.is_dir() {
             fs::create_dir_all(&target)?;
         } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            entry.unpack(&target).with_context(|| format!("cannot unpack {} from {}", rel.display(), archive.display()))?;
+            entry.unpack(&target).with_context(|| {
+                format!("cannot unpack {} from {}", rel.display(), archive.display())
+            })?;
         } else {
-            bail!("{}: entry {} is neither file, directory nor symlink", archive.display(), path.display());
+            bail!(
+                "{}: entry {} is neither file, directory nor symlink",
+                archive.display(),
+                path.display()
+            );
         }
     }
     Ok(())
@@ -167,9 +216,12 @@ pub fn detect_api(src: &Path) -> Result<DeepEpApi> {
 /// rule is allowed.
 pub fn check_rdc_fix(src: &Path, nvshmem_version: Option<&str>, allowed: bool) -> Result<bool> {
     let path = src.join("csrc/kernels/configs.cuh");
-    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let has_fix = commstack_stack::rules::deepep_v1_has_rdc_fix(&text);
-    let sensitive: pep440_rs::Version = commstack_stack::rules::NVSHMEM_RDC_SENSITIVE.parse().expect("a version");
+    let sensitive: pep440_rs::Version = commstack_stack::rules::NVSHMEM_RDC_SENSITIVE
+        .parse()
+        .expect("a version");
     let needs_fix = match nvshmem_version.map(str::parse::<pep440_rs::Version>) {
         Some(Ok(v)) => v >= sensitive,
         _ => true,
@@ -188,7 +240,9 @@ pub fn check_rdc_fix(src: &Path, nvshmem_version: Option<&str>, allowed: bool) -
 
 /// The version setup.py will write (`1.2.1` for V1 567632d), for messages.
 pub fn declared_version(src: &Path) -> Option<String> {
-    let re = regex::Regex::new(r#"(?m)(?:version\s*=\s*|__version__\s*=\s*)['"]([0-9][^'"+]*)['"]"#).expect("valid regex");
+    let re =
+        regex::Regex::new(r#"(?m)(?:version\s*=\s*|__version__\s*=\s*)['"]([0-9][^'"+]*)['"]"#)
+            .expect("valid regex");
     for file in ["setup.py", "deep_ep/__init__.py"] {
         if let Ok(text) = fs::read_to_string(src.join(file))
             && let Some(c) = re.captures(&text)
@@ -206,7 +260,10 @@ mod tests {
     fn tar_gz(dir: &Path, entries: &[(&str, &[u8])]) -> PathBuf {
         let path = dir.join("src.tar.gz");
         let file = File::create(&path).unwrap();
-        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast()));
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
+            file,
+            flate2::Compression::fast(),
+        ));
         for (name, bytes) in entries {
             let mut h = tar::Header::new_gnu();
             h.set_size(bytes.len() as u64);
@@ -223,7 +280,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let a = tar_gz(
             d.path(),
-            &[("DeepEP-567632d/setup.py", b"version='1.2.1'\n"), ("DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n")],
+            &[
+                ("DeepEP-567632d/setup.py", b"version='1.2.1'\n"),
+                ("DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n"),
+            ],
         );
         let out = d.path().join("out");
         unpack_archive(&a, &out).unwrap();
@@ -233,7 +293,8 @@ mod tests {
         // The tree hash of the archive and of what it unpacked to agree (so --source
         // accepts either).
         let from_archive = SourceInput::from_path(&a, None, "567632d").unwrap();
-        let from_dir = SourceInput::from_path(&out, Some(&from_archive.tree_sha256), "567632d").unwrap();
+        let from_dir =
+            SourceInput::from_path(&out, Some(&from_archive.tree_sha256), "567632d").unwrap();
         assert!(from_dir.is_locked());
         assert!(!from_archive.is_locked() && from_archive.provenance.starts_with("OVERRIDE"));
     }
@@ -251,7 +312,9 @@ mod tests {
         h.set_cksum();
         b.append(&h, &b"x"[..]).unwrap();
         b.finish().unwrap();
-        let err = unpack_archive(&path, &d.path().join("out")).unwrap_err().to_string();
+        let err = unpack_archive(&path, &d.path().join("out"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("leaves"), "{err}");
     }
 
@@ -260,9 +323,19 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fs::create_dir_all(d.path().join("csrc/kernels")).unwrap();
         let cfg = d.path().join("csrc/kernels/configs.cuh");
-        fs::write(&cfg, "#pragma once\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n").unwrap();
-        let err = check_rdc_fix(d.path(), Some("3.4.5"), false).unwrap_err().to_string();
-        assert!(err.contains("multiple definition of nvshmemi_ibgda_device_state_d") && err.contains("567632d"), "{err}");
+        fs::write(
+            &cfg,
+            "#pragma once\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n",
+        )
+        .unwrap();
+        let err = check_rdc_fix(d.path(), Some("3.4.5"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("multiple definition of nvshmemi_ibgda_device_state_d")
+                && err.contains("567632d"),
+            "{err}"
+        );
         assert!(!check_rdc_fix(d.path(), Some("3.3.19"), false).unwrap());
         assert!(!check_rdc_fix(d.path(), Some("3.4.5"), true).unwrap());
         fs::write(&cfg, "#pragma once\n#ifndef DISABLE_NVSHMEM\n#ifndef __CUDACC_RDC__\n#define __CUDACC_RDC__\n#endif\n#endif\n").unwrap();

@@ -44,11 +44,16 @@ impl LockedWheel {
     /// A wheel file on disk, hashed here (the stack's own builds).
     pub fn from_file(path: &Path) -> Result<LockedWheel> {
         let wheel = commstack_wheel::Wheel::open(path)?;
-        let sha256 = commstack_fetch::sha256_file(path).with_context(|| format!("cannot hash {}", path.display()))?;
+        let sha256 = commstack_fetch::sha256_file(path)
+            .with_context(|| format!("cannot hash {}", path.display()))?;
         Ok(LockedWheel {
             name: normalize(wheel.name()),
             version: wheel.version()?.to_string(),
-            filename: path.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+            filename: path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
             sha256,
             path: path.to_path_buf(),
         })
@@ -56,21 +61,31 @@ impl LockedWheel {
 
     /// `name==version --hash=sha256:...`, what `--require-hashes` accepts.
     pub fn requirement_line(&self) -> String {
-        format!("{}=={} \\\n    --hash=sha256:{}\n", self.name, self.version, self.sha256)
+        format!(
+            "{}=={} \\\n    --hash=sha256:{}\n",
+            self.name, self.version, self.sha256
+        )
     }
 }
 
 /// The target environment's wheels: the lock's packages from the fetch cache (the
 /// replaced ones left out) plus the stack's own `extra` wheels (the NVSHMEM drop-in).
 /// Fails listing every wheel not fetched yet.
-pub fn runtime_wheels(lock: &Lock, cache: &Cache, extra: &[LockedWheel]) -> Result<Vec<LockedWheel>> {
+pub fn runtime_wheels(
+    lock: &Lock,
+    cache: &Cache,
+    extra: &[LockedWheel],
+) -> Result<Vec<LockedWheel>> {
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for w in &lock.packages {
         if w.replaced_by.is_some() {
             continue;
         }
-        match cache.get(&w.sha256, &w.filename).with_context(|| format!("cannot read the cache {}", cache.root().display()))? {
+        match cache
+            .get(&w.sha256, &w.filename)
+            .with_context(|| format!("cannot read the cache {}", cache.root().display()))?
+        {
             Some(path) => out.push(LockedWheel {
                 name: normalize(&w.name),
                 version: w.version.clone(),
@@ -138,13 +153,27 @@ pub struct ManagedVenv {
 
 /// The version the base interpreter reports (`3.12.3`).
 pub fn interpreter_version(python: &Path) -> Result<String> {
-    let out = output(python, &["-I", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], &tool_env(&std::env::temp_dir()))?;
+    let out = output(
+        python,
+        &[
+            "-I",
+            "-c",
+            "import sys; print('%d.%d.%d' % sys.version_info[:3])",
+        ],
+        &tool_env(&std::env::temp_dir()),
+    )?;
     Ok(out.trim().to_string())
 }
 
 /// Make (or find) the venv of `wheels` from `base_python`, whose minor version must be
 /// `python_minor` (the lock's target).
-pub fn managed_venv(store: &Store, base_python: &Path, python_minor: &str, wheels: &[LockedWheel], force: bool) -> Result<ManagedVenv> {
+pub fn managed_venv(
+    store: &Store,
+    base_python: &Path,
+    python_minor: &str,
+    wheels: &[LockedWheel],
+    force: bool,
+) -> Result<ManagedVenv> {
     let base = base_python
         .canonicalize()
         .with_context(|| format!("no Python interpreter at {}", base_python.display()))?;
@@ -167,23 +196,49 @@ pub fn managed_venv(store: &Store, base_python: &Path, python_minor: &str, wheel
     });
     let key = StepKey::new(STEP, &inputs);
     let outcome = store.run(&key, &inputs, force, |dir| {
-        let report = make_venv(&dir.out, &dir.final_path, &dir.logs, &base, &base_version, wheels)?;
+        let report = make_venv(
+            &dir.out,
+            &dir.final_path,
+            &dir.logs,
+            &base,
+            &base_version,
+            wheels,
+        )?;
         let path = dir.out.join(VENV_FILE);
-        fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("cannot write {}", path.display()))?;
+        fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
     })?;
     let step = outcome.path().to_path_buf();
     let report_path = step.join(VENV_FILE);
     let report: VenvReport = serde_json::from_str(
-        &fs::read_to_string(&report_path).with_context(|| format!("cannot read {}", report_path.display()))?,
+        &fs::read_to_string(&report_path)
+            .with_context(|| format!("cannot read {}", report_path.display()))?,
     )
     .with_context(|| format!("{} is not a venv report", report_path.display()))?;
-    Ok(ManagedVenv { python: step.join("venv/bin/python"), step, key, outcome, report })
+    Ok(ManagedVenv {
+        python: step.join("venv/bin/python"),
+        step,
+        key,
+        outcome,
+        report,
+    })
 }
 
-fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_version: &str, wheels: &[LockedWheel]) -> Result<VenvReport> {
+fn make_venv(
+    out: &Path,
+    final_path: &Path,
+    logs: &Path,
+    base: &Path,
+    base_version: &str,
+    wheels: &[LockedWheel],
+) -> Result<VenvReport> {
     // Commands run elsewhere than this process: every path absolute (the store may be relative).
-    let (out, final_path, logs) = (std::path::absolute(out)?, std::path::absolute(final_path)?, std::path::absolute(logs)?);
+    let (out, final_path, logs) = (
+        std::path::absolute(out)?,
+        std::path::absolute(final_path)?,
+        std::path::absolute(logs)?,
+    );
     let (out, final_path, logs) = (out.as_path(), final_path.as_path(), logs.as_path());
     let work = out.join("work");
     let links = work.join("wheels");
@@ -191,9 +246,14 @@ fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_versi
     fs::create_dir_all(&links)?;
     fs::create_dir_all(&home)?;
     for w in wheels {
-        let actual = commstack_fetch::sha256_file(&w.path).with_context(|| format!("cannot hash {}", w.path.display()))?;
+        let actual = commstack_fetch::sha256_file(&w.path)
+            .with_context(|| format!("cannot hash {}", w.path.display()))?;
         if actual != w.sha256 {
-            bail!("{} has sha256 {actual}, the lock says {}: fetch it again", w.path.display(), w.sha256);
+            bail!(
+                "{} has sha256 {actual}, the lock says {}: fetch it again",
+                w.path.display(),
+                w.sha256
+            );
         }
         std::os::unix::fs::symlink(std::path::absolute(&w.path)?, links.join(&w.filename))
             .with_context(|| format!("cannot link {} into {}", w.filename, links.display()))?;
@@ -201,24 +261,52 @@ fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_versi
     let req = out.join("requirements.txt");
     fs::write(
         &req,
-        requirements_txt("# The managed DeepEP build environment: the lock's closure with the stack's own wheels.\n", wheels),
+        requirements_txt(
+            "# The managed DeepEP build environment: the lock's closure with the stack's own wheels.\n",
+            wheels,
+        ),
     )?;
     let env = tool_env(&home);
     let venv = out.join("venv");
     let log = logs.join("venv.log");
-    run_logged(base, &["-m".into(), "venv".into(), venv.display().to_string()], out, &env, &log, "python -m venv")?;
+    run_logged(
+        base,
+        &["-m".into(), "venv".into(), venv.display().to_string()],
+        out,
+        &env,
+        &log,
+        "python -m venv",
+    )?;
     let python = venv.join("bin/python");
     let pip_version = output(&python, &["-m", "pip", "--version"], &env)
         .context("the new venv has no working pip (python -m ensurepip is part of CPython; Debian splits it into python3-venv)")?;
     let args: Vec<String> = [
-        "-m", "pip", "install", "--no-index", "--no-deps", "--require-hashes", "--no-compile", "--no-cache-dir",
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--require-hashes",
+        "--no-compile",
+        "--no-cache-dir",
         "--find-links",
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([links.display().to_string(), "-r".into(), req.display().to_string()])
+    .chain([
+        links.display().to_string(),
+        "-r".into(),
+        req.display().to_string(),
+    ])
     .collect();
-    let seconds = run_logged(&python, &args, out, &env, &log, "pip install -r requirements.txt")?;
+    let seconds = run_logged(
+        &python,
+        &args,
+        out,
+        &env,
+        &log,
+        "pip install -r requirements.txt",
+    )?;
     check_installed(&python, wheels)?;
     relocate_scripts(&venv.join("bin"), out, final_path)?;
     fs::remove_dir_all(&work).with_context(|| format!("cannot remove {}", work.display()))?;
@@ -226,7 +314,11 @@ fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_versi
         schema: 1,
         base_python: base.to_path_buf(),
         base_version: base_version.to_string(),
-        pip: pip_version.split_whitespace().nth(1).unwrap_or_default().to_string(),
+        pip: pip_version
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string(),
         wheels: wheels.to_vec(),
         install_seconds: seconds,
     })
@@ -235,7 +327,11 @@ fn make_venv(out: &Path, final_path: &Path, logs: &Path, base: &Path, base_versi
 /// The venv holds exactly the wheels asked for (plus what `venv` itself installs: pip).
 fn check_installed(python: &Path, wheels: &[LockedWheel]) -> Result<()> {
     let env = PythonEnv::probe(python)?;
-    let installed: BTreeMap<String, String> = env.dists.iter().map(|d| (normalize(&d.name), d.version.clone())).collect();
+    let installed: BTreeMap<String, String> = env
+        .dists
+        .iter()
+        .map(|d| (normalize(&d.name), d.version.clone()))
+        .collect();
     let mut problems = Vec::new();
     for w in wheels {
         match installed.get(&w.name) {
@@ -245,18 +341,25 @@ fn check_installed(python: &Path, wheels: &[LockedWheel]) -> Result<()> {
         }
     }
     for name in installed.keys() {
-        if !wheels.iter().any(|w| &w.name == name) && !matches!(name.as_str(), "pip" | "setuptools") {
+        if !wheels.iter().any(|w| &w.name == name) && !matches!(name.as_str(), "pip" | "setuptools")
+        {
             problems.push(format!("{name} was installed but not asked for"));
         }
     }
     if !problems.is_empty() {
-        bail!("the managed venv is not what the lock says: {}", problems.join("; "));
+        bail!(
+            "the managed venv is not what the lock says: {}",
+            problems.join("; ")
+        );
     }
     Ok(())
 }
 
 fn pep440_eq(a: &str, b: &str) -> bool {
-    match (a.parse::<pep440_rs::Version>(), b.parse::<pep440_rs::Version>()) {
+    match (
+        a.parse::<pep440_rs::Version>(),
+        b.parse::<pep440_rs::Version>(),
+    ) {
         (Ok(x), Ok(y)) => x == y,
         _ => a == b,
     }
@@ -271,9 +374,12 @@ fn relocate_scripts(bin: &Path, tmp: &Path, final_path: &Path) -> Result<()> {
         if path.is_symlink() || !path.is_file() {
             continue;
         }
-        let Ok(text) = fs::read_to_string(&path) else { continue }; // binaries
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        }; // binaries
         if text.contains(&from) {
-            fs::write(&path, text.replace(&from, &to)).with_context(|| format!("cannot rewrite {}", path.display()))?;
+            fs::write(&path, text.replace(&from, &to))
+                .with_context(|| format!("cannot rewrite {}", path.display()))?;
         }
     }
     Ok(())

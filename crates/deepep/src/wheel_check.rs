@@ -40,9 +40,20 @@ pub struct Expect<'a> {
 /// Check `wheel`; `scratch` is a directory to extract the extension into.
 pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Result<WheelFacts> {
     let wheel = Wheel::open(wheel_path)?;
-    wheel.verify().with_context(|| format!("the built wheel {} does not verify", wheel_path.display()))?;
-    let files: Vec<String> = wheel.entries.iter().filter(|e| !e.is_dir).map(|e| e.path.clone()).collect();
-    if let Some(stub) = files.iter().find(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with("libcuda.so"))) {
+    wheel
+        .verify()
+        .with_context(|| format!("the built wheel {} does not verify", wheel_path.display()))?;
+    let files: Vec<String> = wheel
+        .entries
+        .iter()
+        .filter(|e| !e.is_dir)
+        .map(|e| e.path.clone())
+        .collect();
+    if let Some(stub) = files.iter().find(|f| {
+        f.rsplit('/')
+            .next()
+            .is_some_and(|n| n.starts_with("libcuda.so"))
+    }) {
         bail!(
             "{} contains {stub}: the libcuda link stub must never ship (the driver's libcuda.so.1 is used at run time)",
             wheel_path.display()
@@ -52,7 +63,10 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
         DeepEpApi::V1 => "deep_ep_cpp",
         DeepEpApi::V2 => "deep_ep/_C",
     };
-    let extensions: Vec<&String> = files.iter().filter(|f| f.starts_with(prefix) && f.ends_with(".so")).collect();
+    let extensions: Vec<&String> = files
+        .iter()
+        .filter(|f| f.starts_with(prefix) && f.ends_with(".so"))
+        .collect();
     let [extension] = extensions[..] else {
         bail!(
             "{} should hold one extension module {prefix}*.so, it holds {}: {:?}",
@@ -64,7 +78,8 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
     let extension = extension.clone();
     fs::create_dir_all(scratch)?;
     let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
-    fs::write(&so, wheel.read(&extension)?).with_context(|| format!("cannot write {}", so.display()))?;
+    fs::write(&so, wheel.read(&extension)?)
+        .with_context(|| format!("cannot write {}", so.display()))?;
     let info = ElfFile::open(&so)?.dynamic_info()?;
     fs::remove_file(&so).ok();
     for soname in expect.needed {
@@ -77,18 +92,35 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
         }
     }
     // -lcuda against the stub: the SONAME libcuda.so.1 is recorded, never the file name.
-    if let Some(bad) = info.needed.iter().find(|n| n.starts_with("libcuda.so") && *n != "libcuda.so.1") {
-        bail!("{extension} needs {bad}, not libcuda.so.1: it was linked against a libcuda without the driver's SONAME");
+    if let Some(bad) = info
+        .needed
+        .iter()
+        .find(|n| n.starts_with("libcuda.so") && *n != "libcuda.so.1")
+    {
+        bail!(
+            "{extension} needs {bad}, not libcuda.so.1: it was linked against a libcuda without the driver's SONAME"
+        );
     }
     for dir in expect.forbidden_search_dirs {
         let d = dir.display().to_string();
-        if let Some(entry) = info.runpath.iter().chain(&info.rpath).find(|e| e.starts_with(&d)) {
-            bail!("{extension} searches {entry} at run time: the build machine's libcuda stub directory must not be on its path");
+        if let Some(entry) = info
+            .runpath
+            .iter()
+            .chain(&info.rpath)
+            .find(|e| e.starts_with(&d))
+        {
+            bail!(
+                "{extension} searches {entry} at run time: the build machine's libcuda stub directory must not be on its path"
+            );
         }
     }
     let bytes = fs::read(wheel_path)?;
     Ok(WheelFacts {
-        filename: wheel_path.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+        filename: wheel_path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
         sha256: hex::encode(Sha256::digest(&bytes)),
         name: wheel.name().to_string(),
         version: wheel.version()?.to_string(),

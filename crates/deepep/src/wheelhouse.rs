@@ -64,10 +64,17 @@ impl Wheelhouse {
     pub fn open(dir: &Path) -> Result<Wheelhouse> {
         let path = dir.join(MANIFEST_FILE);
         let manifest: Manifest = serde_json::from_str(
-            &fs::read_to_string(&path).with_context(|| format!("cannot read {}: not a wheelhouse", path.display()))?,
+            &fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}: not a wheelhouse", path.display()))?,
         )
         .with_context(|| format!("{} is not a wheelhouse manifest", path.display()))?;
-        Ok(Wheelhouse { dir: dir.to_path_buf(), outcome: Outcome::Cached { path: dir.to_path_buf() }, manifest })
+        Ok(Wheelhouse {
+            dir: dir.to_path_buf(),
+            outcome: Outcome::Cached {
+                path: dir.to_path_buf(),
+            },
+            manifest,
+        })
     }
 
     pub fn wheel_path(&self, filename: &str) -> PathBuf {
@@ -75,7 +82,14 @@ impl Wheelhouse {
     }
 
     pub fn find(&self, filename: &str) -> Option<LockedWheel> {
-        self.manifest.wheels.iter().find(|w| w.filename == filename).map(|w| LockedWheel { path: self.wheel_path(&w.filename), ..w.clone() })
+        self.manifest
+            .wheels
+            .iter()
+            .find(|w| w.filename == filename)
+            .map(|w| LockedWheel {
+                path: self.wheel_path(&w.filename),
+                ..w.clone()
+            })
     }
 
     pub fn dropin(&self) -> Option<LockedWheel> {
@@ -117,7 +131,10 @@ pub fn assemble_wheelhouse(
     force: bool,
 ) -> Result<Wheelhouse> {
     if !runtime.iter().any(|w| w.sha256 == dropin.sha256) {
-        bail!("the drop-in {} is not among the runtime wheels", dropin.filename);
+        bail!(
+            "the drop-in {} is not among the runtime wheels",
+            dropin.filename
+        );
     }
     let mut all: Vec<LockedWheel> = runtime.to_vec();
     if all.iter().any(|w| w.name == deepep.name) {
@@ -125,8 +142,10 @@ pub fn assemble_wheelhouse(
     }
     all.push(deepep.clone());
     all.sort_by(|a, b| a.name.cmp(&b.name));
-    let pins: Vec<serde_json::Value> =
-        all.iter().map(|w| serde_json::json!({ "filename": w.filename, "sha256": w.sha256 })).collect();
+    let pins: Vec<serde_json::Value> = all
+        .iter()
+        .map(|w| serde_json::json!({ "filename": w.filename, "sha256": w.sha256 }))
+        .collect();
     let inputs = serde_json::json!({ "recipe": RECIPE, "kind": kind, "wheels": pins, "dropin": dropin.sha256, "deepep": deepep.sha256 });
     let key = StepKey::new(STEP, &inputs);
     let outcome = store.run(&key, &inputs, force, |dir| {

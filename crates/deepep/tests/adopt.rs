@@ -12,18 +12,28 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::*;
 use commstack_deepep::adopt::{self, Ours, Severity};
 use commstack_deepep::python::PythonEnv;
 use commstack_verify::Status;
 use commstack_verify::runtime::RuntimeFindings;
-use common::*;
 
 fn check(findings: &RuntimeFindings, name: &str) -> Status {
-    findings.checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no check {name}: {:#?}", findings.checks)).status
+    findings
+        .checks
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no check {name}: {:#?}", findings.checks))
+        .status
 }
 
 fn detail<'a>(findings: &'a RuntimeFindings, name: &str) -> &'a str {
-    &findings.checks.iter().find(|c| c.name == name).unwrap().detail
+    &findings
+        .checks
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap()
+        .detail
 }
 
 fn stack() -> commstack_stack::Stack {
@@ -37,19 +47,45 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     let root = dir.path();
     let fake = fake_stack(&root.join("fake"));
     let python = venv(&root.join("env"), true);
-    let out = pip(&python, &["install", "--no-index", "--no-deps", fake.torch.path.to_str().unwrap(), fake.nccl.path.to_str().unwrap(), fake.nvidia_nvshmem.path.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = pip(
+        &python,
+        &[
+            "install",
+            "--no-index",
+            "--no-deps",
+            fake.torch.path.to_str().unwrap(),
+            fake.nccl.path.to_str().unwrap(),
+            fake.nvidia_nvshmem.path.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let env = PythonEnv::probe(&python).unwrap();
     assert_eq!(env.torch_version(), Some("2.11.0"));
     assert_eq!(env.torch_cuda(), Some("13.0"));
-    assert_eq!(env.torch_pin("nvidia-nccl-cu").unwrap().1.to_string(), "2.28.9");
+    assert_eq!(
+        env.torch_pin("nvidia-nccl-cu").unwrap().1.to_string(),
+        "2.28.9"
+    );
     let site = env.site_packages().to_path_buf();
     let pristine = tree(&site);
 
-    let lock = fake_lock(&[(&fake.torch, false), (&fake.nccl, false), (&fake.nvidia_nvshmem, true)]);
+    let lock = fake_lock(&[
+        (&fake.torch, false),
+        (&fake.nccl, false),
+        (&fake.nvidia_nvshmem, true),
+    ]);
     let stack = stack();
-    let ours = Ours { dropin: Some(&fake.dropin), deepep: Some(&fake.deepep), nvshmem_version: Some("3.4.5"), rdc_fix: Some(true) };
+    let ours = Ours {
+        dropin: Some(&fake.dropin),
+        deepep: Some(&fake.deepep),
+        nvshmem_version: Some("3.4.5"),
+        rdc_fix: Some(true),
+    };
     let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);
     let row = |what: &str| cmp.rows.iter().find(|r| r.what == what).unwrap().clone();
     assert_eq!(row("torch").severity, Severity::Ok, "{}", cmp.render());
@@ -65,7 +101,10 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     // Today's state: torch maps NVIDIA's NVSHMEM (NCCL on). The check says so and why.
     let before = adopt::runtime_check(&python, &expect, timeout).unwrap();
     assert_eq!(check(&before, "nvshmem-host.nccl-off"), Status::Failed);
-    assert!(detail(&before, "nvshmem-host.nccl-off").contains("NVIDIA's nvidia-nvshmem wheel is still installed"));
+    assert!(
+        detail(&before, "nvshmem-host.nccl-off")
+            .contains("NVIDIA's nvidia-nvshmem wheel is still installed")
+    );
 
     // The trap: DeepEP installed, NVIDIA's NVSHMEM left in place. Still NVIDIA's is mapped.
     let adopt_root = adopt::env_dir(&root.join("home"), &env);
@@ -73,7 +112,12 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     assert!(only_deepep.backup.is_empty());
     adopt::apply(&only_deepep, &env, &adopt_root).unwrap();
     let trap = adopt::runtime_check(&python, &expect, timeout).unwrap();
-    assert_eq!(check(&trap, "import.deep_ep"), Status::Passed, "{:#?}", trap.checks);
+    assert_eq!(
+        check(&trap, "import.deep_ep"),
+        Status::Passed,
+        "{:#?}",
+        trap.checks
+    );
     assert_eq!(check(&trap, "nvshmem-host.nccl-off"), Status::Failed);
     assert_eq!(trap.status(), Status::Failed);
 
@@ -81,8 +125,15 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     let env = PythonEnv::probe(&python).unwrap();
     let p = adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap();
     let shown = p.render();
-    assert!(shown.contains("replace nvidia-nvshmem-cu13 3.4.5 -> 3.4.5+commstack.gabc1234"), "{shown}");
-    assert!(p.backup.iter().any(|f| f.ends_with("nvidia/nvshmem/lib/libnvshmem_host.so.3")));
+    assert!(
+        shown.contains("replace nvidia-nvshmem-cu13 3.4.5 -> 3.4.5+commstack.gabc1234"),
+        "{shown}"
+    );
+    assert!(
+        p.backup
+            .iter()
+            .any(|f| f.ends_with("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
+    );
     assert_eq!(tree(&site), tree(&site), "planning changes nothing");
     adopt::apply(&p, &env, &adopt_root).unwrap();
     let after = adopt::runtime_check(&python, &expect, timeout).unwrap();
@@ -93,20 +144,34 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     // pip sees the drop-in as installed, by name and version.
     let list = pip(&python, &["list", "--format=freeze"]);
     let list = String::from_utf8_lossy(&list.stdout);
-    assert!(list.contains("nvidia-nvshmem-cu13==3.4.5+commstack.gabc1234"), "{list}");
-    assert!(list.contains("deep_ep==1.2.1") || list.contains("deep-ep==1.2.1"), "{list}");
+    assert!(
+        list.contains("nvidia-nvshmem-cu13==3.4.5+commstack.gabc1234"),
+        "{list}"
+    );
+    assert!(
+        list.contains("deep_ep==1.2.1") || list.contains("deep-ep==1.2.1"),
+        "{list}"
+    );
 
     // Adopting again with the same wheels is a no-op.
     let env = PythonEnv::probe(&python).unwrap();
     let again = adopt::plan(&env, &[fake.dropin.clone(), fake.deepep.clone()]).unwrap();
     assert!(again.is_noop(), "{}", again.render());
     let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);
-    assert!(cmp.rows.iter().all(|r| r.severity == Severity::Ok), "{}", cmp.render());
+    assert!(
+        cmp.rows.iter().all(|r| r.severity == Severity::Ok),
+        "{}",
+        cmp.render()
+    );
 
     // Undo: both generations, newest first; the tree is the pristine one again.
     let undone = adopt::undo(&adopt_root).unwrap();
     assert_eq!(undone.len(), 2);
-    assert_eq!(tree(&site), pristine, "undo must restore site-packages exactly");
+    assert_eq!(
+        tree(&site),
+        pristine,
+        "undo must restore site-packages exactly"
+    );
     assert!(adopt::generations(&adopt_root).unwrap().is_empty());
     let restored = adopt::runtime_check(&python, &expect, timeout).unwrap();
     assert_eq!(check(&restored, "nvshmem-host.nccl-off"), Status::Failed);
@@ -121,18 +186,44 @@ fn a_second_libnccl_fails_the_runtime_check_and_a_failed_install_rolls_back() {
     let env = PythonEnv::probe(&python).unwrap();
     let adopt_root = adopt::env_dir(&root.join("home"), &env);
     // Our own installer fills the env (no pip in it).
-    let p = adopt::plan(&env, &[fake.torch.clone(), fake.nccl.clone(), fake.dropin.clone(), fake.deepep_second_nccl.clone()]).unwrap();
+    let p = adopt::plan(
+        &env,
+        &[
+            fake.torch.clone(),
+            fake.nccl.clone(),
+            fake.dropin.clone(),
+            fake.deepep_second_nccl.clone(),
+        ],
+    )
+    .unwrap();
     adopt::apply(&p, &env, &adopt_root).unwrap();
-    let lock = fake_lock(&[(&fake.torch, false), (&fake.nccl, false), (&fake.nvidia_nvshmem, true)]);
+    let lock = fake_lock(&[
+        (&fake.torch, false),
+        (&fake.nccl, false),
+        (&fake.nvidia_nvshmem, true),
+    ]);
     let expect = adopt::expectations(&lock, env.site_packages()).unwrap();
     let f = adopt::runtime_check(&python, &expect, Duration::from_secs(120)).unwrap();
-    assert_eq!(check(&f, "nccl.mapped-once"), Status::Failed, "{:#?}", f.checks);
+    assert_eq!(
+        check(&f, "nccl.mapped-once"),
+        Status::Failed,
+        "{:#?}",
+        f.checks
+    );
     assert!(detail(&f, "nccl.mapped-once").contains("2 libnccl files are mapped"));
     assert_eq!(check(&f, "nvshmem-host.nccl-off"), Status::Passed);
 
     // A wheel that collides with a file another distribution owns is refused up front.
     let env = PythonEnv::probe(&python).unwrap();
-    let clash = wheel(&root.join("clash"), "other", "1.0", ("py3", "none", "any"), true, &[], &[("torch/version.py", b"x = 1\n".to_vec())]);
+    let clash = wheel(
+        &root.join("clash"),
+        "other",
+        "1.0",
+        ("py3", "none", "any"),
+        true,
+        &[],
+        &[("torch/version.py", b"x = 1\n".to_vec())],
+    );
     let err = adopt::plan(&env, &[clash]).unwrap_err().to_string();
     assert!(err.contains("which torch owns"), "{err}");
 
@@ -146,12 +237,27 @@ fn a_second_libnccl_fails_the_runtime_check_and_a_failed_install_rolls_back() {
     let mut w = fake.deepep.clone();
     w.path = broken;
     let p = adopt::plan(&env, &[w]).unwrap();
-    assert!(!p.backup.is_empty(), "replacing the installed deep_ep moves its files");
+    assert!(
+        !p.backup.is_empty(),
+        "replacing the installed deep_ep moves its files"
+    );
     let err = adopt::apply(&p, &env, &adopt_root).unwrap_err();
-    assert!(format!("{err:#}").contains("restored from the backup"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("restored from the backup"),
+        "{err:#}"
+    );
     assert_eq!(tree(env.site_packages()), before);
-    assert_eq!(adopt::generations(&adopt_root).unwrap().len(), 1, "the failed generation is retired, the first one stays");
-    assert!(adopt_root.join("undone").read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("-failed-")));
+    assert_eq!(
+        adopt::generations(&adopt_root).unwrap().len(),
+        1,
+        "the failed generation is retired, the first one stays"
+    );
+    assert!(adopt_root.join("undone").read_dir().unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("-failed-")
+    }));
 }
 
 /// Copy a wheel changing the bytes of one file but not its RECORD line.
@@ -167,7 +273,8 @@ fn corrupt_one_file(from: &Path, to: &Path) {
         if name == "deep_ep/__init__.py" {
             bytes.extend_from_slice(b"# tampered\n");
         }
-        zout.start_file(name, zip::write::SimpleFileOptions::default()).unwrap();
+        zout.start_file(name, zip::write::SimpleFileOptions::default())
+            .unwrap();
         zout.write_all(&bytes).unwrap();
     }
     zout.finish().unwrap();

@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::*;
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
 use commstack_deepep::run::CommandFailed;
 use commstack_deepep::{NvshmemInput, SourceInput};
@@ -15,7 +16,6 @@ use commstack_stack::manifest::DeepEpApi;
 use commstack_store::Store;
 use commstack_toolchain::{ToolVersions, Toolchain, ToolchainSource};
 use commstack_wheel::{InstallLayout, install};
-use common::*;
 
 const SETUP_PY: &str = r#"
 # A fixture following DeepEP V1's setup.py contract (567632d), without torch.
@@ -71,7 +71,11 @@ struct Fixture {
 
 fn which(tool: &str) -> PathBuf {
     std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|p| p.is_file()))
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(tool))
+                .find(|p| p.is_file())
+        })
         .unwrap_or_else(|| panic!("the tests need {tool} on PATH"))
 }
 
@@ -81,7 +85,11 @@ fn toolchain(root: &Path) -> Toolchain {
     let home = root.join("cuda");
     let include = home.join("include");
     std::fs::create_dir_all(include.join("cccl/cuda/std")).unwrap();
-    std::fs::write(include.join("cccl/cuda/std/tuple"), "#define COMMSTACK_CCCL_TUPLE 0\n").unwrap();
+    std::fs::write(
+        include.join("cccl/cuda/std/tuple"),
+        "#define COMMSTACK_CCCL_TUPLE 0\n",
+    )
+    .unwrap();
     let stubs = home.join("lib/stubs");
     libcuda_stub(&stubs);
     Toolchain {
@@ -119,19 +127,54 @@ fn python_env(root: &Path) -> PythonTarget {
         headers: env.paths.include.clone(),
     };
     let w = root.join("wheels");
-    let torch = wheel(&w, "torch", "2.11.0", ("py3", "none", "any"), true, &[], &[
-        ("torch/__init__.py", b"".to_vec()),
-        ("torch/version.py", b"__version__ = '2.11.0'\ncuda = '13.0'\n".to_vec()),
-    ]);
-    let stand_in = wheel(&w, "wheel", "0.45.1", ("py3", "none", "any"), true, &[], &[("wheel_stand_in/__init__.py", b"".to_vec())]);
+    let torch = wheel(
+        &w,
+        "torch",
+        "2.11.0",
+        ("py3", "none", "any"),
+        true,
+        &[],
+        &[
+            ("torch/__init__.py", b"".to_vec()),
+            (
+                "torch/version.py",
+                b"__version__ = '2.11.0'\ncuda = '13.0'\n".to_vec(),
+            ),
+        ],
+    );
+    let stand_in = wheel(
+        &w,
+        "wheel",
+        "0.45.1",
+        ("py3", "none", "any"),
+        true,
+        &[],
+        &[("wheel_stand_in/__init__.py", b"".to_vec())],
+    );
     // The CUDA math libraries' headers torch's ATen includes, as the nvidia-* cu13 wheels
     // ship them (the fixture toolkit, like the compiler wheels, lacks them).
     let headers: Vec<(String, Vec<u8>)> = commstack_deepep::build::TORCH_CUDA_LIBRARY_HEADERS
         .iter()
-        .map(|h| (format!("nvidia/cu13/include/{h}"), format!("/* {h} */\n").into_bytes()))
+        .map(|h| {
+            (
+                format!("nvidia/cu13/include/{h}"),
+                format!("/* {h} */\n").into_bytes(),
+            )
+        })
         .collect();
-    let header_refs: Vec<(&str, Vec<u8>)> = headers.iter().map(|(p, b)| (p.as_str(), b.clone())).collect();
-    let libs = wheel(&w, "nvidia-cublas", "13.1.0.3", ("py3", "none", "any"), true, &[], &header_refs);
+    let header_refs: Vec<(&str, Vec<u8>)> = headers
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.clone()))
+        .collect();
+    let libs = wheel(
+        &w,
+        "nvidia-cublas",
+        "13.1.0.3",
+        ("py3", "none", "any"),
+        true,
+        &[],
+        &header_refs,
+    );
     install(&libs.path, &layout).unwrap();
     install(&torch.path, &layout).unwrap();
     install(&stand_in.path, &layout).unwrap();
@@ -164,7 +207,12 @@ fn fixture() -> Fixture {
     }
 }
 
-fn request<'a>(f: &'a Fixture, src: &'a SourceInput, nvshmem: &'a NvshmemInput, archs: &'a [String]) -> BuildRequest<'a> {
+fn request<'a>(
+    f: &'a Fixture,
+    src: &'a SourceInput,
+    nvshmem: &'a NvshmemInput,
+    archs: &'a [String],
+) -> BuildRequest<'a> {
     BuildRequest {
         api: DeepEpApi::V1,
         source: src,
@@ -191,22 +239,43 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     let r = &built.report;
     assert_eq!(r.rdc_fix, Some(true));
     assert_eq!(r.torch_cuda_arch_list, "9.0");
-    assert_eq!(r.environment.vars["NVSHMEM_DIR"], f.nvshmem.prefix.display().to_string());
+    assert_eq!(
+        r.environment.vars["NVSHMEM_DIR"],
+        f.nvshmem.prefix.display().to_string()
+    );
     let cpath: Vec<&str> = r.environment.vars["CPATH"].split(':').collect();
     assert!(cpath[0].ends_with("include/cccl"), "{cpath:?}");
-    assert!(cpath[1].ends_with("site-packages/nvidia/cu13/include"), "{cpath:?}");
+    assert!(
+        cpath[1].ends_with("site-packages/nvidia/cu13/include"),
+        "{cpath:?}"
+    );
     // The process saw exactly the computed environment: nothing of cargo's or the user's.
     let wheel = commstack_wheel::Wheel::open(&built.wheel).unwrap();
-    let seen: Vec<String> = serde_json::from_slice(&wheel.read("deep_ep/build_env.json").unwrap()).unwrap();
+    let seen: Vec<String> =
+        serde_json::from_slice(&wheel.read("deep_ep/build_env.json").unwrap()).unwrap();
     let computed: Vec<String> = r.environment.vars.keys().cloned().collect();
     assert_eq!(seen, computed);
-    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")), "the test process has CARGO_* set, the build must not");
+    assert!(
+        std::env::vars().any(|(k, _)| k.starts_with("CARGO")),
+        "the test process has CARGO_* set, the build must not"
+    );
     // Linked against the stack's NVSHMEM and the stub's SONAME; the stub is not shipped.
-    assert!(r.wheel.needed.contains(&"libnvshmem_host.so.3".to_string()), "{:?}", r.wheel.needed);
-    assert!(r.wheel.needed.contains(&"libcuda.so.1".to_string()), "{:?}", r.wheel.needed);
+    assert!(
+        r.wheel.needed.contains(&"libnvshmem_host.so.3".to_string()),
+        "{:?}",
+        r.wheel.needed
+    );
+    assert!(
+        r.wheel.needed.contains(&"libcuda.so.1".to_string()),
+        "{:?}",
+        r.wheel.needed
+    );
     assert!(r.wheel.files.iter().all(|p| !p.contains("libcuda")));
     assert!(built.outcome.path().join("logs/build.log").is_file());
-    assert!(!built.outcome.path().join("work").exists(), "the build tree is removed once done");
+    assert!(
+        !built.outcome.path().join("work").exists(),
+        "the build tree is removed once done"
+    );
 
     let again = build(&f.store, &request(&f, &src, &f.nvshmem, &archs), false).unwrap();
     assert!(again.outcome.was_cached());
@@ -217,8 +286,12 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
 
     // Another arch list is another build.
     let other = vec!["100".to_string()];
-    let key_a = commstack_deepep::build_key(&request(&f, &src, &f.nvshmem, &archs)).unwrap().0;
-    let key_b = commstack_deepep::build_key(&request(&f, &src, &f.nvshmem, &other)).unwrap().0;
+    let key_a = commstack_deepep::build_key(&request(&f, &src, &f.nvshmem, &archs))
+        .unwrap()
+        .0;
+    let key_b = commstack_deepep::build_key(&request(&f, &src, &f.nvshmem, &other))
+        .unwrap()
+        .0;
     assert_ne!(key_a, key_b);
 }
 
@@ -232,56 +305,123 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
     // naming the link error it would cause.
     let wheel_like = nvshmem_prefix(&f.root.join("site/nvidia/nvshmem"), "OFF", false);
     let versioned_only = NvshmemInput::open(&wheel_like).unwrap();
-    let err = build(&f.store, &request(&f, &src, &versioned_only, &archs), false).unwrap_err().to_string();
-    assert!(err.contains("cannot find -l:libnvshmem_host.so") && err.contains("pip wheel"), "{err}");
+    let err = build(&f.store, &request(&f, &src, &versioned_only, &archs), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot find -l:libnvshmem_host.so") && err.contains("pip wheel"),
+        "{err}"
+    );
 
     // NVIDIA's NCCL-on NVSHMEM is never built against.
     let nccl_on = NvshmemInput::open(&nvshmem_prefix(&f.root.join("nccl-on"), "ON", true)).unwrap();
-    let err = build(&f.store, &request(&f, &src, &nccl_on, &archs), false).unwrap_err().to_string();
+    let err = build(&f.store, &request(&f, &src, &nccl_on, &archs), false)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("NVSHMEM_USE_NCCL=ON"), "{err}");
-    assert!(std::fs::read_dir(f.store.root().join("failed")).unwrap().next().is_none(), "nothing was built");
+    assert!(
+        std::fs::read_dir(f.store.root().join("failed"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing was built"
+    );
 
     // NVSHMEM built with IBGDA: its headers include <infiniband/mlx5dv.h>. Without
     // rdma-core's headers the build is refused up front (this machine has none in
     // /usr/include); with --rdma-core they are on CPATH and in the key.
     let ibgda_prefix = nvshmem_prefix(&f.root.join("nvshmem-ibgda"), "OFF", true);
     std::fs::create_dir_all(ibgda_prefix.join("include/device_host_transport")).unwrap();
-    std::fs::write(ibgda_prefix.join("include/device_host_transport/nvshmem_common_ibgda.h"), "#include <infiniband/mlx5dv.h>\n").unwrap();
-    std::fs::write(ibgda_prefix.join("include/nvshmem.h"), "#include \"device_host_transport/nvshmem_common_ibgda.h\"\nint nvshmemx_my_pe(void);\n").unwrap();
+    std::fs::write(
+        ibgda_prefix.join("include/device_host_transport/nvshmem_common_ibgda.h"),
+        "#include <infiniband/mlx5dv.h>\n",
+    )
+    .unwrap();
+    std::fs::write(
+        ibgda_prefix.join("include/nvshmem.h"),
+        "#include \"device_host_transport/nvshmem_common_ibgda.h\"\nint nvshmemx_my_pe(void);\n",
+    )
+    .unwrap();
     let ibgda = NvshmemInput::open(&ibgda_prefix).unwrap();
     if !Path::new("/usr/include/infiniband/mlx5dv.h").exists() {
-        let err = build(&f.store, &request(&f, &src, &ibgda, &archs), false).unwrap_err().to_string();
-        assert!(err.contains("infiniband/mlx5dv.h") && err.contains("--rdma-core"), "{err}");
+        let err = build(&f.store, &request(&f, &src, &ibgda, &archs), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("infiniband/mlx5dv.h") && err.contains("--rdma-core"),
+            "{err}"
+        );
     }
     let rdma = f.root.join("rdma-core");
     std::fs::create_dir_all(rdma.join("usr/include/infiniband")).unwrap();
-    std::fs::write(rdma.join("usr/include/infiniband/mlx5dv.h"), "#define MLX5DV_FIXTURE 1\n").unwrap();
+    std::fs::write(
+        rdma.join("usr/include/infiniband/mlx5dv.h"),
+        "#define MLX5DV_FIXTURE 1\n",
+    )
+    .unwrap();
     std::fs::write(rdma.join("usr/include/infiniband/verbs.h"), "\n").unwrap();
     std::fs::create_dir_all(rdma.join("usr/lib/x86_64-linux-gnu")).unwrap();
     std::fs::write(rdma.join("usr/lib/x86_64-linux-gnu/libmlx5.so.1"), "").unwrap();
     let mut req = request(&f, &src, &ibgda, &archs);
     req.rdma_core = Some(&rdma);
     let built = build(&f.store, &req, false).unwrap();
-    assert!(built.report.environment.vars["CPATH"].contains("rdma-core/usr/include"), "{:?}", built.report.environment.vars);
+    assert!(
+        built.report.environment.vars["CPATH"].contains("rdma-core/usr/include"),
+        "{:?}",
+        built.report.environment.vars
+    );
     assert!(built.report.rdma_core.is_some());
 
     // A source without the RDC fix: decided from its real configs.cuh, at build time.
-    let old = source(&f.root, "old", "#pragma once\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n", &[]);
-    let err = format!("{:#}", build(&f.store, &request(&f, &old, &f.nvshmem, &archs), false).unwrap_err());
-    assert!(err.contains("multiple definition of nvshmemi_ibgda_device_state_d"), "{err}");
+    let old = source(
+        &f.root,
+        "old",
+        "#pragma once\n#ifndef DISABLE_NVSHMEM\n#include <nvshmem.h>\n#endif\n",
+        &[],
+    );
+    let err = format!(
+        "{:#}",
+        build(&f.store, &request(&f, &old, &f.nvshmem, &archs), false).unwrap_err()
+    );
+    assert!(
+        err.contains("multiple definition of nvshmemi_ibgda_device_state_d"),
+        "{err}"
+    );
 
     // A compile error: the first error lines and where the whole log is kept.
-    let broken = source(&f.root, "broken", CONFIGS_CUH_FIXED, &[("csrc/broken.c", "int broken( {\n")]);
+    let broken = source(
+        &f.root,
+        "broken",
+        CONFIGS_CUH_FIXED,
+        &[("csrc/broken.c", "int broken( {\n")],
+    );
     let err = build(&f.store, &request(&f, &broken, &f.nvshmem, &archs), false).unwrap_err();
-    let failed = err.chain().find_map(|e| e.downcast_ref::<CommandFailed>()).expect("a CommandFailed in the chain");
-    assert!(failed.first_errors.iter().any(|l| l.contains("error:")), "{:?}", failed.first_errors);
+    let failed = err
+        .chain()
+        .find_map(|e| e.downcast_ref::<CommandFailed>())
+        .expect("a CommandFailed in the chain");
+    assert!(
+        failed.first_errors.iter().any(|l| l.contains("error:")),
+        "{:?}",
+        failed.first_errors
+    );
     let text = format!("{err:#}");
-    let log = text.split("full log: ").nth(1).unwrap().split(':').next().unwrap().trim();
+    let log = text
+        .split("full log: ")
+        .nth(1)
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap()
+        .trim();
     assert!(Path::new(log).is_file(), "{log} is kept");
     assert!(log.contains("/failed/deepep-"));
 
     // A setup.py that would ship the libcuda stub: the wheel check stops it.
     let leaky = source(&f.root, "leaky", CONFIGS_CUH_FIXED, &[("SHIP_STUB", "")]);
-    let err = format!("{:#}", build(&f.store, &request(&f, &leaky, &f.nvshmem, &archs), false).unwrap_err());
+    let err = format!(
+        "{:#}",
+        build(&f.store, &request(&f, &leaky, &f.nvshmem, &archs), false).unwrap_err()
+    );
     assert!(err.contains("must never ship"), "{err}");
 }

@@ -18,7 +18,9 @@ const USES_LIBCUXX: &str = "#include <cuda/std/tuple>\nint main() { cuda::std::t
 fn cuda_home() -> PathBuf {
     std::env::var_os("COMMSTACK_CUDA_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/cuda/nvidia/cu13"))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/cuda/nvidia/cu13")
+        })
 }
 
 #[test]
@@ -26,7 +28,11 @@ fn cuda_home() -> PathBuf {
 fn cuda_std_tuple_is_found_only_through_the_computed_cpath() {
     let home = cuda_home();
     let include = home.join("include");
-    assert!(include.join("cccl/cuda/std/tuple").is_file(), "no CUDA 13 cccl headers under {}", include.display());
+    assert!(
+        include.join("cccl/cuda/std/tuple").is_file(),
+        "no CUDA 13 cccl headers under {}",
+        include.display()
+    );
     let tc = Toolchain {
         source: ToolchainSource::System,
         cuda_home: home.clone(),
@@ -76,10 +82,16 @@ fn cuda_std_tuple_is_found_only_through_the_computed_cpath() {
             .unwrap()
     };
     let with = compile(&env.vars);
-    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
     let mut without = env.vars.clone();
     without.remove("CPATH");
     let out = compile(&without);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cuda/std/tuple: No such file or directory"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cuda/std/tuple: No such file or directory")
+    );
 }

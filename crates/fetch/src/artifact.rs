@@ -59,7 +59,10 @@ impl Artifact {
         match (&self.sha256, &self.tree_sha256) {
             (Some(sha256), _) => sha256.clone(),
             (None, Some(tree)) => format!("tree-{}", tree.trim_start_matches("sha256:")),
-            (None, None) => panic!("artifact {} has neither sha256 nor tree hash (check is_pinned() first)", self.name),
+            (None, None) => panic!(
+                "artifact {} has neither sha256 nor tree hash (check is_pinned() first)",
+                self.name
+            ),
         }
     }
 
@@ -93,23 +96,33 @@ impl Artifact {
     pub fn validate(&self) -> Result<(), String> {
         let name = &self.name;
         if name.is_empty() {
-            return Err(format!("an artifact has an empty name (file {:?})", self.filename));
+            return Err(format!(
+                "an artifact has an empty name (file {:?})",
+                self.filename
+            ));
         }
         let bad_filename = self.filename.is_empty()
             || self.filename.contains(['/', '\\', '\0'])
             || self.filename == "."
             || self.filename == "..";
         if bad_filename {
-            return Err(format!("artifact {name}: filename {:?} is not a plain file name", self.filename));
+            return Err(format!(
+                "artifact {name}: filename {:?} is not a plain file name",
+                self.filename
+            ));
         }
         if let Some(sha256) = &self.sha256
             && normalize_sha256(sha256).as_deref() != Ok(sha256.as_str())
         {
-            return Err(format!("artifact {name}: sha256 {sha256:?} is not 64 lowercase hex digits"));
+            return Err(format!(
+                "artifact {name}: sha256 {sha256:?} is not 64 lowercase hex digits"
+            ));
         }
 
         if let Some(tree) = &self.tree_sha256 {
-            let valid = tree.strip_prefix("sha256:").is_some_and(|hex| normalize_sha256(hex).as_deref() == Ok(hex));
+            let valid = tree
+                .strip_prefix("sha256:")
+                .is_some_and(|hex| normalize_sha256(hex).as_deref() == Ok(hex));
             if !valid {
                 return Err(format!(
                     "artifact {name}: tree_sha256 {tree:?} is not `sha256:` + 64 lowercase hex digits"
@@ -122,11 +135,16 @@ impl Artifact {
 
 /// `sha256:ABC...` or `abc...` -> `abc...` (64 lowercase hex digits), else an error.
 pub fn normalize_sha256(text: &str) -> Result<String, String> {
-    let hex = text.strip_prefix("sha256:").unwrap_or(text).to_ascii_lowercase();
+    let hex = text
+        .strip_prefix("sha256:")
+        .unwrap_or(text)
+        .to_ascii_lowercase();
     if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(hex)
     } else {
-        Err(format!("{text:?} is not a sha256 (64 hex digits, optionally prefixed `sha256:`)"))
+        Err(format!(
+            "{text:?} is not a sha256 (64 hex digits, optionally prefixed `sha256:`)"
+        ))
     }
 }
 
@@ -148,7 +166,9 @@ fn percent_decode(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
         match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
             (b'%', Some(byte)) => {
                 out.push(byte);
@@ -169,16 +189,21 @@ mod tests {
 
     #[test]
     fn filename_is_the_decoded_last_segment() {
-        let url =
-            "https://files.example/packages/ab/torch-2.11.0%2Bcu130-cp312-cp312-manylinux_2_28_x86_64.whl#sha256=x";
-        assert_eq!(filename_of_url(url).unwrap(), "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl");
+        let url = "https://files.example/packages/ab/torch-2.11.0%2Bcu130-cp312-cp312-manylinux_2_28_x86_64.whl#sha256=x";
+        assert_eq!(
+            filename_of_url(url).unwrap(),
+            "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl"
+        );
         assert!(filename_of_url("https://example.org/").is_err());
     }
 
     #[test]
     fn sha256_forms() {
         let hex = "ab".repeat(32);
-        assert_eq!(normalize_sha256(&format!("sha256:{}", hex.to_uppercase())).unwrap(), hex);
+        assert_eq!(
+            normalize_sha256(&format!("sha256:{}", hex.to_uppercase())).unwrap(),
+            hex
+        );
         assert!(normalize_sha256("abc").is_err());
     }
 

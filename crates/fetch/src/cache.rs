@@ -104,7 +104,9 @@ impl Cache {
             return Ok(Some(path));
         }
         let dir = self.root.join("sha256").join(sha256);
-        let Ok(read) = fs::read_dir(&dir) else { return Ok(None) };
+        let Ok(read) = fs::read_dir(&dir) else {
+            return Ok(None);
+        };
         for item in read {
             let other = item?.path();
             if other.is_file() {
@@ -179,19 +181,30 @@ impl Cache {
 
     /// The accepted tree match for the locked `sha256`, if one was recorded and its file
     /// is still in the cache.
-    pub fn tree_match(&self, locked_sha256: &str) -> io::Result<Option<(TreeMatchRecord, PathBuf)>> {
-        let record_path = self.root.join("tree-match").join(format!("{locked_sha256}.json"));
+    pub fn tree_match(
+        &self,
+        locked_sha256: &str,
+    ) -> io::Result<Option<(TreeMatchRecord, PathBuf)>> {
+        let record_path = self
+            .root
+            .join("tree-match")
+            .join(format!("{locked_sha256}.json"));
         let record: TreeMatchRecord = match read_json(&record_path)? {
             Some(record) => record,
             None => return Ok(None),
         };
-        Ok(self.get(&record.actual_sha256, &record.filename)?.map(|path| (record, path)))
+        Ok(self
+            .get(&record.actual_sha256, &record.filename)?
+            .map(|path| (record, path)))
     }
 
     pub fn record_tree_match(&self, record: &TreeMatchRecord) -> io::Result<()> {
         let dir = self.root.join("tree-match");
         let text = serde_json::to_string_pretty(record).map_err(io::Error::other)?;
-        write_atomically(&dir.join(format!("{}.json", record.locked_sha256)), text.as_bytes())
+        write_atomically(
+            &dir.join(format!("{}.json", record.locked_sha256)),
+            text.as_bytes(),
+        )
     }
 
     /// The cached archive recorded for the tree hash `tree_sha256`, if its file is still there.
@@ -201,7 +214,9 @@ impl Cache {
             Some(record) => record,
             None => return Ok(None),
         };
-        Ok(self.get(&record.sha256, &record.filename)?.map(|file| (record, file)))
+        Ok(self
+            .get(&record.sha256, &record.filename)?
+            .map(|file| (record, file)))
     }
 
     pub fn record_tree(&self, record: &TreeRecord) -> io::Result<()> {
@@ -210,13 +225,18 @@ impl Cache {
     }
 
     fn tree_record_path(&self, tree_sha256: &str) -> PathBuf {
-        self.root.join("trees").join(format!("{}.json", tree_sha256.trim_start_matches("sha256:")))
+        self.root.join("trees").join(format!(
+            "{}.json",
+            tree_sha256.trim_start_matches("sha256:")
+        ))
     }
 
     /// Every verified file, sorted by file name then digest.
     pub fn ls(&self) -> io::Result<Vec<CacheEntry>> {
         let mut entries = Vec::new();
-        let Ok(digests) = fs::read_dir(self.root.join("sha256")) else { return Ok(entries) };
+        let Ok(digests) = fs::read_dir(self.root.join("sha256")) else {
+            return Ok(entries);
+        };
         for digest in digests {
             let digest = digest?;
             let sha256 = digest.file_name().to_string_lossy().into_owned();
@@ -229,7 +249,12 @@ impl Cache {
                 let meta = file.metadata()?;
                 // `.NAME.PID.tmp` are links being made by `get`.
                 if meta.is_file() && !filename.starts_with('.') {
-                    entries.push(CacheEntry { sha256: sha256.clone(), filename, path: file.path(), size: meta.len() });
+                    entries.push(CacheEntry {
+                        sha256: sha256.clone(),
+                        filename,
+                        path: file.path(),
+                        size: meta.len(),
+                    });
                 }
             }
         }
@@ -245,7 +270,11 @@ impl Cache {
             let actual_sha256 = sha256_file(&entry.path)?;
             if actual_sha256 != entry.sha256 {
                 let removed = remove && fs::remove_file(&entry.path).is_ok();
-                corrupt.push(CorruptEntry { entry: entry.clone(), actual_sha256, removed });
+                corrupt.push(CorruptEntry {
+                    entry: entry.clone(),
+                    actual_sha256,
+                    removed,
+                });
             }
         }
         Ok((entries.len(), corrupt))
@@ -280,7 +309,9 @@ impl Cache {
             if keep.contains(&entry.sha256) {
                 continue;
             }
-            let Some(_lock) = self.try_lock(&entry.sha256)? else { continue };
+            let Some(_lock) = self.try_lock(&entry.sha256)? else {
+                continue;
+            };
             if !dry_run {
                 fs::remove_file(&entry.path)?;
                 let _ = fs::remove_dir(entry.path.parent().unwrap());
@@ -295,8 +326,12 @@ impl Cache {
             for partial in partials {
                 let partial = partial?;
                 let name = partial.file_name().to_string_lossy().into_owned();
-                let Some(key) = name.strip_suffix(".part") else { continue };
-                let Some(_lock) = self.try_lock(key)? else { continue };
+                let Some(key) = name.strip_suffix(".part") else {
+                    continue;
+                };
+                let Some(_lock) = self.try_lock(key)? else {
+                    continue;
+                };
                 report.bytes_freed += partial.metadata()?.len();
                 if !dry_run {
                     fs::remove_file(partial.path())?;
@@ -309,17 +344,23 @@ impl Cache {
 
     /// Tree and tree-match records whose file is gone.
     fn drop_dangling_records(&self) -> io::Result<()> {
-        for (dir, is_dangling) in [
-            ("tree-match", &|path: &Path| -> io::Result<bool> {
-                let record: Option<TreeMatchRecord> = read_json(path)?;
-                Ok(record.is_none_or(|r| !self.entry_path(&r.actual_sha256, &r.filename).is_file()))
-            } as &dyn Fn(&Path) -> io::Result<bool>),
-            ("trees", &|path: &Path| -> io::Result<bool> {
-                let record: Option<TreeRecord> = read_json(path)?;
-                Ok(record.is_none_or(|r| !self.entry_path(&r.sha256, &r.filename).is_file()))
-            }),
-        ] {
-            let Ok(records) = fs::read_dir(self.root.join(dir)) else { continue };
+        for (dir, is_dangling) in
+            [
+                ("tree-match", &|path: &Path| -> io::Result<bool> {
+                    let record: Option<TreeMatchRecord> = read_json(path)?;
+                    Ok(record
+                        .is_none_or(|r| !self.entry_path(&r.actual_sha256, &r.filename).is_file()))
+                }
+                    as &dyn Fn(&Path) -> io::Result<bool>),
+                ("trees", &|path: &Path| -> io::Result<bool> {
+                    let record: Option<TreeRecord> = read_json(path)?;
+                    Ok(record.is_none_or(|r| !self.entry_path(&r.sha256, &r.filename).is_file()))
+                }),
+            ]
+        {
+            let Ok(records) = fs::read_dir(self.root.join(dir)) else {
+                continue;
+            };
             for record in records {
                 let path = record?.path();
                 if is_dangling(&path).unwrap_or(true) {
@@ -338,14 +379,18 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(err) => return Err(err),
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })
 }
 
 /// The lowercase hex sha256 of a file's bytes.
 pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let mut file = File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     let mut hasher = Sha256::new();
     io::copy(&mut file, &mut hasher)?;
     Ok(hex::encode(hasher.finalize()))
@@ -355,7 +400,11 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().expect("a file path has a parent");
     fs::create_dir_all(dir)?;
-    let temp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap().to_string_lossy(), std::process::id()));
+    let temp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().unwrap().to_string_lossy(),
+        std::process::id()
+    ));
     let mut file = File::create(&temp)?;
     file.write_all(bytes)?;
     file.sync_all()?;

@@ -63,7 +63,12 @@ pub(crate) async fn download_http(
                 // A previous run got every byte but died before checking them.
                 let (hasher, size) = hash_prefix(part, size).await?;
                 let sha256 = hex::encode(hasher.finalize());
-                return Ok(Downloaded { sha256, size, transferred, resumed_from: size });
+                return Ok(Downloaded {
+                    sha256,
+                    size,
+                    transferred,
+                    resumed_from: size,
+                });
             }
         }
         resumed_from.get_or_insert(offset);
@@ -82,10 +87,18 @@ pub(crate) async fn download_http(
                 transferred += received;
                 let size = file_len(part);
                 if let Some(expected) = expected_size.filter(|&e| e != size) {
-                    return Err(SourceError::SizeMismatch { expected, actual: size });
+                    return Err(SourceError::SizeMismatch {
+                        expected,
+                        actual: size,
+                    });
                 }
                 let resumed_from = resumed_from.unwrap_or(0);
-                return Ok(Downloaded { sha256, size, transferred, resumed_from });
+                return Ok(Downloaded {
+                    sha256,
+                    size,
+                    transferred,
+                    resumed_from,
+                });
             }
             Attempt::Restart => {}
             Attempt::Permanent(error) => return Err(error),
@@ -102,8 +115,14 @@ pub(crate) async fn download_http(
                 if failures > policy.retries || attempts >= MAX_ATTEMPTS {
                     return Err(failure.into_error(attempts));
                 }
-                let delay = wait.map(|w| w.min(policy.max_retry_after)).unwrap_or_else(|| policy.backoff_for(failures));
-                bar.set_message(format!("retrying in {:.1}s: {}", delay.as_secs_f32(), failure.message()));
+                let delay = wait
+                    .map(|w| w.min(policy.max_retry_after))
+                    .unwrap_or_else(|| policy.backoff_for(failures));
+                bar.set_message(format!(
+                    "retrying in {:.1}s: {}",
+                    delay.as_secs_f32(),
+                    failure.message()
+                ));
                 tokio::time::sleep(delay).await;
             }
         }
@@ -169,14 +188,20 @@ async fn receive(
     let mut start = offset;
     match status {
         StatusCode::PARTIAL_CONTENT if offset > 0 => {
-            let range =
-                response.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).and_then(parse_content_range);
+            let range = response
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_content_range);
             match range {
                 Some((first, total)) if first == offset => {
                     if let (Some(expected), Some(total)) = (expected_size, total)
                         && expected != total
                     {
-                        return Ok(Attempt::Permanent(SourceError::SizeMismatch { expected, actual: total }));
+                        return Ok(Attempt::Permanent(SourceError::SizeMismatch {
+                            expected,
+                            actual: total,
+                        }));
                     }
                 }
                 // Not the part we asked for: start over without Range.
@@ -196,7 +221,10 @@ async fn receive(
             if let (Some(expected), Some(announced)) = (expected_size, response.content_length())
                 && expected != announced
             {
-                return Ok(Attempt::Permanent(SourceError::SizeMismatch { expected, actual: announced }));
+                return Ok(Attempt::Permanent(SourceError::SizeMismatch {
+                    expected,
+                    actual: announced,
+                }));
             }
         }
         StatusCode::RANGE_NOT_SATISFIABLE if offset > 0 => {
@@ -210,10 +238,19 @@ async fn receive(
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            return Ok(Attempt::Failed(Failure { kind: FailureKind::Status(status.as_u16()), received: 0 }, wait));
+            return Ok(Attempt::Failed(
+                Failure {
+                    kind: FailureKind::Status(status.as_u16()),
+                    received: 0,
+                },
+                wait,
+            ));
         }
         status => {
-            return Ok(Attempt::Permanent(SourceError::Status { code: status.as_u16(), attempts: 1 }));
+            return Ok(Attempt::Permanent(SourceError::Status {
+                code: status.as_u16(),
+                attempts: 1,
+            }));
         }
     }
 
@@ -222,7 +259,9 @@ async fn receive(
         0 => Sha256::new(),
         _ => hash_prefix(part, start).await?.0,
     };
-    let io_error = |e: io::Error| SourceError::Io { message: format!("writing {}: {e}", part.display()) };
+    let io_error = |e: io::Error| SourceError::Io {
+        message: format!("writing {}: {e}", part.display()),
+    };
     let mut file = match start {
         0 => tokio::fs::File::create(part).await,
         _ => tokio::fs::OpenOptions::new().append(true).open(part).await,
@@ -242,7 +281,10 @@ async fn receive(
                     drop(file);
                     truncate(part)?;
                     let actual = start + received;
-                    return Ok(Attempt::Permanent(SourceError::SizeMismatch { expected, actual }));
+                    return Ok(Attempt::Permanent(SourceError::SizeMismatch {
+                        expected,
+                        actual,
+                    }));
                 }
             }
             Ok(None) => break None,
@@ -253,23 +295,43 @@ async fn receive(
     file.flush().await.map_err(io_error)?;
     file.sync_all().await.map_err(io_error)?;
     Ok(match failure {
-        None => Attempt::Done { received, sha256: hex::encode(hasher.finalize()) },
-        Some(Attempt::Failed(failure, wait)) => Attempt::Failed(Failure { received, ..failure }, wait),
+        None => Attempt::Done {
+            received,
+            sha256: hex::encode(hasher.finalize()),
+        },
+        Some(Attempt::Failed(failure, wait)) => Attempt::Failed(
+            Failure {
+                received,
+                ..failure
+            },
+            wait,
+        ),
         Some(other) => other,
     })
 }
 
 fn is_transient(status: StatusCode) -> bool {
-    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::REQUEST_TIMEOUT
+    status.is_server_error()
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
 }
 
 /// Builder and redirect errors will not get better by retrying; the rest might.
 fn transport_error(err: &reqwest::Error) -> Attempt {
     let message = error_chain(err);
     if err.is_builder() || err.is_redirect() {
-        Attempt::Permanent(SourceError::Transport { message, attempts: 1 })
+        Attempt::Permanent(SourceError::Transport {
+            message,
+            attempts: 1,
+        })
     } else {
-        Attempt::Failed(Failure { kind: FailureKind::Transport(message), received: 0 }, None)
+        Attempt::Failed(
+            Failure {
+                kind: FailureKind::Transport(message),
+                received: 0,
+            },
+            None,
+        )
     }
 }
 
@@ -293,7 +355,11 @@ fn parse_content_range(value: &str) -> Option<(u64, Option<u64>)> {
     let rest = value.trim().strip_prefix("bytes ")?;
     let (range, total) = rest.split_once('/')?;
     let (first, _) = range.split_once('-')?;
-    let total = if total.trim() == "*" { None } else { Some(total.trim().parse().ok()?) };
+    let total = if total.trim() == "*" {
+        None
+    } else {
+        Some(total.trim().parse().ok()?)
+    };
     Some((first.trim().parse().ok()?, total))
 }
 
@@ -303,9 +369,9 @@ fn file_len(path: &Path) -> u64 {
 
 fn truncate(path: &Path) -> Result<(), SourceError> {
     match std::fs::remove_file(path) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => {
-            Err(SourceError::Io { message: format!("removing {}: {err}", path.display()) })
-        }
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(SourceError::Io {
+            message: format!("removing {}: {err}", path.display()),
+        }),
         _ => Ok(()),
     }
 }
@@ -321,17 +387,29 @@ async fn hash_prefix(path: &Path, limit: u64) -> Result<(Sha256, u64), SourceErr
     })
     .await
     .expect("hashing thread panicked")
-    .map_err(|e| SourceError::Io { message: format!("reading {}: {e}", path.display()) })
+    .map_err(|e| SourceError::Io {
+        message: format!("reading {}: {e}", path.display()),
+    })
 }
 
 /// Copies a local file (mirror directory, `file://` URL) into `part`, hashing it.
-pub(crate) fn copy_local(source: &Path, part: &Path, bar: &ProgressBar) -> Result<Downloaded, SourceError> {
+pub(crate) fn copy_local(
+    source: &Path,
+    part: &Path,
+    bar: &ProgressBar,
+) -> Result<Downloaded, SourceError> {
     let mut input = match std::fs::File::open(source) {
         Ok(file) => file,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
-            return Err(SourceError::NotInMirror { path: source.to_path_buf() });
+            return Err(SourceError::NotInMirror {
+                path: source.to_path_buf(),
+            });
         }
-        Err(err) => return Err(SourceError::Io { message: format!("reading {}: {err}", source.display()) }),
+        Err(err) => {
+            return Err(SourceError::Io {
+                message: format!("reading {}: {err}", source.display()),
+            });
+        }
     };
     let mut copy = || -> io::Result<(String, u64)> {
         let mut output = std::fs::File::create(part)?;
@@ -351,9 +429,15 @@ pub(crate) fn copy_local(source: &Path, part: &Path, bar: &ProgressBar) -> Resul
         output.sync_all()?;
         Ok((hex::encode(hasher.finalize()), size))
     };
-    let (sha256, size) = copy()
-        .map_err(|e| SourceError::Io { message: format!("copying {} to {}: {e}", source.display(), part.display()) })?;
-    Ok(Downloaded { sha256, size, transferred: 0, resumed_from: 0 })
+    let (sha256, size) = copy().map_err(|e| SourceError::Io {
+        message: format!("copying {} to {}: {e}", source.display(), part.display()),
+    })?;
+    Ok(Downloaded {
+        sha256,
+        size,
+        transferred: 0,
+        resumed_from: 0,
+    })
 }
 
 #[cfg(test)]
@@ -362,7 +446,10 @@ mod tests {
 
     #[test]
     fn content_range_forms() {
-        assert_eq!(parse_content_range("bytes 100-199/1000"), Some((100, Some(1000))));
+        assert_eq!(
+            parse_content_range("bytes 100-199/1000"),
+            Some((100, Some(1000)))
+        );
         assert_eq!(parse_content_range("bytes 100-199/*"), Some((100, None)));
         assert_eq!(parse_content_range("bytes */1000"), None);
     }

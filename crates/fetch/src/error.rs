@@ -13,16 +13,25 @@ pub enum FetchError {
     /// `--offline` and some artifacts are in neither the cache nor a local mirror.
     #[error("{}", render_offline(.0))]
     Offline(Vec<ArtifactFailure>),
-    #[error("--source {name}=...: the lock has no artifact named {name:?}; its artifacts are: {known}")]
+    #[error(
+        "--source {name}=...: the lock has no artifact named {name:?}; its artifacts are: {known}"
+    )]
     UnknownOverride { name: String, known: String },
     #[error("--source {name}={}: {message}", .path.display())]
-    BadOverride { name: String, path: PathBuf, message: String },
+    BadOverride {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
     #[error("invalid artifact list: {0}")]
     InvalidArtifact(String),
     #[error("{0}")]
     Setup(String),
     #[error("cache {}: {source}", .dir.display())]
-    Cache { dir: PathBuf, source: std::io::Error },
+    Cache {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Every source tried for one artifact, and why each failed.
@@ -103,8 +112,16 @@ pub enum SourceError {
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SourceError::HashMismatch { expected, actual, size, tree } => {
-                write!(f, "sha256 mismatch: expected {expected}, got {actual} ({size} bytes)")?;
+            SourceError::HashMismatch {
+                expected,
+                actual,
+                size,
+                tree,
+            } => {
+                write!(
+                    f,
+                    "sha256 mismatch: expected {expected}, got {actual} ({size} bytes)"
+                )?;
                 match tree {
                     TreeCheck::NotLocked => Ok(()),
                     TreeCheck::Matches => write!(
@@ -112,11 +129,17 @@ impl fmt::Display for SourceError {
                         "; its unpacked tree matches the locked tree hash (same contents, other archive): \
                          pass --accept-tree-match to use it (outputs will say so)"
                     ),
-                    TreeCheck::Differs { actual } => write!(f, "; its unpacked tree differs too ({actual})"),
+                    TreeCheck::Differs { actual } => {
+                        write!(f, "; its unpacked tree differs too ({actual})")
+                    }
                     TreeCheck::Unreadable { message } => write!(f, "; no tree hash: {message}"),
                 }
             }
-            SourceError::TreeMismatch { expected, found, sha256 } => {
+            SourceError::TreeMismatch {
+                expected,
+                found,
+                sha256,
+            } => {
                 write!(f, "tree hash mismatch: expected {expected}, ")?;
                 match found {
                     TreeCheck::Differs { actual } => write!(f, "got {actual}")?,
@@ -126,11 +149,20 @@ impl fmt::Display for SourceError {
                 write!(f, " (archive sha256 {sha256})")
             }
             SourceError::SizeMismatch { expected, actual } => {
-                write!(f, "size mismatch: the lock says {expected} bytes, the server {actual}")
+                write!(
+                    f,
+                    "size mismatch: the lock says {expected} bytes, the server {actual}"
+                )
             }
-            SourceError::Status { code, attempts } => write!(f, "HTTP {code} (after {attempts} attempt(s))"),
-            SourceError::Transport { message, attempts } => write!(f, "{message} (after {attempts} attempt(s))"),
-            SourceError::NotInMirror { path } => write!(f, "not in the mirror ({} does not exist)", path.display()),
+            SourceError::Status { code, attempts } => {
+                write!(f, "HTTP {code} (after {attempts} attempt(s))")
+            }
+            SourceError::Transport { message, attempts } => {
+                write!(f, "{message} (after {attempts} attempt(s))")
+            }
+            SourceError::NotInMirror { path } => {
+                write!(f, "not in the mirror ({} does not exist)", path.display())
+            }
             SourceError::SkippedOffline => write!(f, "not tried: offline"),
             SourceError::Unpinned => write!(
                 f,
@@ -144,7 +176,10 @@ impl fmt::Display for SourceError {
 
 impl ArtifactFailure {
     fn render(&self, out: &mut String) {
-        out.push_str(&format!("  {} ({}, {}):\n", self.name, self.filename, self.pin));
+        out.push_str(&format!(
+            "  {} ({}, {}):\n",
+            self.name, self.filename, self.pin
+        ));
         if self.attempts.is_empty() {
             out.push_str("    no source: the artifact has no URL and no mirror was given\n");
         }
@@ -163,14 +198,47 @@ fn render_failures(failures: &[ArtifactFailure]) -> String {
     for failure in failures {
         failure.render(&mut out);
     }
-    let hash = failures
-        .iter()
-        .any(|f| f.has(|e| matches!(e, SourceError::HashMismatch { .. } | SourceError::TreeMismatch { .. })));
-    let tree =
-        failures.iter().any(|f| f.has(|e| matches!(e, SourceError::HashMismatch { tree: TreeCheck::Matches, .. })));
-    let gone = failures.iter().any(|f| f.has(|e| matches!(e, SourceError::Status { code: 404 | 410, .. })));
+    let hash = failures.iter().any(|f| {
+        f.has(|e| {
+            matches!(
+                e,
+                SourceError::HashMismatch { .. } | SourceError::TreeMismatch { .. }
+            )
+        })
+    });
+    let tree = failures.iter().any(|f| {
+        f.has(|e| {
+            matches!(
+                e,
+                SourceError::HashMismatch {
+                    tree: TreeCheck::Matches,
+                    ..
+                }
+            )
+        })
+    });
+    let gone = failures.iter().any(|f| {
+        f.has(|e| {
+            matches!(
+                e,
+                SourceError::Status {
+                    code: 404 | 410,
+                    ..
+                }
+            )
+        })
+    });
     let net = failures.iter().any(|f| {
-        f.has(|e| matches!(e, SourceError::Transport { .. } | SourceError::Status { code: 429 | 500..=599, .. }))
+        f.has(|e| {
+            matches!(
+                e,
+                SourceError::Transport { .. }
+                    | SourceError::Status {
+                        code: 429 | 500..=599,
+                        ..
+                    }
+            )
+        })
     });
     out.push_str("what to do:\n");
     if hash {
@@ -193,12 +261,17 @@ fn render_failures(failures: &[ArtifactFailure]) -> String {
              (it resumes partial files), or use `--mirror`.\n",
         );
     }
-    out.push_str("  - what was fetched is in the cache; the next `cargo xtask fetch` only gets the rest.");
+    out.push_str(
+        "  - what was fetched is in the cache; the next `cargo xtask fetch` only gets the rest.",
+    );
     out
 }
 
 fn render_offline(missing: &[ArtifactFailure]) -> String {
-    let mut out = format!("offline: {} artifact(s) are in neither the cache nor a local mirror:\n", missing.len());
+    let mut out = format!(
+        "offline: {} artifact(s) are in neither the cache nor a local mirror:\n",
+        missing.len()
+    );
     for failure in missing {
         failure.render(&mut out);
     }

@@ -79,10 +79,13 @@ impl FromStr for SourceOverride {
 
     fn from_str(text: &str) -> Result<SourceOverride, String> {
         match text.split_once('=') {
-            Some((name, path)) if !name.is_empty() && !path.is_empty() => {
-                Ok(SourceOverride { name: name.to_string(), path: PathBuf::from(path) })
-            }
-            _ => Err(format!("{text:?} is not NAME=PATH (e.g. nvshmem=../nvshmem_src)")),
+            Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok(SourceOverride {
+                name: name.to_string(),
+                path: PathBuf::from(path),
+            }),
+            _ => Err(format!(
+                "{text:?} is not NAME=PATH (e.g. nvshmem=../nvshmem_src)"
+            )),
         }
     }
 }
@@ -112,11 +115,19 @@ pub enum Provenance {
     LockedTree { sha256: String, tree_sha256: String },
     /// Another archive than the locked one, whose unpacked tree hash equals the locked
     /// tree hash; accepted because the user passed `accept_tree_match`.
-    TreeMatch { locked_sha256: String, actual_sha256: String, tree_sha256: String },
+    TreeMatch {
+        locked_sha256: String,
+        actual_sha256: String,
+        tree_sha256: String,
+    },
     /// Replaced by the user (`--source NAME=PATH`): not what the lock names. Hashes are
     /// given where they could be computed (a file's sha256; a tree hash for directories
     /// and archives).
-    Override { path: PathBuf, sha256: Option<String>, tree_sha256: Option<String> },
+    Override {
+        path: PathBuf,
+        sha256: Option<String>,
+        tree_sha256: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -139,7 +150,10 @@ pub enum Origin {
 impl Fetched {
     /// True when this is what the lock pins (by sha256, or by tree for tree-pinned archives).
     pub fn is_locked(&self) -> bool {
-        matches!(self.provenance, Provenance::Locked { .. } | Provenance::LockedTree { .. })
+        matches!(
+            self.provenance,
+            Provenance::Locked { .. } | Provenance::LockedTree { .. }
+        )
     }
 
     /// The sha256 of the file used, when it is a file (not a directory override).
@@ -156,12 +170,18 @@ impl Fetched {
     pub fn deviation(&self) -> Option<String> {
         match &self.provenance {
             Provenance::Locked { .. } | Provenance::LockedTree { .. } => None,
-            Provenance::TreeMatch { locked_sha256, actual_sha256, tree_sha256 } => Some(format!(
+            Provenance::TreeMatch {
+                locked_sha256,
+                actual_sha256,
+                tree_sha256,
+            } => Some(format!(
                 "{}: TREE MATCH: archive sha256 {actual_sha256} is not the locked {locked_sha256}; \
                  accepted because its tree hash {tree_sha256} equals the lock's (--accept-tree-match)",
                 self.name
             )),
-            Provenance::Override { path, tree_sha256, .. } => Some(format!(
+            Provenance::Override {
+                path, tree_sha256, ..
+            } => Some(format!(
                 "{}: OVERRIDE: local {} replaces the locked artifact (--source); tree {}; not reproducible",
                 self.name,
                 path.display(),
@@ -185,7 +205,10 @@ pub struct Summary {
 
 impl Summary {
     pub fn of(fetched: &[Fetched]) -> Summary {
-        let mut summary = Summary { artifacts: fetched.len(), ..Summary::default() };
+        let mut summary = Summary {
+            artifacts: fetched.len(),
+            ..Summary::default()
+        };
         for item in fetched {
             match item.origin {
                 Origin::Cache => summary.from_cache += 1,
@@ -206,7 +229,10 @@ impl Summary {
 
 /// Fetches every artifact (the results are in the same order). Builds its own tokio
 /// runtime: call it from synchronous code; from async code use [`fetch_all_async`].
-pub fn fetch_all(artifacts: &[Artifact], options: &FetchOptions) -> Result<Vec<Fetched>, FetchError> {
+pub fn fetch_all(
+    artifacts: &[Artifact],
+    options: &FetchOptions,
+) -> Result<Vec<Fetched>, FetchError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -216,14 +242,19 @@ pub fn fetch_all(artifacts: &[Artifact], options: &FetchOptions) -> Result<Vec<F
 
 /// See [`fetch_all`]. Artifacts that fail do not stop the others: what can be fetched is
 /// cached, then every failure is reported at once.
-pub async fn fetch_all_async(artifacts: &[Artifact], options: &FetchOptions) -> Result<Vec<Fetched>, FetchError> {
+pub async fn fetch_all_async(
+    artifacts: &[Artifact],
+    options: &FetchOptions,
+) -> Result<Vec<Fetched>, FetchError> {
     for artifact in artifacts {
         artifact.validate().map_err(FetchError::InvalidArtifact)?;
     }
     let overridden = resolve_overrides(artifacts, &options.overrides).await?;
     let cache = Cache::new(&options.cache_dir);
-    std::fs::create_dir_all(cache.root().join("tmp"))
-        .map_err(|source| FetchError::Cache { dir: cache.root().to_path_buf(), source })?;
+    std::fs::create_dir_all(cache.root().join("tmp")).map_err(|source| FetchError::Cache {
+        dir: cache.root().to_path_buf(),
+        source,
+    })?;
     // Offline builds no client at all: nothing can open a socket.
     let client = match options.offline {
         true => None,
@@ -289,19 +320,34 @@ async fn resolve_overrides(
 ) -> Result<HashMap<usize, Fetched>, FetchError> {
     let mut by_index = HashMap::new();
     for wanted in overrides {
-        let matching: Vec<usize> = (0..artifacts.len()).filter(|&i| artifacts[i].name == wanted.name).collect();
+        let matching: Vec<usize> = (0..artifacts.len())
+            .filter(|&i| artifacts[i].name == wanted.name)
+            .collect();
         if matching.is_empty() {
             let known: Vec<&str> = artifacts.iter().map(|a| a.name.as_str()).collect();
-            return Err(FetchError::UnknownOverride { name: wanted.name.clone(), known: known.join(", ") });
+            return Err(FetchError::UnknownOverride {
+                name: wanted.name.clone(),
+                known: known.join(", "),
+            });
         }
-        let bad =
-            |message: String| FetchError::BadOverride { name: wanted.name.clone(), path: wanted.path.clone(), message };
+        let bad = |message: String| FetchError::BadOverride {
+            name: wanted.name.clone(),
+            path: wanted.path.clone(),
+            message,
+        };
         let path = std::fs::canonicalize(&wanted.path).map_err(|e| bad(format!("{e}")))?;
         let hashed_path = path.clone();
         let (sha256, tree_sha256) = tokio::task::spawn_blocking(move || {
             let path = hashed_path;
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let sha256 = if path.is_file() { Some(sha256_file(&path)) } else { None };
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let sha256 = if path.is_file() {
+                Some(sha256_file(&path))
+            } else {
+                None
+            };
             let tree = if path.is_dir() || tree::ArchiveKind::of(&name).is_some() {
                 Some(tree::tree_sha256(&path, &name))
             } else {
@@ -375,22 +421,33 @@ impl Run<'_> {
         };
         if !artifact.is_pinned() {
             let url = artifact.urls.first().cloned().unwrap_or_default();
-            return Err(failure(vec![SourceFailure { url, error: SourceError::Unpinned }]));
+            return Err(failure(vec![SourceFailure {
+                url,
+                error: SourceError::Unpinned,
+            }]));
         }
         let key = artifact.cache_key();
         let bar = self.progress.bar(&artifact.name, artifact.size);
         let _lock = self
             .cache
-            .lock(&key, || bar.set_message("waiting for another process fetching it"))
+            .lock(&key, || {
+                bar.set_message("waiting for another process fetching it")
+            })
             .await
             .map_err(|e| cache_failure(format!("{e}")))?;
-        if let Some((path, provenance)) = self.cached(artifact).map_err(|e| cache_failure(format!("{e}")))? {
+        if let Some((path, provenance)) = self
+            .cached(artifact)
+            .map_err(|e| cache_failure(format!("{e}")))?
+        {
             bar.finish_and_clear();
             return Ok(fetched(path, provenance, Origin::Cache, 0));
         }
 
         let sources = sources_for(artifact, &self.options.mirrors).map_err(|message| {
-            failure(vec![SourceFailure { url: artifact.urls.join(" "), error: SourceError::Io { message } }])
+            failure(vec![SourceFailure {
+                url: artifact.urls.join(" "),
+                error: SourceError::Io { message },
+            }])
         })?;
         let part = self.cache.partial_path(&key);
         let mut attempts = Vec::new();
@@ -398,7 +455,10 @@ impl Run<'_> {
         for source in &sources {
             let label = source.label();
             if self.options.offline && source.needs_network() {
-                attempts.push(SourceFailure { url: label, error: SourceError::SkippedOffline });
+                attempts.push(SourceFailure {
+                    url: label,
+                    error: SourceError::SkippedOffline,
+                });
                 continue;
             }
             let origin = match source.is_mirror() {
@@ -419,9 +479,14 @@ impl Run<'_> {
                 bytes_downloaded += got.transferred;
                 match self.judge(artifact, &part, &got, restarted).await {
                     Verdict::Accept(provenance) => {
-                        let path = self
-                            .commit(&part, artifact, &got, &provenance)
-                            .map_err(|e| cache_failure(format!("moving {} into the cache: {e}", part.display())))?;
+                        let path =
+                            self.commit(&part, artifact, &got, &provenance)
+                                .map_err(|e| {
+                                    cache_failure(format!(
+                                        "moving {} into the cache: {e}",
+                                        part.display()
+                                    ))
+                                })?;
                         bar.finish_and_clear();
                         return Ok(fetched(path, provenance, origin, bytes_downloaded));
                     }
@@ -446,7 +511,12 @@ impl Run<'_> {
         match (&artifact.sha256, &artifact.tree_sha256) {
             (Some(sha256), _) => {
                 if let Some(path) = self.cache.get(sha256, &artifact.filename)? {
-                    return Ok(Some((path, Provenance::Locked { sha256: sha256.clone() })));
+                    return Ok(Some((
+                        path,
+                        Provenance::Locked {
+                            sha256: sha256.clone(),
+                        },
+                    )));
                 }
                 if self.options.accept_tree_match
                     && let Some((record, path)) = self.cache.tree_match(sha256)?
@@ -456,21 +526,33 @@ impl Run<'_> {
                 Ok(None)
             }
             (None, Some(tree)) => Ok(self.cache.by_tree(tree)?.map(|(record, path)| {
-                (path, Provenance::LockedTree { sha256: record.sha256, tree_sha256: record.tree_sha256 })
+                (
+                    path,
+                    Provenance::LockedTree {
+                        sha256: record.sha256,
+                        tree_sha256: record.tree_sha256,
+                    },
+                )
             })),
             (None, None) => Ok(None),
         }
     }
 
     /// Checks what one source gave against the lock's pin.
-    async fn judge(&self, artifact: &Artifact, part: &Path, got: &Downloaded, restarted: bool) -> Verdict {
+    async fn judge(
+        &self,
+        artifact: &Artifact,
+        part: &Path,
+        got: &Downloaded,
+        restarted: bool,
+    ) -> Verdict {
         // A resumed file may have begun with another version's bytes: try once more from
         // the first byte before blaming the source.
         let may_retry = got.resumed_from > 0 && !restarted;
         match &artifact.sha256 {
-            Some(expected) if *expected == got.sha256 => {
-                Verdict::Accept(Provenance::Locked { sha256: got.sha256.clone() })
-            }
+            Some(expected) if *expected == got.sha256 => Verdict::Accept(Provenance::Locked {
+                sha256: got.sha256.clone(),
+            }),
             Some(_) if may_retry => Verdict::RetryFromScratch,
             Some(expected) => {
                 let tree = check_tree(artifact, part).await;
@@ -478,7 +560,10 @@ impl Run<'_> {
                     return Verdict::Accept(Provenance::TreeMatch {
                         locked_sha256: expected.clone(),
                         actual_sha256: got.sha256.clone(),
-                        tree_sha256: artifact.tree_sha256.clone().expect("a tree match implies a locked tree hash"),
+                        tree_sha256: artifact
+                            .tree_sha256
+                            .clone()
+                            .expect("a tree match implies a locked tree hash"),
                     });
                 }
                 Verdict::Reject(SourceError::HashMismatch {
@@ -491,7 +576,10 @@ impl Run<'_> {
             None => match check_tree(artifact, part).await {
                 TreeCheck::Matches => Verdict::Accept(Provenance::LockedTree {
                     sha256: got.sha256.clone(),
-                    tree_sha256: artifact.tree_sha256.clone().expect("validated: tree-pinned"),
+                    tree_sha256: artifact
+                        .tree_sha256
+                        .clone()
+                        .expect("validated: tree-pinned"),
                 }),
                 _ if may_retry => Verdict::RetryFromScratch,
                 found => Verdict::Reject(SourceError::TreeMismatch {
@@ -514,7 +602,11 @@ impl Run<'_> {
     ) -> std::io::Result<PathBuf> {
         let path = self.cache.commit(part, &got.sha256, &artifact.filename)?;
         match provenance {
-            Provenance::TreeMatch { locked_sha256, actual_sha256, tree_sha256 } => {
+            Provenance::TreeMatch {
+                locked_sha256,
+                actual_sha256,
+                tree_sha256,
+            } => {
                 self.cache.record_tree_match(&TreeMatchRecord {
                     locked_sha256: locked_sha256.clone(),
                     actual_sha256: actual_sha256.clone(),
@@ -522,7 +614,10 @@ impl Run<'_> {
                     tree_sha256: tree_sha256.clone(),
                 })?;
             }
-            Provenance::LockedTree { sha256, tree_sha256 } => {
+            Provenance::LockedTree {
+                sha256,
+                tree_sha256,
+            } => {
                 self.cache.record_tree(&TreeRecord {
                     tree_sha256: tree_sha256.clone(),
                     sha256: sha256.clone(),
@@ -543,7 +638,10 @@ impl Run<'_> {
     ) -> Result<Downloaded, SourceError> {
         match source {
             Source::Http { url, .. } => {
-                let client = self.client.as_ref().expect("http sources are skipped offline");
+                let client = self
+                    .client
+                    .as_ref()
+                    .expect("http sources are skipped offline");
                 download::download_http(client, url, part, size, &self.policy, bar).await
             }
             Source::File { path, .. } => {
@@ -567,13 +665,18 @@ fn tree_match_provenance(record: TreeMatchRecord) -> Provenance {
 
 /// Compares the downloaded archive's tree hash with the locked one, if the lock has one.
 async fn check_tree(artifact: &Artifact, part: &Path) -> TreeCheck {
-    let Some(locked) = artifact.tree_sha256.clone() else { return TreeCheck::NotLocked };
+    let Some(locked) = artifact.tree_sha256.clone() else {
+        return TreeCheck::NotLocked;
+    };
     let (part, filename) = (part.to_path_buf(), artifact.filename.clone());
-    let actual =
-        tokio::task::spawn_blocking(move || tree::tree_sha256(&part, &filename)).await.expect("tree hashing panicked");
+    let actual = tokio::task::spawn_blocking(move || tree::tree_sha256(&part, &filename))
+        .await
+        .expect("tree hashing panicked");
     match actual {
         Ok(actual) if actual == locked => TreeCheck::Matches,
         Ok(actual) => TreeCheck::Differs { actual },
-        Err(err) => TreeCheck::Unreadable { message: err.to_string() },
+        Err(err) => TreeCheck::Unreadable {
+            message: err.to_string(),
+        },
     }
 }

@@ -24,8 +24,14 @@ mod source;
 pub mod tree;
 
 pub use artifact::{Artifact, filename_of_url, normalize_sha256};
-pub use cache::{Cache, CacheEntry, CorruptEntry, DigestLock, GcReport, TreeMatchRecord, TreeRecord, sha256_file};
+pub use cache::{
+    Cache, CacheEntry, CorruptEntry, DigestLock, GcReport, TreeMatchRecord, TreeRecord, sha256_file,
+};
 pub use error::{ArtifactFailure, FetchError, SourceError, SourceFailure, TreeCheck};
-pub use fetch::{FetchOptions, Fetched, Origin, Provenance, SourceOverride, Summary, fetch_all, fetch_all_async};
-pub use mirror_export::{ExportReport, MIRROR_MANIFEST, MirrorEntry, MirrorManifest, export_mirror, read_manifest};
+pub use fetch::{
+    FetchOptions, Fetched, Origin, Provenance, SourceOverride, Summary, fetch_all, fetch_all_async,
+};
+pub use mirror_export::{
+    ExportReport, MIRROR_MANIFEST, MirrorEntry, MirrorManifest, export_mirror, read_manifest,
+};
 pub use source::Mirror;

@@ -47,21 +47,30 @@ pub struct ExportReport {
 /// Copies every fetched artifact into `dir` (created if needed) and writes the manifest.
 /// Overrides are refused: a mirror carries locked artifacts only.
 pub fn export_mirror(fetched: &[Fetched], dir: &Path) -> Result<ExportReport, FetchError> {
-    let setup = |message: String| FetchError::Setup(format!("mirror export to {}: {message}", dir.display()));
+    let setup = |message: String| {
+        FetchError::Setup(format!("mirror export to {}: {message}", dir.display()))
+    };
     fs::create_dir_all(dir).map_err(|e| setup(format!("creating it: {e}")))?;
     let mut by_filename: HashMap<&str, (&str, String)> = HashMap::new();
     let mut report = ExportReport {
-        manifest: MirrorManifest { format: 1, artifacts: Vec::new() },
+        manifest: MirrorManifest {
+            format: 1,
+            artifacts: Vec::new(),
+        },
         copied: 0,
         kept: 0,
         bytes_copied: 0,
     };
     for item in fetched {
         let (sha256, locked_sha256) = match &item.provenance {
-            Provenance::Locked { sha256 } | Provenance::LockedTree { sha256, .. } => (sha256.clone(), None),
-            Provenance::TreeMatch { actual_sha256, locked_sha256, .. } => {
-                (actual_sha256.clone(), Some(locked_sha256.clone()))
+            Provenance::Locked { sha256 } | Provenance::LockedTree { sha256, .. } => {
+                (sha256.clone(), None)
             }
+            Provenance::TreeMatch {
+                actual_sha256,
+                locked_sha256,
+                ..
+            } => (actual_sha256.clone(), Some(locked_sha256.clone())),
             Provenance::Override { path, .. } => {
                 return Err(setup(format!(
                     "{} is overridden by {} (--source): a mirror carries locked artifacts only; export without --source",
@@ -72,10 +81,14 @@ pub fn export_mirror(fetched: &[Fetched], dir: &Path) -> Result<ExportReport, Fe
         };
         // The same file under two names (a wheel both a toolchain and a package) is fine;
         // two different files under one name cannot both live in one directory.
-        if let Some((other, other_sha256)) = by_filename.insert(&item.filename, (&item.name, sha256.clone()))
+        if let Some((other, other_sha256)) =
+            by_filename.insert(&item.filename, (&item.name, sha256.clone()))
             && other_sha256 != sha256
         {
-            return Err(setup(format!("{} and {other} are different files named {}", item.name, item.filename)));
+            return Err(setup(format!(
+                "{} and {other} are different files named {}",
+                item.name, item.filename
+            )));
         }
         let target = mirror_file(dir, &item.filename);
         let present = target.is_file() && sha256_file(&target).is_ok_and(|actual| actual == sha256);
@@ -85,7 +98,9 @@ pub fn export_mirror(fetched: &[Fetched], dir: &Path) -> Result<ExportReport, Fe
             report.bytes_copied += copy_into(&item.path, &target).map_err(&setup)?;
             report.copied += 1;
         }
-        let size = fs::metadata(&target).map_err(|e| setup(format!("{}: {e}", target.display())))?.len();
+        let size = fs::metadata(&target)
+            .map_err(|e| setup(format!("{}: {e}", target.display())))?
+            .len();
         report.manifest.artifacts.push(MirrorEntry {
             name: item.name.clone(),
             filename: item.filename.clone(),
@@ -94,7 +109,10 @@ pub fn export_mirror(fetched: &[Fetched], dir: &Path) -> Result<ExportReport, Fe
             locked_sha256,
         });
     }
-    report.manifest.artifacts.sort_by(|a, b| a.filename.cmp(&b.filename));
+    report
+        .manifest
+        .artifacts
+        .sort_by(|a, b| a.filename.cmp(&b.filename));
     report.manifest.artifacts.dedup();
     let text = serde_json::to_string_pretty(&report.manifest).expect("the manifest serialises");
     write_atomically(&dir.join(MIRROR_MANIFEST), format!("{text}\n").as_bytes())
@@ -104,17 +122,25 @@ pub fn export_mirror(fetched: &[Fetched], dir: &Path) -> Result<ExportReport, Fe
 
 /// Copies through a temp file and one rename, so the directory never holds half a file.
 fn copy_into(from: &Path, to: &Path) -> Result<u64, String> {
-    let name = to.file_name().expect("a mirror file has a name").to_string_lossy();
+    let name = to
+        .file_name()
+        .expect("a mirror file has a name")
+        .to_string_lossy();
     let temp: PathBuf = to.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let bytes = fs::copy(from, &temp).map_err(|e| format!("copying {} to {}: {e}", from.display(), temp.display()))?;
-    fs::File::open(&temp).and_then(|f| f.sync_all()).map_err(|e| format!("{}: {e}", temp.display()))?;
-    fs::rename(&temp, to).map_err(|e| format!("renaming {} to {}: {e}", temp.display(), to.display()))?;
+    let bytes = fs::copy(from, &temp)
+        .map_err(|e| format!("copying {} to {}: {e}", from.display(), temp.display()))?;
+    fs::File::open(&temp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: {e}", temp.display()))?;
+    fs::rename(&temp, to)
+        .map_err(|e| format!("renaming {} to {}: {e}", temp.display(), to.display()))?;
     Ok(bytes)
 }
 
 /// Reads a mirror directory's manifest.
 pub fn read_manifest(dir: &Path) -> Result<MirrorManifest, FetchError> {
     let path = dir.join(MIRROR_MANIFEST);
-    let text = fs::read_to_string(&path).map_err(|e| FetchError::Setup(format!("{}: {e}", path.display())))?;
+    let text = fs::read_to_string(&path)
+        .map_err(|e| FetchError::Setup(format!("{}: {e}", path.display())))?;
     serde_json::from_str(&text).map_err(|e| FetchError::Setup(format!("{}: {e}", path.display())))
 }

@@ -14,8 +14,15 @@ impl Progress {
     /// (logs and CI get no control characters).
     pub fn new(wanted: bool) -> Progress {
         let visible = wanted && std::io::stderr().is_terminal();
-        let target = if visible { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
-        Progress { multi: MultiProgress::with_draw_target(target), visible }
+        let target = if visible {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        Progress {
+            multi: MultiProgress::with_draw_target(target),
+            visible,
+        }
     }
 
     /// A bar for one artifact (a spinner when its size is unknown).

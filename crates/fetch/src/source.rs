@@ -25,7 +25,9 @@ impl Mirror {
             Ok(Mirror::Http(url))
         } else if text.starts_with("file:") {
             let url = url::Url::parse(text).map_err(|e| format!("mirror URL {text:?}: {e}"))?;
-            let path = url.to_file_path().map_err(|()| format!("mirror {text:?} is not a local file URL"))?;
+            let path = url
+                .to_file_path()
+                .map_err(|()| format!("mirror {text:?} is not a local file URL"))?;
             Ok(Mirror::Dir(path))
         } else if text.is_empty() {
             Err("an empty --mirror".to_string())
@@ -53,9 +55,9 @@ impl Source {
     /// How errors and results name it.
     pub fn label(&self) -> String {
         match self {
-            Source::File { path, .. } => {
-                url::Url::from_file_path(path).map(|u| u.to_string()).unwrap_or_else(|()| path.display().to_string())
-            }
+            Source::File { path, .. } => url::Url::from_file_path(path)
+                .map(|u| u.to_string())
+                .unwrap_or_else(|()| path.display().to_string()),
             Source::Http { url, .. } => url.to_string(),
         }
     }
@@ -76,7 +78,10 @@ pub(crate) fn sources_for(artifact: &Artifact, mirrors: &[Mirror]) -> Result<Vec
     let mut sources = Vec::new();
     for mirror in mirrors {
         match mirror {
-            Mirror::Dir(dir) => sources.push(Source::File { path: dir.join(&artifact.filename), mirror: true }),
+            Mirror::Dir(dir) => sources.push(Source::File {
+                path: dir.join(&artifact.filename),
+                mirror: true,
+            }),
             Mirror::Http(base) => {
                 let url = base
                     .join(&encode_segment(&artifact.filename))
@@ -86,17 +91,27 @@ pub(crate) fn sources_for(artifact: &Artifact, mirrors: &[Mirror]) -> Result<Vec
         }
     }
     for text in &artifact.urls {
-        let url = url::Url::parse(text).map_err(|e| format!("artifact {}: URL {text:?}: {e}", artifact.name))?;
+        let url = url::Url::parse(text)
+            .map_err(|e| format!("artifact {}: URL {text:?}: {e}", artifact.name))?;
         match url.scheme() {
             "http" | "https" => sources.push(Source::Http { url, mirror: false }),
             "file" => {
-                let path = url
-                    .to_file_path()
-                    .map_err(|()| format!("artifact {}: {text:?} is not a local file URL", artifact.name))?;
-                sources.push(Source::File { path, mirror: false });
+                let path = url.to_file_path().map_err(|()| {
+                    format!(
+                        "artifact {}: {text:?} is not a local file URL",
+                        artifact.name
+                    )
+                })?;
+                sources.push(Source::File {
+                    path,
+                    mirror: false,
+                });
             }
             other => {
-                return Err(format!("artifact {}: URL {text:?}: scheme {other:?} is not supported", artifact.name));
+                return Err(format!(
+                    "artifact {}: URL {text:?}: scheme {other:?} is not supported",
+                    artifact.name
+                ));
             }
         }
     }
@@ -128,10 +143,18 @@ mod tests {
 
     #[test]
     fn mirrors_come_first_and_keep_their_base_path() {
-        let mut artifact = Artifact::new("t", "https://up.example/p/t-1.0+x.whl", &"a".repeat(64)).unwrap();
+        let mut artifact =
+            Artifact::new("t", "https://up.example/p/t-1.0+x.whl", &"a".repeat(64)).unwrap();
         artifact.urls.push("file:///srv/t-1.0+x.whl".into());
-        let mirrors = [Mirror::parse("/bundle").unwrap(), Mirror::parse("http://m.example/pypi").unwrap()];
-        let labels: Vec<_> = sources_for(&artifact, &mirrors).unwrap().iter().map(Source::label).collect();
+        let mirrors = [
+            Mirror::parse("/bundle").unwrap(),
+            Mirror::parse("http://m.example/pypi").unwrap(),
+        ];
+        let labels: Vec<_> = sources_for(&artifact, &mirrors)
+            .unwrap()
+            .iter()
+            .map(Source::label)
+            .collect();
         assert_eq!(
             labels,
             [
@@ -141,6 +164,9 @@ mod tests {
                 "file:///srv/t-1.0+x.whl"
             ]
         );
-        assert_eq!(Mirror::parse("file:///a/b").unwrap(), Mirror::Dir("/a/b".into()));
+        assert_eq!(
+            Mirror::parse("file:///a/b").unwrap(),
+            Mirror::Dir("/a/b".into())
+        );
     }
 }

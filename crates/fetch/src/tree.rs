@@ -87,16 +87,36 @@ pub fn tree_sha256_dir(dir: &Path) -> io::Result<String> {
     let mut entries = Entries::new();
     for item in walkdir::WalkDir::new(dir).follow_links(false).min_depth(1) {
         let item = item.map_err(|e| io::Error::other(format!("walking {}: {e}", dir.display())))?;
-        let relative = item.path().strip_prefix(dir).expect("walkdir yields paths under its root");
+        let relative = item
+            .path()
+            .strip_prefix(dir)
+            .expect("walkdir yields paths under its root");
         let path = relative.as_os_str().as_bytes().to_vec();
         let file_type = item.file_type();
         if file_type.is_symlink() {
             let target = std::fs::read_link(item.path())?;
-            entries.insert(path, Entry::Symlink { target: target.as_os_str().as_bytes().to_vec() });
+            entries.insert(
+                path,
+                Entry::Symlink {
+                    target: target.as_os_str().as_bytes().to_vec(),
+                },
+            );
         } else if file_type.is_file() {
-            let executable = item.metadata().map_err(io::Error::other)?.permissions().mode() & 0o111 != 0;
+            let executable = item
+                .metadata()
+                .map_err(io::Error::other)?
+                .permissions()
+                .mode()
+                & 0o111
+                != 0;
             let file = File::open(item.path()).map_err(|e| with_path(e, item.path()))?;
-            entries.insert(path, Entry::File { executable, sha256: sha256_hex(file)? });
+            entries.insert(
+                path,
+                Entry::File {
+                    executable,
+                    sha256: sha256_hex(file)?,
+                },
+            );
         }
     }
     Ok(digest(entries))
@@ -127,20 +147,33 @@ fn tar_entries(reader: impl Read) -> io::Result<Entries> {
         let header = entry.header();
         let kind = header.entry_type();
         if kind.is_symlink() {
-            let target = entry.link_name_bytes().map(|t| t.into_owned()).unwrap_or_default();
+            let target = entry
+                .link_name_bytes()
+                .map(|t| t.into_owned())
+                .unwrap_or_default();
             entries.insert(path, Entry::Symlink { target });
         } else if kind.is_hard_link() {
             let target = clean_path(&entry.link_name_bytes().unwrap_or_default());
             let linked = entries.get(&target).cloned().ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("hard link {} points to {}, not seen before it", show(&path), show(&target)),
+                    format!(
+                        "hard link {} points to {}, not seen before it",
+                        show(&path),
+                        show(&target)
+                    ),
                 )
             })?;
             entries.insert(path, linked);
         } else if kind.is_file() || kind == tar::EntryType::Continuous {
             let executable = header.mode()? & 0o111 != 0;
-            entries.insert(path, Entry::File { executable, sha256: sha256_hex(&mut entry)? });
+            entries.insert(
+                path,
+                Entry::File {
+                    executable,
+                    sha256: sha256_hex(&mut entry)?,
+                },
+            );
         }
     }
     Ok(entries)
@@ -163,7 +196,13 @@ fn zip_entries(path: &Path) -> io::Result<Entries> {
             item.read_to_end(&mut target)?;
             entries.insert(name, Entry::Symlink { target });
         } else {
-            entries.insert(name, Entry::File { executable: mode & 0o111 != 0, sha256: sha256_hex(&mut item)? });
+            entries.insert(
+                name,
+                Entry::File {
+                    executable: mode & 0o111 != 0,
+                    sha256: sha256_hex(&mut item)?,
+                },
+            );
         }
     }
     Ok(entries)
@@ -171,16 +210,23 @@ fn zip_entries(path: &Path) -> io::Result<Entries> {
 
 /// `./a//b/` -> `a/b`.
 fn clean_path(raw: &[u8]) -> Vec<u8> {
-    let parts: Vec<&[u8]> = raw.split(|&b| b == b'/').filter(|p| !p.is_empty() && *p != b".").collect();
+    let parts: Vec<&[u8]> = raw
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty() && *p != b".")
+        .collect();
     parts.join(&b'/')
 }
 
 /// Steps 2 to 5 of the definition.
 fn digest(entries: Entries) -> String {
-    let kept: Entries =
-        entries.into_iter().filter(|(path, _)| !path.split(|&b| b == b'/').any(|c| c == b".git")).collect();
-    let first_components: std::collections::BTreeSet<&[u8]> =
-        kept.keys().map(|path| path.split(|&b| b == b'/').next().unwrap_or_default()).collect();
+    let kept: Entries = entries
+        .into_iter()
+        .filter(|(path, _)| !path.split(|&b| b == b'/').any(|c| c == b".git"))
+        .collect();
+    let first_components: std::collections::BTreeSet<&[u8]> = kept
+        .keys()
+        .map(|path| path.split(|&b| b == b'/').next().unwrap_or_default())
+        .collect();
     let single_root = first_components.len() == 1 && kept.keys().all(|path| path.contains(&b'/'));
     let mut hasher = Sha256::new();
     for (path, entry) in &kept {

@@ -14,13 +14,27 @@ use commstack_testkit::{Behavior, Route, TestServer};
 fn ls_verify_and_gc() {
     let server = TestServer::start();
     let cache_dir = tempfile::tempdir().unwrap();
-    let artifacts: Vec<_> =
-        (0..3).map(|i| serve(&server, &format!("c{i}"), &format!("/c{i}.whl"), &bytes(5_000, i))).collect();
+    let artifacts: Vec<_> = (0..3)
+        .map(|i| {
+            serve(
+                &server,
+                &format!("c{i}"),
+                &format!("/c{i}.whl"),
+                &bytes(5_000, i),
+            )
+        })
+        .collect();
     let fetched = fetch_all(&artifacts, &options(cache_dir.path())).unwrap();
     let cache = Cache::new(cache_dir.path());
     let entries = cache.ls().unwrap();
-    let names: Vec<_> = entries.iter().map(|e| (e.filename.as_str(), e.size)).collect();
-    assert_eq!(names, [("c0.whl", 5_000), ("c1.whl", 5_000), ("c2.whl", 5_000)]);
+    let names: Vec<_> = entries
+        .iter()
+        .map(|e| (e.filename.as_str(), e.size))
+        .collect();
+    assert_eq!(
+        names,
+        [("c0.whl", 5_000), ("c1.whl", 5_000), ("c2.whl", 5_000)]
+    );
 
     // Corrupt one file behind the cache's back.
     std::fs::write(&fetched[1].path, b"bit rot").unwrap();
@@ -40,7 +54,10 @@ fn ls_verify_and_gc() {
     std::fs::write(cache.partial_path(&"f".repeat(64)), b"half").unwrap();
     let keep: HashSet<String> = [sha(&artifacts[0]).to_string()].into();
     let dry = cache.gc(&keep, true).unwrap();
-    assert_eq!((dry.removed.len(), dry.partials.len(), dry.bytes_freed), (2, 1, 10_004));
+    assert_eq!(
+        (dry.removed.len(), dry.partials.len(), dry.bytes_freed),
+        (2, 1, 10_004)
+    );
     assert_eq!(cache.ls().unwrap().len(), 3, "a dry run removes nothing");
     let report = cache.gc(&keep, false).unwrap();
     assert_eq!(report.removed.len(), 2);
@@ -55,8 +72,14 @@ fn gc_leaves_a_digest_alone_while_a_fetch_holds_its_lock() {
     let artifact = serve(&server, "held", "/held.whl", &bytes(1_000, 1));
     fetch_all(std::slice::from_ref(&artifact), &options(cache_dir.path())).unwrap();
     let cache = Cache::new(cache_dir.path());
-    let held = cache.try_lock(sha(&artifact)).unwrap().expect("nobody holds it");
-    assert!(cache.try_lock(sha(&artifact)).unwrap().is_none(), "a second open file is refused the lock");
+    let held = cache
+        .try_lock(sha(&artifact))
+        .unwrap()
+        .expect("nobody holds it");
+    assert!(
+        cache.try_lock(sha(&artifact)).unwrap().is_none(),
+        "a second open file is refused the lock"
+    );
     assert!(cache.gc(&HashSet::new(), false).unwrap().removed.is_empty());
     drop(held);
     assert_eq!(cache.gc(&HashSet::new(), false).unwrap().removed.len(), 1);
@@ -67,7 +90,9 @@ fn gc_leaves_a_digest_alone_while_a_fetch_holds_its_lock() {
 #[test]
 #[ignore = "run as a child process by four_processes_fetch_into_one_cache"]
 fn child_fetch_process() {
-    let Ok(job) = std::env::var("COMMSTACK_FETCH_CHILD_JOB") else { return };
+    let Ok(job) = std::env::var("COMMSTACK_FETCH_CHILD_JOB") else {
+        return;
+    };
     let (cache, artifacts): (String, Vec<Artifact>) = serde_json::from_str(&job).unwrap();
     let fetched = fetch_all(&artifacts, &options(std::path::Path::new(&cache))).unwrap();
     // After a newline: the harness has already printed "test NAME ... " on this line.
@@ -79,7 +104,10 @@ fn four_processes_fetch_into_one_cache() {
     let server = TestServer::start();
     let cache_dir = tempfile::tempdir().unwrap();
     // Slow enough that the four processes overlap.
-    let slow = Behavior::Slow { chunk: 64 * 1024, delay: Duration::from_millis(15) };
+    let slow = Behavior::Slow {
+        chunk: 64 * 1024,
+        delay: Duration::from_millis(15),
+    };
     let artifacts: Vec<_> = (0..4)
         .map(|i| {
             let data = bytes(1_000_000 + i, i as u8);
@@ -93,7 +121,13 @@ fn four_processes_fetch_into_one_cache() {
     let children: Vec<_> = (0..4)
         .map(|_| {
             Command::new(&exe)
-                .args(["child_fetch_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .args([
+                    "child_fetch_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("COMMSTACK_FETCH_CHILD_JOB", &job)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -105,12 +139,22 @@ fn four_processes_fetch_into_one_cache() {
     for child in children {
         let output = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-        let line = stdout.lines().find_map(|l| l.strip_prefix("FETCHED ")).expect("the child printed its result");
+        assert!(
+            output.status.success(),
+            "child failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("FETCHED "))
+            .expect("the child printed its result");
         let fetched: serde_json::Value = serde_json::from_str(line).unwrap();
         let fetched = fetched.as_array().unwrap();
         assert_eq!(fetched.len(), 4);
-        downloads += fetched.iter().filter(|f| f["origin"]["kind"] == "upstream").count();
+        downloads += fetched
+            .iter()
+            .filter(|f| f["origin"]["kind"] == "upstream")
+            .count();
     }
     // Each file was downloaded by exactly one process; the others waited and used it.
     assert_eq!(downloads, 4);
@@ -118,9 +162,17 @@ fn four_processes_fetch_into_one_cache() {
         let path = format!("/w/{}", artifact.filename);
         assert_eq!(server.hits(&path), 1, "{path} downloaded more than once");
     }
-    let expected: Vec<(String, String)> = artifacts.iter().map(|a| (sha(a).to_string(), a.filename.clone())).collect();
-    let expected: Vec<(&str, &str)> = expected.iter().map(|(s, f)| (s.as_str(), f.as_str())).collect();
+    let expected: Vec<(String, String)> = artifacts
+        .iter()
+        .map(|a| (sha(a).to_string(), a.filename.clone()))
+        .collect();
+    let expected: Vec<(&str, &str)> = expected
+        .iter()
+        .map(|(s, f)| (s.as_str(), f.as_str()))
+        .collect();
     assert_cache_holds(cache_dir.path(), &expected);
-    let leftovers = std::fs::read_dir(cache_dir.path().join("tmp")).unwrap().count();
+    let leftovers = std::fs::read_dir(cache_dir.path().join("tmp"))
+        .unwrap()
+        .count();
     assert_eq!(leftovers, 0, "no partial file left behind");
 }

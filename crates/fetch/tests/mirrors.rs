@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use commstack_fetch::{
-    Artifact, FetchError, MIRROR_MANIFEST, Mirror, Origin, SourceError, export_mirror, fetch_all, read_manifest,
+    Artifact, FetchError, MIRROR_MANIFEST, Mirror, Origin, SourceError, export_mirror, fetch_all,
+    read_manifest,
 };
 use commstack_testkit::{Behavior, Route, TestServer};
 
@@ -22,7 +23,10 @@ fn a_mirror_directory_is_used_before_upstream() {
     assert!(matches!(&fetched[0].origin, Origin::Mirror { url } if url.starts_with("file://")));
     assert_eq!(fetched[0].bytes_downloaded, 0);
     assert_eq!(server.connections(), 0, "upstream was not contacted");
-    assert_cache_holds(cache.path(), &[(sha(&artifact), "m-1.0+local-py3-none-any.whl")]);
+    assert_cache_holds(
+        cache.path(),
+        &[(sha(&artifact), "m-1.0+local-py3-none-any.whl")],
+    );
 }
 
 #[test]
@@ -35,9 +39,17 @@ fn a_mirror_with_wrong_bytes_or_without_the_file_falls_back_to_upstream() {
     let artifact = serve(&server, "f", "/f.whl", &data);
     std::fs::write(bad_mirror.path().join("f.whl"), bytes(40_000, 3)).unwrap();
     let mut options = options(cache.path());
-    options.mirrors = vec![Mirror::Dir(empty_mirror.path().into()), Mirror::Dir(bad_mirror.path().into())];
+    options.mirrors = vec![
+        Mirror::Dir(empty_mirror.path().into()),
+        Mirror::Dir(bad_mirror.path().into()),
+    ];
     let fetched = fetch_all(std::slice::from_ref(&artifact), &options).unwrap();
-    assert_eq!(fetched[0].origin, Origin::Upstream { url: artifact.urls[0].clone() });
+    assert_eq!(
+        fetched[0].origin,
+        Origin::Upstream {
+            url: artifact.urls[0].clone()
+        }
+    );
     assert_cache_holds(cache.path(), &[(sha(&artifact), "f.whl")]);
 }
 
@@ -52,13 +64,19 @@ fn an_http_mirror_is_tried_first_and_file_urls_work_upstream() {
     let mut options = options(cache.path());
     options.mirrors = vec![Mirror::parse(&mirror.url("/bundle")).unwrap()];
     let fetched = fetch_all(std::slice::from_ref(&artifact), &options).unwrap();
-    assert_eq!(fetched[0].origin, Origin::Mirror { url: mirror.url("/bundle/h.whl") });
+    assert_eq!(
+        fetched[0].origin,
+        Origin::Mirror {
+            url: mirror.url("/bundle/h.whl")
+        }
+    );
     assert_eq!(upstream.connections(), 0);
 
     let local = tempfile::tempdir().unwrap();
     let file = local.path().join("h.whl");
     std::fs::write(&file, &data).unwrap();
-    let by_file = Artifact::new("h", &format!("file://{}", file.display()), sha(&artifact)).unwrap();
+    let by_file =
+        Artifact::new("h", &format!("file://{}", file.display()), sha(&artifact)).unwrap();
     let other_cache = tempfile::tempdir().unwrap();
     let fetched = fetch_all(&[by_file], &common::options(other_cache.path())).unwrap();
     assert!(matches!(&fetched[0].origin, Origin::Upstream { url } if url.starts_with("file://")));
@@ -80,20 +98,51 @@ fn offline_opens_no_socket_and_lists_everything_missing() {
 
     let mut options = options(cache.path());
     options.offline = true;
-    options.mirrors = vec![Mirror::Dir(mirror.path().into()), Mirror::parse(&server.url("/mirror")).unwrap()];
-    let all = [present.clone(), in_mirror.clone(), missing_a.clone(), missing_b.clone()];
+    options.mirrors = vec![
+        Mirror::Dir(mirror.path().into()),
+        Mirror::parse(&server.url("/mirror")).unwrap(),
+    ];
+    let all = [
+        present.clone(),
+        in_mirror.clone(),
+        missing_a.clone(),
+        missing_b.clone(),
+    ];
     let err = fetch_all(&all, &options).unwrap_err();
-    assert_eq!(server.connections(), connections_before, "offline opened a socket");
-    let FetchError::Offline(missing) = &err else { panic!("not an offline error: {err}") };
+    assert_eq!(
+        server.connections(),
+        connections_before,
+        "offline opened a socket"
+    );
+    let FetchError::Offline(missing) = &err else {
+        panic!("not an offline error: {err}")
+    };
     let names: Vec<_> = missing.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, ["missing-a", "missing-b"]);
-    assert!(missing[0].attempts.iter().any(|a| a.error == SourceError::SkippedOffline));
+    assert!(
+        missing[0]
+            .attempts
+            .iter()
+            .any(|a| a.error == SourceError::SkippedOffline)
+    );
     let text = err.to_string();
-    assert!(text.starts_with("offline: 2 artifact(s) are in neither the cache nor a local mirror"), "{text}");
-    assert!(text.contains(sha(&missing_a)) && text.contains("missing-b.tar.gz"), "{text}");
+    assert!(
+        text.starts_with("offline: 2 artifact(s) are in neither the cache nor a local mirror"),
+        "{text}"
+    );
+    assert!(
+        text.contains(sha(&missing_a)) && text.contains("missing-b.tar.gz"),
+        "{text}"
+    );
     assert!(text.contains("cargo xtask mirror export"), "{text}");
     // What could be had offline was cached.
-    assert_cache_holds(cache.path(), &[(sha(&present), "present.whl"), (sha(&in_mirror), "in-mirror.whl")]);
+    assert_cache_holds(
+        cache.path(),
+        &[
+            (sha(&present), "present.whl"),
+            (sha(&in_mirror), "in-mirror.whl"),
+        ],
+    );
 }
 
 #[test]
@@ -101,7 +150,14 @@ fn mirror_export_then_offline_fetch_on_another_machine() {
     let server = TestServer::start();
     let cache = tempfile::tempdir().unwrap();
     let artifacts: Vec<_> = (0..3)
-        .map(|i| serve(&server, &format!("a{i}"), &format!("/dist/a{i}-1.0.tar.gz"), &bytes(20_000 + i, i as u8)))
+        .map(|i| {
+            serve(
+                &server,
+                &format!("a{i}"),
+                &format!("/dist/a{i}-1.0.tar.gz"),
+                &bytes(20_000 + i, i as u8),
+            )
+        })
         .collect();
     let fetched = fetch_all(&artifacts, &options(cache.path())).unwrap();
     let bundle = tempfile::tempdir().unwrap();
@@ -121,10 +177,20 @@ fn mirror_export_then_offline_fetch_on_another_machine() {
     options.offline = true;
     options.mirrors = vec![Mirror::parse(&format!("file://{}", bundle.path().display())).unwrap()];
     let fetched = fetch_all(&artifacts, &options).unwrap();
-    assert!(fetched.iter().all(|f| matches!(f.origin, Origin::Mirror { .. })));
+    assert!(
+        fetched
+            .iter()
+            .all(|f| matches!(f.origin, Origin::Mirror { .. }))
+    );
     assert_eq!(server.connections(), served_before);
-    let expected: Vec<(String, String)> = artifacts.iter().map(|a| (sha(a).to_string(), a.filename.clone())).collect();
-    let expected: Vec<(&str, &str)> = expected.iter().map(|(s, f)| (s.as_str(), f.as_str())).collect();
+    let expected: Vec<(String, String)> = artifacts
+        .iter()
+        .map(|a| (sha(a).to_string(), a.filename.clone()))
+        .collect();
+    let expected: Vec<(&str, &str)> = expected
+        .iter()
+        .map(|(s, f)| (s.as_str(), f.as_str()))
+        .collect();
     assert_cache_holds(air_gapped_cache.path(), &expected);
 }
 
@@ -133,16 +199,28 @@ fn a_mirror_that_misbehaves_over_http_still_never_poisons_the_cache() {
     let server = TestServer::start();
     let cache = tempfile::tempdir().unwrap();
     let data = bytes(50_000, 9);
-    server.route("/mirror/z.whl", Route::ok(data.clone()).behavior(Behavior::WrongBytes));
+    server.route(
+        "/mirror/z.whl",
+        Route::ok(data.clone()).behavior(Behavior::WrongBytes),
+    );
     server.route("/up/z.whl", Route::status(404));
     let artifact = artifact(&server, "z", "/up/z.whl", &data);
     let mut options = options(cache.path());
     options.mirrors = vec![Mirror::parse(&server.url("/mirror/")).unwrap()];
-    let text = fetch_all(std::slice::from_ref(&artifact), &options).unwrap_err().to_string();
+    let text = fetch_all(std::slice::from_ref(&artifact), &options)
+        .unwrap_err()
+        .to_string();
     assert!(
-        text.contains(&format!("{}: sha256 mismatch: expected {}", server.url("/mirror/z.whl"), sha(&artifact))),
+        text.contains(&format!(
+            "{}: sha256 mismatch: expected {}",
+            server.url("/mirror/z.whl"),
+            sha(&artifact)
+        )),
         "{text}"
     );
-    assert!(text.contains(&format!("{}: HTTP 404", server.url("/up/z.whl"))), "{text}");
+    assert!(
+        text.contains(&format!("{}: HTTP 404", server.url("/up/z.whl"))),
+        "{text}"
+    );
     assert_cache_holds(cache.path(), &[]);
 }

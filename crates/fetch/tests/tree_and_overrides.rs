@@ -10,7 +10,8 @@ use std::process::Command;
 use common::*;
 use commstack_fetch::tree::{tree_sha256, tree_sha256_dir};
 use commstack_fetch::{
-    Artifact, Cache, FetchError, Origin, Provenance, SourceError, SourceOverride, TreeCheck, fetch_all, sha256_file,
+    Artifact, Cache, FetchError, Origin, Provenance, SourceError, SourceOverride, TreeCheck,
+    fetch_all, sha256_file,
 };
 use commstack_testkit::{Route, TestServer};
 
@@ -24,14 +25,22 @@ fn make_tree(root: &Path) -> std::path::PathBuf {
     std::fs::write(pkg.join("README"), "hello\n").unwrap();
     std::fs::write(pkg.join("src/a.c"), "int a;\n").unwrap();
     std::fs::write(pkg.join("bin/run.sh"), "#!/bin/sh\necho hi\n").unwrap();
-    std::fs::set_permissions(pkg.join("bin/run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        pkg.join("bin/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
     std::fs::write(pkg.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
     symlink("src/a.c", pkg.join("link.c")).unwrap();
     pkg
 }
 
 fn tar(args: &[&str], cwd: &Path) {
-    let status = Command::new("tar").args(args).current_dir(cwd).status().expect("GNU tar on PATH");
+    let status = Command::new("tar")
+        .args(args)
+        .current_dir(cwd)
+        .status()
+        .expect("GNU tar on PATH");
     assert!(status.success(), "tar {args:?}");
 }
 
@@ -41,10 +50,21 @@ fn the_definition_on_a_tiny_tree() {
     std::fs::write(dir.path().join("a"), "hi\n").unwrap();
     std::fs::create_dir(dir.path().join("b")).unwrap();
     std::fs::write(dir.path().join("b/c"), "x").unwrap();
-    std::fs::set_permissions(dir.path().join("b/c"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("b/c"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
     symlink("a", dir.path().join("l")).unwrap();
-    let stream = format!("F - a\0{}\nF x b/c\0{}\nL l\0a\n", sha256(b"hi\n"), sha256(b"x"));
-    assert_eq!(tree_sha256_dir(dir.path()).unwrap(), format!("sha256:{}", sha256(stream.as_bytes())));
+    let stream = format!(
+        "F - a\0{}\nF x b/c\0{}\nL l\0a\n",
+        sha256(b"hi\n"),
+        sha256(b"x")
+    );
+    assert_eq!(
+        tree_sha256_dir(dir.path()).unwrap(),
+        format!("sha256:{}", sha256(stream.as_bytes()))
+    );
 }
 
 #[test]
@@ -57,12 +77,31 @@ fn directory_tar_gz_and_zip_agree_and_ignore_metadata() {
 
     tar(&["-czf", "a.tar.gz", "pkg"], work.path());
     tar(
-        &["-czf", "b.tgz", "--mtime=2001-01-01", "--owner=0", "--group=0", "--numeric-owner", "-C", "pkg", "."],
+        &[
+            "-czf",
+            "b.tgz",
+            "--mtime=2001-01-01",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "-C",
+            "pkg",
+            ".",
+        ],
         work.path(),
     );
-    assert_ne!(sha256_file(&work.path().join("a.tar.gz")).unwrap(), sha256_file(&work.path().join("b.tgz")).unwrap());
-    assert_eq!(tree_sha256(&work.path().join("a.tar.gz"), "a.tar.gz").unwrap(), from_dir);
-    assert_eq!(tree_sha256(&work.path().join("b.tgz"), "b.tgz").unwrap(), from_dir);
+    assert_ne!(
+        sha256_file(&work.path().join("a.tar.gz")).unwrap(),
+        sha256_file(&work.path().join("b.tgz")).unwrap()
+    );
+    assert_eq!(
+        tree_sha256(&work.path().join("a.tar.gz"), "a.tar.gz").unwrap(),
+        from_dir
+    );
+    assert_eq!(
+        tree_sha256(&work.path().join("b.tgz"), "b.tgz").unwrap(),
+        from_dir
+    );
 
     let zip_path = work.path().join("c.zip");
     write_zip(&zip_path);
@@ -82,7 +121,8 @@ fn write_zip(path: &Path) {
         ("pkg-9.9/bin/run.sh", "#!/bin/sh\necho hi\n", 0o755),
         ("pkg-9.9/.git/HEAD", "something else entirely\n", 0o644),
     ] {
-        zip.start_file(name, SimpleFileOptions::default().unix_permissions(mode)).unwrap();
+        zip.start_file(name, SimpleFileOptions::default().unix_permissions(mode))
+            .unwrap();
         zip.write_all(content.as_bytes()).unwrap();
     }
     zip.add_symlink("pkg-9.9/link.c", "src/a.c", plain).unwrap();
@@ -117,8 +157,14 @@ fn archives() -> Archives {
     let work = tempfile::tempdir().unwrap();
     let pkg = make_tree(work.path());
     let tree = tree_sha256_dir(&pkg).unwrap();
-    tar(&["-czf", "locked.tar.gz", "--mtime=2020-01-01", "pkg"], work.path());
-    tar(&["-czf", "repacked.tar.gz", "--mtime=2024-06-01", "pkg"], work.path());
+    tar(
+        &["-czf", "locked.tar.gz", "--mtime=2020-01-01", "pkg"],
+        work.path(),
+    );
+    tar(
+        &["-czf", "repacked.tar.gz", "--mtime=2024-06-01", "pkg"],
+        work.path(),
+    );
     std::fs::write(pkg.join("README"), "tampered\n").unwrap();
     tar(&["-czf", "other.tar.gz", "pkg"], work.path());
     let read = |name: &str| std::fs::read(work.path().join(name)).unwrap();
@@ -137,14 +183,26 @@ fn a_repacked_archive_is_accepted_only_when_asked_and_says_so() {
     let server = TestServer::start();
     let cache = tempfile::tempdir().unwrap();
     server.route("/src/pkg-1.0.tar.gz", Route::ok(a.repacked.clone()));
-    let artifact = artifact(&server, "pkg", "/src/pkg-1.0.tar.gz", &a.locked).with_tree_sha256(&a.tree);
+    let artifact =
+        artifact(&server, "pkg", "/src/pkg-1.0.tar.gz", &a.locked).with_tree_sha256(&a.tree);
     let mut artifact = artifact;
     artifact.size = None; // a repack has its own size
 
     let err = fetch_all(std::slice::from_ref(&artifact), &options(cache.path())).unwrap_err();
-    let FetchError::Artifacts(failures) = &err else { panic!("{err}") };
-    assert!(matches!(&failures[0].attempts[0].error, SourceError::HashMismatch { tree: TreeCheck::Matches, .. }));
-    assert!(err.to_string().contains("pass --accept-tree-match"), "{err}");
+    let FetchError::Artifacts(failures) = &err else {
+        panic!("{err}")
+    };
+    assert!(matches!(
+        &failures[0].attempts[0].error,
+        SourceError::HashMismatch {
+            tree: TreeCheck::Matches,
+            ..
+        }
+    ));
+    assert!(
+        err.to_string().contains("pass --accept-tree-match"),
+        "{err}"
+    );
     assert_cache_holds(cache.path(), &[]);
 
     let mut accepting = options(cache.path());
@@ -163,7 +221,10 @@ fn a_repacked_archive_is_accepted_only_when_asked_and_says_so() {
     // Next run: from the cache, still marked.
     let hits = server.hits("/src/pkg-1.0.tar.gz");
     let again = fetch_all(std::slice::from_ref(&artifact), &accepting).unwrap();
-    assert_eq!((again[0].origin.clone(), again[0].provenance.clone()), (Origin::Cache, expected));
+    assert_eq!(
+        (again[0].origin.clone(), again[0].provenance.clone()),
+        (Origin::Cache, expected)
+    );
     assert_eq!(server.hits("/src/pkg-1.0.tar.gz"), hits);
 }
 
@@ -178,7 +239,10 @@ fn another_tree_is_refused_even_when_accepting_tree_matches() {
     let mut options = options(cache.path());
     options.accept_tree_match = true;
     let err = fetch_all(std::slice::from_ref(&artifact), &options).unwrap_err();
-    assert!(err.to_string().contains("its unpacked tree differs too"), "{err}");
+    assert!(
+        err.to_string().contains("its unpacked tree differs too"),
+        "{err}"
+    );
     assert_cache_holds(cache.path(), &[]);
 }
 
@@ -195,12 +259,26 @@ fn a_source_override_replaces_the_artifact_and_is_marked() {
     options.overrides = vec![format!("pkg={}", pkg.display()).parse().unwrap()];
     let fetched = fetch_all(&[locked, other], &options).unwrap();
     assert_eq!(fetched[0].path, pkg.canonicalize().unwrap());
-    let Provenance::Override { tree_sha256, sha256, .. } = &fetched[0].provenance else { panic!("{:?}", fetched[0]) };
-    assert_eq!((tree_sha256.as_deref(), sha256.as_deref()), (Some(a.tree.as_str()), None));
+    let Provenance::Override {
+        tree_sha256,
+        sha256,
+        ..
+    } = &fetched[0].provenance
+    else {
+        panic!("{:?}", fetched[0])
+    };
+    assert_eq!(
+        (tree_sha256.as_deref(), sha256.as_deref()),
+        (Some(a.tree.as_str()), None)
+    );
     assert!(fetched[0].deviation().unwrap().contains("OVERRIDE"));
     assert!(matches!(fetched[0].origin, Origin::Local { .. }));
     assert!(fetched[1].is_locked());
-    assert_eq!(server.hits("/pkg.tar.gz"), 0, "the overridden artifact was not downloaded");
+    assert_eq!(
+        server.hits("/pkg.tar.gz"),
+        0,
+        "the overridden artifact was not downloaded"
+    );
 }
 
 #[test]
@@ -212,10 +290,20 @@ fn overrides_must_name_an_artifact_and_an_existing_path() {
     options.overrides = vec!["nvshmen=/tmp".parse().unwrap()];
     let err = fetch_all(std::slice::from_ref(&artifact), &options).unwrap_err();
     assert!(matches!(err, FetchError::UnknownOverride { .. }));
-    assert!(err.to_string().contains("its artifacts are: nvshmem"), "{err}");
-    options.overrides = vec![SourceOverride { name: "nvshmem".into(), path: "/no/such/dir".into() }];
+    assert!(
+        err.to_string().contains("its artifacts are: nvshmem"),
+        "{err}"
+    );
+    options.overrides = vec![SourceOverride {
+        name: "nvshmem".into(),
+        path: "/no/such/dir".into(),
+    }];
     let err = fetch_all(std::slice::from_ref(&artifact), &options).unwrap_err();
-    assert!(err.to_string().starts_with("--source nvshmem=/no/such/dir: "), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("--source nvshmem=/no/such/dir: "),
+        "{err}"
+    );
     assert!("novalue".parse::<SourceOverride>().is_err());
     assert_eq!(server.connections(), 0);
 }
@@ -227,24 +315,44 @@ fn an_archive_pinned_by_tree_alone_is_checked_by_its_tree() {
     let cache_dir = tempfile::tempdir().unwrap();
     server.route("/archive/567632d.tar.gz", Route::ok(a.repacked.clone()));
     server.route("/archive/other.tar.gz", Route::ok(a.other_tree.clone()));
-    let pinned = Artifact::tree_only("deepep", &server.url("/archive/567632d.tar.gz"), &a.tree).unwrap();
+    let pinned =
+        Artifact::tree_only("deepep", &server.url("/archive/567632d.tar.gz"), &a.tree).unwrap();
     let fetched = fetch_all(std::slice::from_ref(&pinned), &options(cache_dir.path())).unwrap();
-    let expected = Provenance::LockedTree { sha256: sha256(&a.repacked), tree_sha256: a.tree.clone() };
+    let expected = Provenance::LockedTree {
+        sha256: sha256(&a.repacked),
+        tree_sha256: a.tree.clone(),
+    };
     assert_eq!(fetched[0].provenance, expected);
     assert!(fetched[0].is_locked() && fetched[0].deviation().is_none());
-    assert_cache_holds(cache_dir.path(), &[(&sha256(&a.repacked), "567632d.tar.gz")]);
+    assert_cache_holds(
+        cache_dir.path(),
+        &[(&sha256(&a.repacked), "567632d.tar.gz")],
+    );
 
     let again = fetch_all(std::slice::from_ref(&pinned), &options(cache_dir.path())).unwrap();
-    assert_eq!((again[0].origin.clone(), again[0].provenance.clone()), (Origin::Cache, expected));
+    assert_eq!(
+        (again[0].origin.clone(), again[0].provenance.clone()),
+        (Origin::Cache, expected)
+    );
     assert_eq!(server.hits("/archive/567632d.tar.gz"), 1);
     // gc keeps it when told which artifacts are in use.
     let cache = Cache::new(cache_dir.path());
     let keep = cache.digests_in_use(std::slice::from_ref(&pinned)).unwrap();
     assert!(cache.gc(&keep, false).unwrap().removed.is_empty());
 
-    let wrong = Artifact::tree_only("deepep", &server.url("/archive/other.tar.gz"), &a.tree).unwrap();
+    let wrong =
+        Artifact::tree_only("deepep", &server.url("/archive/other.tar.gz"), &a.tree).unwrap();
     let err = fetch_all(&[wrong], &options(tempfile::tempdir().unwrap().path())).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains(&format!("tree hash mismatch: expected {}, got sha256:", a.tree)), "{text}");
-    assert!(text.contains(&format!("(archive sha256 {})", sha256(&a.other_tree))), "{text}");
+    assert!(
+        text.contains(&format!(
+            "tree hash mismatch: expected {}, got sha256:",
+            a.tree
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("(archive sha256 {})", sha256(&a.other_tree))),
+        "{text}"
+    );
 }

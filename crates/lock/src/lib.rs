@@ -44,7 +44,11 @@ pub struct Locked {
 }
 
 /// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash.
-pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, progress: &dyn Progress) -> Result<Locked> {
+pub async fn lock(
+    stack: &Stack,
+    metadata_cache: Option<std::path::PathBuf>,
+    progress: &dyn Progress,
+) -> Result<Locked> {
     let started = Instant::now();
     fail_on_violations(&rules::check_manifest(stack))?;
 
@@ -55,7 +59,8 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         glibc: stack.target.glibc,
     };
     let mut requirements = vec![
-        Requirement::from_str(&format!("torch=={}", stack.torch.version)).context("torch requirement")?,
+        Requirement::from_str(&format!("torch=={}", stack.torch.version))
+            .context("torch requirement")?,
     ];
     requirements.extend(stack.resolve.extra_requirements.iter().cloned());
     progress.step(&format!(
@@ -77,7 +82,10 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
     )
     .await
     .with_context(|| format!("resolving the Python closure of {}", stack.path().display()))?;
-    progress.step(&format!("{} packages in the target closure", closure.packages.len()));
+    progress.step(&format!(
+        "{} packages in the target closure",
+        closure.packages.len()
+    ));
 
     let facts = torch_facts(stack, &closure)?;
     let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
@@ -86,14 +94,24 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
     let sources = sources(stack, &nvshmem_version)?;
 
     // The toolchain runs on the build host: same arch, the host's glibc floor.
-    let cuda = facts.torch_cuda.clone().expect("checked by rule torch-cuda-major");
-    let host = TargetPlatform { python: target.python, arch: target.arch.clone(), glibc: stack.toolchain.host_glibc };
+    let cuda = facts
+        .torch_cuda
+        .clone()
+        .expect("checked by rule torch-cuda-major");
+    let host = TargetPlatform {
+        python: target.python,
+        arch: target.arch.clone(),
+        glibc: stack.toolchain.host_glibc,
+    };
     let tool_reqs = vec![
         Requirement::from_str(&format!("cuda-toolkit[{TOOLCHAIN_CUDA_EXTRAS}]=={cuda}"))?,
         Requirement::from_str(&format!("cmake{}", stack.toolchain.cmake))?,
         Requirement::from_str(&format!("ninja{}", stack.toolchain.ninja))?,
     ];
-    progress.step(&format!("resolving the toolchain: CUDA {cuda} compiler, cmake{}, ninja{}", stack.toolchain.cmake, stack.toolchain.ninja));
+    progress.step(&format!(
+        "resolving the toolchain: CUDA {cuda} compiler, cmake{}, ninja{}",
+        stack.toolchain.cmake, stack.toolchain.ninja
+    ));
     let toolchain = commstack_resolve::resolve(
         &client,
         &Request {
@@ -112,14 +130,20 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         .iter()
         .map(|p| {
             let mut w = wheel(p);
-            if nvshmem_pin.as_ref().is_some_and(|(name, _)| p.name.as_ref() == name) {
+            if nvshmem_pin
+                .as_ref()
+                .is_some_and(|(name, _)| p.name.as_ref() == name)
+            {
                 w.replaced_by = Some("nvshmem".into());
             }
             w
         })
         .collect();
     let (nccl_name, nccl) = facts.torch_nccl.clone().ok_or_else(|| {
-        anyhow!("torch {} pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin", stack.torch.version)
+        anyhow!(
+            "torch {} pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin",
+            stack.torch.version
+        )
     })?;
     let lock = Lock {
         version: LOCK_VERSION,
@@ -136,15 +160,25 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
             torch: stack.torch.version.to_string(),
             cuda: cuda.to_string(),
             nccl: format!("{nccl_name}=={nccl}"),
-            nvshmem_pin: nvshmem_pin.map(|(n, v)| format!("{n}=={v}")).unwrap_or_default(),
+            nvshmem_pin: nvshmem_pin
+                .map(|(n, v)| format!("{n}=={v}"))
+                .unwrap_or_default(),
             nvshmem: nvshmem_version.to_string(),
-            deepep_rev: sources.iter().find(|s| s.name == "deepep").and_then(|s| s.rev.clone()).unwrap_or_default(),
+            deepep_rev: sources
+                .iter()
+                .find(|s| s.name == "deepep")
+                .and_then(|s| s.rev.clone())
+                .unwrap_or_default(),
             deepep_api: stack.deepep.api.as_str().into(),
         },
         manifest: stack.echo(),
         rules: outcomes
             .iter()
-            .map(|o| RuleRecord { id: o.rule.as_str().into(), status: o.status.clone(), detail: o.detail.clone() })
+            .map(|o| RuleRecord {
+                id: o.rule.as_str().into(),
+                status: o.status.clone(),
+                detail: o.detail.clone(),
+            })
             .collect(),
         sources,
         packages,
@@ -155,23 +189,43 @@ pub async fn lock(stack: &Stack, metadata_cache: Option<std::path::PathBuf>, pro
         .iter()
         .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
         .sum();
-    Ok(Locked { lock, seconds: started.elapsed().as_secs_f64(), requests })
+    Ok(Locked {
+        lock,
+        seconds: started.elapsed().as_secs_f64(),
+        requests,
+    })
 }
 
 /// A torch version the index does not have is the most likely typo in a stack: say so at
 /// the manifest's line, with the versions that exist, before resolving anything.
 async fn check_torch_exists(stack: &Stack, client: &IndexClient) -> Result<()> {
     let name = pep508_rs::PackageName::from_str("torch").expect("a valid name");
-    let loc = stack.locate("torch.version").map(|l| format!("{l}: ")).unwrap_or_default();
+    let loc = stack
+        .locate("torch.version")
+        .map(|l| format!("{l}: "))
+        .unwrap_or_default();
     let Some(page) = client.project(&name).await? else {
-        bail!("{loc}the index {} has no torch at all", stack.resolve.index_url);
+        bail!(
+            "{loc}the index {} has no torch at all",
+            stack.resolve.index_url
+        );
     };
     let wanted = &stack.torch.version;
-    let mut versions: Vec<&Version> = page.files.iter().filter_map(|f| f.wheel.as_ref().map(|w| &w.version)).collect();
+    let mut versions: Vec<&Version> = page
+        .files
+        .iter()
+        .filter_map(|f| f.wheel.as_ref().map(|w| &w.version))
+        .collect();
     versions.sort();
     versions.dedup();
     if !versions.contains(&wanted) {
-        let newest: Vec<String> = versions.iter().rev().filter(|v| !v.any_prerelease()).take(5).map(|v| v.to_string()).collect();
+        let newest: Vec<String> = versions
+            .iter()
+            .rev()
+            .filter(|v| !v.any_prerelease())
+            .take(5)
+            .map(|v| v.to_string())
+            .collect();
         bail!(
             "{loc}torch {wanted} is not on the index {} (newest releases: {})",
             stack.resolve.index_url,
@@ -216,14 +270,26 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
             Some((_, v)) => v.clone(),
             None => {
                 // Reported properly by rule nvshmem-version-matches-torch.
-                let facts = Facts { torch_cuda, torch_nccl, torch_nvshmem: None, nvshmem_build: None, deepep_rdc_fix: None };
+                let facts = Facts {
+                    torch_cuda,
+                    torch_nccl,
+                    torch_nvshmem: None,
+                    nvshmem_build: None,
+                    deepep_rdc_fix: None,
+                };
                 fail_on_violations(&rules::check_resolved(stack, &facts))?;
                 unreachable!("rule nvshmem-version-matches-torch fails without a torch pin")
             }
         },
     };
     let deepep_rdc_fix = known::deepep_rev(&stack.deepep.rev).and_then(|r| r.rdc_fix);
-    Ok(Facts { torch_cuda, torch_nccl, torch_nvshmem, nvshmem_build: Some(nvshmem_build), deepep_rdc_fix })
+    Ok(Facts {
+        torch_cuda,
+        torch_nccl,
+        torch_nvshmem,
+        nvshmem_build: Some(nvshmem_build),
+        deepep_rdc_fix,
+    })
 }
 
 /// NVSHMEM and DeepEP sources from the known-hash table.
@@ -231,7 +297,10 @@ fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
     let mut out = Vec::new();
     let v = nvshmem.to_string();
     let Some(release) = known::nvshmem_release(&v) else {
-        let loc = stack.locate("nvshmem.version").map(|l| format!("{l}: ")).unwrap_or_default();
+        let loc = stack
+            .locate("nvshmem.version")
+            .map(|l| format!("{l}: "))
+            .unwrap_or_default();
         bail!(
             "{loc}NVSHMEM {v} is not in commstack's known-hash table (known: {}); commstack pins sources by a \
              published sha256 and cannot reach developer.download.nvidia.com to check another one. Choose a known \
@@ -243,17 +312,28 @@ fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
         name: "nvshmem".into(),
         version: v.clone(),
         rev: None,
-        filename: release.url.rsplit('/').next().unwrap_or_default().to_string(),
+        filename: release
+            .url
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string(),
         url: release.url.clone(),
         sha256: Some(release.sha256.clone()),
         tree: release.tree.clone(),
         origin: match &release.tree_from {
-            Some(from) => format!("known-hash table: sha256 from {}; tree hash from {from}", release.sha256_from),
+            Some(from) => format!(
+                "known-hash table: sha256 from {}; tree hash from {from}",
+                release.sha256_from
+            ),
             None => format!("known-hash table: sha256 from {}", release.sha256_from),
         },
     });
     let Some(rev) = known::deepep_rev(&stack.deepep.rev) else {
-        let loc = stack.locate("deepep.rev").map(|l| format!("{l}: ")).unwrap_or_default();
+        let loc = stack
+            .locate("deepep.rev")
+            .map(|l| format!("{l}: "))
+            .unwrap_or_default();
         bail!(
             "{loc}DeepEP revision {} is not in commstack's known-source table: commstack verifies DeepEP by a \
              tree hash it computed from the sources and cannot reach github.com from here. Use 567632d (V1), or add \
@@ -262,7 +342,10 @@ fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
         );
     };
     if rev.api() != stack.deepep.api {
-        let loc = stack.locate("deepep.api").map(|l| format!("{l}: ")).unwrap_or_default();
+        let loc = stack
+            .locate("deepep.api")
+            .map(|l| format!("{l}: "))
+            .unwrap_or_default();
         bail!(
             "{loc}deepep.api is {} but DeepEP {} is a {} revision ({})",
             stack.deepep.api.as_str(),
@@ -288,10 +371,19 @@ fn fail_on_violations(outcomes: &[rules::Outcome]) -> Result<()> {
     let bad: Vec<String> = outcomes
         .iter()
         .filter(|o| o.status == Status::Violated)
-        .map(|o| o.diagnostic.as_ref().map(|d| d.to_string()).unwrap_or_else(|| o.detail.clone()))
+        .map(|o| {
+            o.diagnostic
+                .as_ref()
+                .map(|d| d.to_string())
+                .unwrap_or_else(|| o.detail.clone())
+        })
         .collect();
     if bad.is_empty() {
         return Ok(());
     }
-    bail!("the stack breaks {} compatibility rule(s):\n{}", bad.len(), bad.join("\n"))
+    bail!(
+        "the stack breaks {} compatibility rule(s):\n{}",
+        bad.len(),
+        bad.join("\n")
+    )
 }

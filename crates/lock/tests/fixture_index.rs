@@ -40,24 +40,43 @@ fn world_with_torch_on(platform: &str) -> FixtureIndex {
         WheelSpec::new("cuda-toolkit", "13.0.2")
             .tags("py2.py3-none-any")
             .extra("cublas")
-            .requires(&format!("nvidia-cublas==13.1.0.3.*; {cu} and extra == 'cublas'"))
+            .requires(&format!(
+                "nvidia-cublas==13.1.0.3.*; {cu} and extra == 'cublas'"
+            ))
             .extra("cudart")
-            .requires(&format!("nvidia-cuda-runtime==13.0.96.*; {cu} and extra == 'cudart'"))
+            .requires(&format!(
+                "nvidia-cuda-runtime==13.0.96.*; {cu} and extra == 'cudart'"
+            ))
             .extra("nvcc")
-            .requires(&format!("nvidia-cuda-nvcc==13.0.88.*; {cu} and extra == 'nvcc'"))
+            .requires(&format!(
+                "nvidia-cuda-nvcc==13.0.88.*; {cu} and extra == 'nvcc'"
+            ))
             .extra("crt")
-            .requires(&format!("nvidia-cuda-crt==13.0.88.*; {cu} and extra == 'crt'"))
+            .requires(&format!(
+                "nvidia-cuda-crt==13.0.88.*; {cu} and extra == 'crt'"
+            ))
             .extra("nvvm")
             .requires(&format!("nvidia-nvvm==13.0.88.*; {cu} and extra == 'nvvm'"))
             .extra("cccl")
-            .requires(&format!("nvidia-cuda-cccl==13.0.85.*; {cu} and extra == 'cccl'")),
+            .requires(&format!(
+                "nvidia-cuda-cccl==13.0.85.*; {cu} and extra == 'cccl'"
+            )),
     );
     ix.add(WheelSpec::new("nvidia-cublas", "13.1.0.3").tags("py3-none-manylinux_2_27_x86_64"));
-    ix.add(WheelSpec::new("nvidia-cuda-runtime", "13.0.96").tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"));
-    ix.add(WheelSpec::new("nvidia-cuda-runtime", "13.1.80").tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"));
+    ix.add(
+        WheelSpec::new("nvidia-cuda-runtime", "13.0.96")
+            .tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"),
+    );
+    ix.add(
+        WheelSpec::new("nvidia-cuda-runtime", "13.1.80")
+            .tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"),
+    );
     // Only tagged manylinux_2_25, like nvidia-cuda-cupti 13.0.85 on PyPI.
     ix.add(WheelSpec::new("nvidia-nccl-cu13", "2.28.9").tags("py3-none-manylinux_2_25_x86_64"));
-    ix.add(WheelSpec::new("nvidia-nvshmem-cu13", "3.4.5").tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"));
+    ix.add(
+        WheelSpec::new("nvidia-nvshmem-cu13", "3.4.5")
+            .tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"),
+    );
     ix.add(WheelSpec::new("filelock", "3.20.0"));
     ix.add(WheelSpec::new("filelock", "3.21.0").yanked());
     // No .metadata file: read METADATA out of the wheel.
@@ -67,9 +86,18 @@ fn world_with_torch_on(platform: &str) -> FixtureIndex {
     ix.add(WheelSpec::new("nvidia-cuda-crt", "13.0.88").tags("py3-none-manylinux_2_27_x86_64"));
     ix.add(WheelSpec::new("nvidia-nvvm", "13.0.88").tags("py3-none-manylinux_2_27_x86_64"));
     ix.add(WheelSpec::new("nvidia-cuda-cccl", "13.0.85").tags("py3-none-manylinux_2_27_x86_64"));
-    ix.add(WheelSpec::new("cmake", "3.31.6").tags("py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64"));
-    ix.add(WheelSpec::new("cmake", "4.2.0").tags("py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64"));
-    ix.add(WheelSpec::new("ninja", "1.13.0").tags("py3-none-manylinux_2_12_x86_64.manylinux2010_x86_64"));
+    ix.add(
+        WheelSpec::new("cmake", "3.31.6")
+            .tags("py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64"),
+    );
+    ix.add(
+        WheelSpec::new("cmake", "4.2.0")
+            .tags("py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64"),
+    );
+    ix.add(
+        WheelSpec::new("ninja", "1.13.0")
+            .tags("py3-none-manylinux_2_12_x86_64.manylinux2010_x86_64"),
+    );
     ix
 }
 
@@ -112,20 +140,55 @@ async fn locks_the_fixture_stack() {
     let url = ix.serve(&server);
     let lock = lock(&stack(&url, |t| t)).await.unwrap();
 
-    let version = |name: &str| lock.packages.iter().find(|p| p.name == name).map(|p| p.version.as_str());
+    let version = |name: &str| {
+        lock.packages
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.version.as_str())
+    };
     assert_eq!(version("torch"), Some("2.11.0"));
-    assert_eq!(version("filelock"), Some("3.20.0"), "the yanked 3.21.0 is skipped");
-    assert_eq!(version("typing-extensions"), Some("4.15.0"), "4.16.0 is newer than exclude-newer");
-    assert_eq!(version("nvidia-cuda-runtime"), Some("13.0.96"), "==13.0.96.* pins the patch series");
-    assert_eq!(version("nvidia-nccl-cu13"), Some("2.28.9"), "a manylinux_2_25-only wheel fits glibc 2.39");
-    assert_eq!(version("optree"), None, "extras that were not asked for add nothing");
-    assert_eq!(version("pywin32"), None, "markers for other platforms add nothing");
+    assert_eq!(
+        version("filelock"),
+        Some("3.20.0"),
+        "the yanked 3.21.0 is skipped"
+    );
+    assert_eq!(
+        version("typing-extensions"),
+        Some("4.15.0"),
+        "4.16.0 is newer than exclude-newer"
+    );
+    assert_eq!(
+        version("nvidia-cuda-runtime"),
+        Some("13.0.96"),
+        "==13.0.96.* pins the patch series"
+    );
+    assert_eq!(
+        version("nvidia-nccl-cu13"),
+        Some("2.28.9"),
+        "a manylinux_2_25-only wheel fits glibc 2.39"
+    );
+    assert_eq!(
+        version("optree"),
+        None,
+        "extras that were not asked for add nothing"
+    );
+    assert_eq!(
+        version("pywin32"),
+        None,
+        "markers for other platforms add nothing"
+    );
     let names: Vec<&str> = lock.packages.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
         [
-            "cuda-toolkit", "filelock", "nvidia-cublas", "nvidia-cuda-runtime", "nvidia-nccl-cu13",
-            "nvidia-nvshmem-cu13", "torch", "typing-extensions"
+            "cuda-toolkit",
+            "filelock",
+            "nvidia-cublas",
+            "nvidia-cuda-runtime",
+            "nvidia-nccl-cu13",
+            "nvidia-nvshmem-cu13",
+            "torch",
+            "typing-extensions"
         ]
     );
 
@@ -136,25 +199,53 @@ async fn locks_the_fixture_stack() {
         assert!(p.url.starts_with(&server.url("/files/")), "{}", p.url);
     }
     let torch = lock.packages.iter().find(|p| p.name == "torch").unwrap();
-    assert_eq!(torch.filename, "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl");
+    assert_eq!(
+        torch.filename,
+        "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    );
     assert_eq!(
         torch.requires,
-        ["cuda-toolkit", "filelock", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13", "typing-extensions"]
+        [
+            "cuda-toolkit",
+            "filelock",
+            "nvidia-nccl-cu13",
+            "nvidia-nvshmem-cu13",
+            "typing-extensions"
+        ]
     );
-    let nvshmem = lock.packages.iter().find(|p| p.name == "nvidia-nvshmem-cu13").unwrap();
+    let nvshmem = lock
+        .packages
+        .iter()
+        .find(|p| p.name == "nvidia-nvshmem-cu13")
+        .unwrap();
     assert_eq!(nvshmem.replaced_by.as_deref(), Some("nvshmem"));
 
     let r = &lock.resolved;
-    assert_eq!((r.cuda.as_str(), r.nccl.as_str()), ("13.0.2", "nvidia-nccl-cu13==2.28.9"));
-    assert_eq!((r.nvshmem.as_str(), r.nvshmem_pin.as_str()), ("3.4.5", "nvidia-nvshmem-cu13==3.4.5"));
+    assert_eq!(
+        (r.cuda.as_str(), r.nccl.as_str()),
+        ("13.0.2", "nvidia-nccl-cu13==2.28.9")
+    );
+    assert_eq!(
+        (r.nvshmem.as_str(), r.nvshmem_pin.as_str()),
+        ("3.4.5", "nvidia-nvshmem-cu13==3.4.5")
+    );
     assert_eq!(r.deepep_rev, "567632dd59810d77b3cc05553df953cc0f779799");
 
     // The toolchain follows torch's CUDA pin and the cmake specifier.
-    let tool = |name: &str| lock.toolchain.iter().find(|p| p.name == name).map(|p| p.version.as_str());
+    let tool = |name: &str| {
+        lock.toolchain
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.version.as_str())
+    };
     assert_eq!(tool("nvidia-cuda-nvcc"), Some("13.0.88"));
     assert_eq!(tool("nvidia-cuda-cccl"), Some("13.0.85"));
     assert_eq!(tool("nvidia-nvvm"), Some("13.0.88"));
-    assert_eq!(tool("cmake"), Some("3.31.6"), "cmake 4.2.0 is outside >=3.28,<4.2");
+    assert_eq!(
+        tool("cmake"),
+        Some("3.31.6"),
+        "cmake 4.2.0 is outside >=3.28,<4.2"
+    );
     assert_eq!(tool("ninja"), Some("1.13.0"));
 
     // The missing .metadata file was tried, then the wheel was read with range requests.
@@ -162,11 +253,17 @@ async fn locks_the_fixture_stack() {
     assert_eq!(server.hits(&format!("{te}.metadata")), 1);
     let reads = server.requests_for(te);
     assert!(!reads.is_empty());
-    assert!(reads.iter().all(|r| r.method == "GET" && r.range.is_some()), "only ranges of the wheel: {reads:?}");
+    assert!(
+        reads.iter().all(|r| r.method == "GET" && r.range.is_some()),
+        "only ranges of the wheel: {reads:?}"
+    );
 
     // requirements.lock: every installable wheel with its hash, the replaced one left out.
     let req = lock.requirements_txt();
-    assert!(req.contains(&format!("torch==2.11.0 \\\n    --hash=sha256:{}", torch.sha256)));
+    assert!(req.contains(&format!(
+        "torch==2.11.0 \\\n    --hash=sha256:{}",
+        torch.sha256
+    )));
     assert!(req.contains("# nvidia-nvshmem-cu13==3.4.5: replaced by the stack's nvshmem build"));
 }
 
@@ -174,10 +271,16 @@ async fn locks_the_fixture_stack() {
 async fn bookworm_target_gets_cp311_wheels() {
     let server = TestServer::start();
     let url = world().serve(&server);
-    let s = stack(&url, |t| t.replace("python = \"3.12\"", "python = \"3.11\"").replace("ubuntu-24.04", "debian-12"));
+    let s = stack(&url, |t| {
+        t.replace("python = \"3.12\"", "python = \"3.11\"")
+            .replace("ubuntu-24.04", "debian-12")
+    });
     let lock = lock(&s).await.unwrap();
     let torch = lock.packages.iter().find(|p| p.name == "torch").unwrap();
-    assert_eq!(torch.filename, "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl");
+    assert_eq!(
+        torch.filename,
+        "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    );
     assert_eq!(lock.resolved.platform, "manylinux_2_36_x86_64");
 }
 
@@ -186,8 +289,24 @@ async fn server_errors_are_retried() {
     let server = TestServer::start();
     let ix = world();
     let url = ix.serve(&server);
-    ix.misbehave(&server, "torch", Behavior::FailFirst { n: 2, status: 500, retry_after: None });
-    ix.misbehave(&server, "filelock", Behavior::FailFirst { n: 1, status: 429, retry_after: Some(1) });
+    ix.misbehave(
+        &server,
+        "torch",
+        Behavior::FailFirst {
+            n: 2,
+            status: 500,
+            retry_after: None,
+        },
+    );
+    ix.misbehave(
+        &server,
+        "filelock",
+        Behavior::FailFirst {
+            n: 1,
+            status: 429,
+            retry_after: Some(1),
+        },
+    );
     let lock = lock(&stack(&url, |t| t)).await.unwrap();
     assert_eq!(lock.packages.len(), 8);
     assert_eq!(server.hits("/simple/torch/"), 3);
@@ -199,7 +318,15 @@ async fn persistent_500_names_the_url() {
     let server = TestServer::start();
     let ix = world();
     let url = ix.serve(&server);
-    ix.misbehave(&server, "filelock", Behavior::FailFirst { n: 100, status: 500, retry_after: None });
+    ix.misbehave(
+        &server,
+        "filelock",
+        Behavior::FailFirst {
+            n: 100,
+            status: 500,
+            retry_after: None,
+        },
+    );
     let err = format!("{:#}", lock(&stack(&url, |t| t)).await.unwrap_err());
     assert!(err.contains("/simple/filelock/ answered 500"), "{err}");
     assert!(err.contains("gave up after"), "{err}");
@@ -211,15 +338,27 @@ async fn redirected_pages_are_followed() {
     let ix = world();
     let url = ix.serve(&server);
     // The page moves; its relative file URLs resolve against where it landed.
-    ix.misbehave(&server, "cuda-toolkit", Behavior::Redirect { to: "/simple/cuda-toolkit-moved/".into(), status: 301 });
+    ix.misbehave(
+        &server,
+        "cuda-toolkit",
+        Behavior::Redirect {
+            to: "/simple/cuda-toolkit-moved/".into(),
+            status: 301,
+        },
+    );
     let page = ix.page("/simple/cuda-toolkit/").unwrap();
     server.route(
         "/simple/cuda-toolkit-moved/",
-        commstack_testkit::Route::ok(page).header("Content-Type", "application/vnd.pypi.simple.v1+json"),
+        commstack_testkit::Route::ok(page)
+            .header("Content-Type", "application/vnd.pypi.simple.v1+json"),
     );
     let lock = lock(&stack(&url, |t| t)).await.unwrap();
     assert!(lock.packages.iter().any(|p| p.name == "cuda-toolkit"));
-    assert_eq!(server.hits("/simple/cuda-toolkit-moved/"), 1, "one fetch serves both resolutions");
+    assert_eq!(
+        server.hits("/simple/cuda-toolkit-moved/"),
+        1,
+        "one fetch serves both resolutions"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -229,8 +368,14 @@ async fn a_metadata_hash_that_does_not_match_is_an_error() {
     ix.add(WheelSpec::new("filelock", "3.20.1").announce_metadata(MetadataHash::Wrong));
     let url = ix.serve(&server);
     let err = format!("{:#}", lock(&stack(&url, |t| t)).await.unwrap_err());
-    assert!(err.contains("filelock-3.20.1-py3-none-any.whl.metadata: sha256 mismatch"), "{err}");
-    assert!(err.contains(&"0".repeat(64)), "names the expected hash: {err}");
+    assert!(
+        err.contains("filelock-3.20.1-py3-none-any.whl.metadata: sha256 mismatch"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&"0".repeat(64)),
+        "names the expected hash: {err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -240,17 +385,29 @@ async fn a_correctly_announced_metadata_hash_is_checked_and_accepted() {
     ix.add(WheelSpec::new("filelock", "3.20.1").announce_metadata(MetadataHash::Correct));
     let url = ix.serve(&server);
     let lock = lock(&stack(&url, |t| t)).await.unwrap();
-    assert!(lock.packages.iter().any(|p| p.name == "filelock" && p.version == "3.20.1"));
+    assert!(
+        lock.packages
+            .iter()
+            .any(|p| p.name == "filelock" && p.version == "3.20.1")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_manylinux_2_25_only_wheel_does_not_fit_glibc_2_24() {
     let server = TestServer::start();
     let url = world_with_torch_on("manylinux_2_17_x86_64").serve(&server);
-    let s = stack(&url, |t| t.replace("base = \"ubuntu-24.04\"", "base = \"ubuntu-24.04\"\nglibc = \"2.24\""));
+    let s = stack(&url, |t| {
+        t.replace(
+            "base = \"ubuntu-24.04\"",
+            "base = \"ubuntu-24.04\"\nglibc = \"2.24\"",
+        )
+    });
     let err = format!("{:#}", lock(&s).await.unwrap_err());
     assert!(err.contains("nvidia-nccl-cu13"), "{err}");
-    assert!(err.contains("nvidia-nccl-cu13 2.28.9: no wheel for the target platform"), "{err}");
+    assert!(
+        err.contains("nvidia-nccl-cu13 2.28.9: no wheel for the target platform"),
+        "{err}"
+    );
     assert!(err.contains("manylinux_2_24_x86_64"), "{err}");
 }
 
@@ -261,7 +418,10 @@ async fn deepep_v2_against_torch_nccl_2_28_is_refused_with_both_sides() {
     let s = stack(&url, |t| t.replace("api = \"v1\"", "api = \"v2\""));
     let err = format!("{:#}", lock(&s).await.unwrap_err());
     assert!(err.contains("stack.toml:16:7: DeepEP V2 needs NCCL >= 2.30.4 but torch 2.11.0 pins nvidia-nccl-cu13==2.28.9"), "{err}");
-    assert!(err.contains("stack.toml:7:11: torch 2.11.0 is chosen here"), "{err}");
+    assert!(
+        err.contains("stack.toml:7:11: torch 2.11.0 is chosen here"),
+        "{err}"
+    );
     assert!(err.contains("allow rule deepep-v2-nccl"), "{err}");
 }
 
@@ -269,16 +429,25 @@ async fn deepep_v2_against_torch_nccl_2_28_is_refused_with_both_sides() {
 async fn an_nvshmem_version_other_than_torchs_needs_an_override() {
     let server = TestServer::start();
     let url = world().serve(&server);
-    let s = stack(&url, |t| t.replace("version = \"match-torch\"", "version = \"3.3.24\""));
+    let s = stack(&url, |t| {
+        t.replace("version = \"match-torch\"", "version = \"3.3.24\"")
+    });
     let err = format!("{:#}", lock(&s).await.unwrap_err());
-    assert!(err.contains("nvshmem.version is 3.3.24 but torch 2.11.0 pins nvidia-nvshmem-cu13==3.4.5"), "{err}");
+    assert!(
+        err.contains("nvshmem.version is 3.3.24 but torch 2.11.0 pins nvidia-nvshmem-cu13==3.4.5"),
+        "{err}"
+    );
     let allowed = stack(&url, |t| {
         t.replace("version = \"match-torch\"", "version = \"3.3.24\"")
             + "allow = [\"nvshmem-version-matches-torch\"]\n"
     });
     let lock = lock(&allowed).await.unwrap();
     assert_eq!(lock.resolved.nvshmem, "3.3.24");
-    let rule = lock.rules.iter().find(|r| r.id == "nvshmem-version-matches-torch").unwrap();
+    let rule = lock
+        .rules
+        .iter()
+        .find(|r| r.id == "nvshmem-version-matches-torch")
+        .unwrap();
     assert_eq!(rule.status, commstack_stack::rules::Status::Allowed);
 }
 
@@ -287,7 +456,13 @@ async fn a_package_missing_from_the_index_is_named() {
     let server = TestServer::start();
     let url = world().serve(&server);
     let s = stack(&url, |t| t + "extra-requirements = [\"doesnotexist>=1\"]\n");
-    let err = format!("{:#}", tokio::time::timeout(Duration::from_secs(30), lock(&s)).await.unwrap().unwrap_err());
+    let err = format!(
+        "{:#}",
+        tokio::time::timeout(Duration::from_secs(30), lock(&s))
+            .await
+            .unwrap()
+            .unwrap_err()
+    );
     assert!(err.contains("doesnotexist"), "{err}");
 }
 
@@ -295,8 +470,13 @@ async fn a_package_missing_from_the_index_is_named() {
 async fn a_torch_version_the_index_lacks_points_at_the_manifest() {
     let server = TestServer::start();
     let url = world().serve(&server);
-    let s = stack(&url, |t| t.replace("version = \"2.11.0\"", "version = \"2.99.0\""));
+    let s = stack(&url, |t| {
+        t.replace("version = \"2.11.0\"", "version = \"2.99.0\"")
+    });
     let err = format!("{:#}", lock(&s).await.unwrap_err());
-    assert!(err.contains("stack.toml:7:11: torch 2.99.0 is not on the index"), "{err}");
+    assert!(
+        err.contains("stack.toml:7:11: torch 2.99.0 is not on the index"),
+        "{err}"
+    );
     assert!(err.contains("newest releases: 2.12.0, 2.11.0"), "{err}");
 }

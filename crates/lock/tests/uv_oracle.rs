@@ -9,28 +9,56 @@ use std::process::Command;
 use commstack_stack::Stack;
 
 fn oracle(stack_file: &str) {
-    let uv = std::env::var("COMMSTACK_UV").expect("set COMMSTACK_UV to a uv binary (ci/test.sh does)");
+    let uv =
+        std::env::var("COMMSTACK_UV").expect("set COMMSTACK_UV to a uv binary (ci/test.sh does)");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let path = root.join(stack_file);
     let stack = Stack::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let ours = rt.block_on(commstack_lock::lock(&stack, None, &|_: &str| {})).unwrap().lock;
-    let ours: BTreeSet<String> = ours.packages.iter().map(|p| format!("{}=={}", p.name, p.version)).collect();
+    let ours = rt
+        .block_on(commstack_lock::lock(&stack, None, &|_: &str| {}))
+        .unwrap()
+        .lock;
+    let ours: BTreeSet<String> = ours
+        .packages
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version))
+        .collect();
 
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.txt");
     std::fs::write(&input, format!("torch=={}\n", stack.torch.version)).unwrap();
     let t = &stack.target;
     let out = Command::new(uv)
-        .args(["pip", "compile", "--quiet", "--no-header", "--no-annotate", "--no-cache"])
+        .args([
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-header",
+            "--no-annotate",
+            "--no-cache",
+        ])
         .arg(&input)
-        .args(["--python-version", &format!("{}.{}", t.python.0, t.python.1)])
-        .args(["--python-platform", &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1)])
+        .args([
+            "--python-version",
+            &format!("{}.{}", t.python.0, t.python.1),
+        ])
+        .args([
+            "--python-platform",
+            &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1),
+        ])
         .args(["--index-url", &stack.resolve.index_url])
-        .args(["--exclude-newer", &stack.resolve.exclude_newer.unwrap().to_string()])
+        .args([
+            "--exclude-newer",
+            &stack.resolve.exclude_newer.unwrap().to_string(),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "uv failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "uv failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let theirs: BTreeSet<String> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()

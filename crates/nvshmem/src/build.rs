@@ -332,7 +332,9 @@ fn run_build(
                 .envs(&env)
                 .quiet()
                 .read()
-                .with_context(|| format!("`ninja -t query {target}` failed in {}", build.display()))?;
+                .with_context(|| {
+                    format!("`ninja -t query {target}` failed in {}", build.display())
+                })?;
             Ok(text)
         })?;
         if dropped.is_empty() {
@@ -349,7 +351,11 @@ fn run_build(
     };
     let targets: &[String] = selection.as_ref().map_or(&[], |s| &s.targets);
     let what = match &selection {
-        Some(s) => format!("{} targets, leaving out {}", s.targets.len(), s.left_out.join(", ")),
+        Some(s) => format!(
+            "{} targets, leaving out {}",
+            s.targets.len(),
+            s.left_out.join(", ")
+        ),
         None => "everything, the static library too".to_string(),
     };
     (req.progress)(&format!(
@@ -436,11 +442,17 @@ fn run_build(
 /// must not fail a good build.
 fn keep_ninja_logs(build: &Path, logs: &Path) {
     let dest = logs.join("ninja");
-    for entry in walkdir::WalkDir::new(build).into_iter().filter_map(|e| e.ok()) {
+    for entry in walkdir::WalkDir::new(build)
+        .into_iter()
+        .filter_map(|e| e.ok())
+    {
         if entry.file_name() != ".ninja_log" {
             continue;
         }
-        let dir = entry.path().parent().and_then(|d| d.strip_prefix(build).ok());
+        let dir = entry
+            .path()
+            .parent()
+            .and_then(|d| d.strip_prefix(build).ok());
         let name = match dir.map(|d| d.to_string_lossy().replace('/', "_")) {
             Some(d) if !d.is_empty() => format!("{d}.ninja_log"),
             _ => "build.ninja_log".to_string(),

@@ -197,7 +197,10 @@ mod tests {
         let depth = std::env::current_dir().unwrap().components().count() - 1;
         let relative = PathBuf::from("../".repeat(depth)).join(d.path().strip_prefix("/").unwrap());
         let r = find_rdma_core(&relative).unwrap();
-        assert_eq!(r.prefix, root, "one tree, one spelling (it is in the step key)");
+        assert_eq!(
+            r.prefix, root,
+            "one tree, one spelling (it is in the step key)"
+        );
         assert!(r.libmlx5.exists());
     }
 }

@@ -50,7 +50,13 @@ pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
 /// `header` written to `log` first and the command's output appended after it. On
 /// failure the first error lines are read from the command's output (not the header) into
 /// a [`CommandFailed`]. Returns seconds taken. `shown` names the command in errors.
-pub fn run_command(mut command: Command, header: &str, shown: &str, log: &Path, what: &str) -> Result<f64> {
+pub fn run_command(
+    mut command: Command,
+    header: &str,
+    shown: &str,
+    log: &Path,
+    what: &str,
+) -> Result<f64> {
     let file = File::options()
         .create(true)
         .append(true)

@@ -26,7 +26,10 @@ const DROPPED_MARK: &str = "commstack-schedule: dropped ";
 pub fn dropped_dependencies(configure_log: &str) -> Vec<String> {
     configure_log
         .lines()
-        .filter_map(|l| l.split_once(DROPPED_MARK).map(|(_, d)| d.trim().to_string()))
+        .filter_map(|l| {
+            l.split_once(DROPPED_MARK)
+                .map(|(_, d)| d.trim().to_string())
+        })
         .collect()
 }
 
@@ -93,7 +96,10 @@ pub fn select(mut query: impl FnMut(&str) -> Result<String>) -> Result<Selection
     targets.dedup();
     left_out.sort();
     left_out.dedup();
-    let Some(host) = targets.iter().find(|t| file_name(t) == "libnvshmem_host.so") else {
+    let Some(host) = targets
+        .iter()
+        .find(|t| file_name(t) == "libnvshmem_host.so")
+    else {
         bail!(
             "the NVSHMEM build tree has no libnvshmem_host.so among the outputs of `all` \
              (targets: {}); this source does not build like NVSHMEM 3.x: set nvshmem.static-lib = true \
@@ -157,7 +163,11 @@ pub fn install(build: &Path, src: &Path, sel: &Selection, prefix: &Path) -> Resu
         .map(|e| e.into_path())
         .collect();
     for m in modules {
-        let removed = if m.is_dir() && !m.is_symlink() { fs::remove_dir_all(&m) } else { fs::remove_file(&m) };
+        let removed = if m.is_dir() && !m.is_symlink() {
+            fs::remove_dir_all(&m)
+        } else {
+            fs::remove_file(&m)
+        };
         removed.with_context(|| format!("cannot remove {}", m.display()))?;
     }
     for name in TOP_FILES {
@@ -183,7 +193,11 @@ fn set_modes(prefix: &Path) -> Result<()> {
         if !entry.file_type().is_file() {
             continue; // links keep theirs; directories follow the umask, as with cmake
         }
-        let mode = if entry.path().starts_with(&lib) { 0o755 } else { 0o644 };
+        let mode = if entry.path().starts_with(&lib) {
+            0o755
+        } else {
+            0o644
+        };
         fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))
             .with_context(|| format!("cannot set the mode of {}", entry.path().display()))?;
     }
@@ -194,7 +208,8 @@ fn set_modes(prefix: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
-    const ALL: &str = "all:\n  input: phony\n    src/all\n  outputs:\n    CMakeFiles/install.util\n";
+    const ALL: &str =
+        "all:\n  input: phony\n    src/all\n  outputs:\n    CMakeFiles/install.util\n";
     const SRC_ALL: &str = "src/all:\n  input: phony\n    src/other/all\n    src/lib/libnvshmem_host.so\n    src/lib/libnvshmem.a\n    \
                            src/lib/nvshmem_transport_ibgda.so\n    src/bin/nvshmem-info\n    | src/device/all\n    \
                            || src/git_commit\n  outputs:\n    all\n";
@@ -207,7 +222,9 @@ mod tests {
                 "all" => ALL,
                 "src/all" => SRC_ALL,
                 "src/device/all" => DEV_ALL,
-                "src/other/all" => "src/other/all:\n  input: phony\n    src/lib/libnvshmem_host.so\n",
+                "src/other/all" => {
+                    "src/other/all:\n  input: phony\n    src/lib/libnvshmem_host.so\n"
+                }
                 other => panic!("queried {other}"),
             }
             .to_string())
@@ -222,28 +239,43 @@ mod tests {
                 "src/nvshmem_device_project"
             ]
         );
-        assert_eq!(sel.left_out, ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]);
+        assert_eq!(
+            sel.left_out,
+            ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]
+        );
         assert_eq!(sel.lib_dir, "src/lib");
     }
 
     #[test]
     fn dropped_dependencies_are_read_from_the_configure_log() {
         let log = "-- NVSHMEM_PREFIX: x\n-- commstack-schedule: dropped nvshmem_host -> nvshmem_device_project-build\n";
-        assert_eq!(dropped_dependencies(log), ["nvshmem_host -> nvshmem_device_project-build"]);
+        assert_eq!(
+            dropped_dependencies(log),
+            ["nvshmem_host -> nvshmem_device_project-build"]
+        );
         assert!(dropped_dependencies("-- nothing\n").is_empty());
     }
 
     #[test]
     fn a_tree_without_the_host_library_or_the_static_one_is_refused() {
         let err = select(|t| {
-            Ok(if t == "all" { "all:\n  input: phony\n    foo.so\n    libnvshmem.a\n" } else { "" }.to_string())
+            Ok(if t == "all" {
+                "all:\n  input: phony\n    foo.so\n    libnvshmem.a\n"
+            } else {
+                ""
+            }
+            .to_string())
         })
         .unwrap_err();
         assert!(err.to_string().contains("no libnvshmem_host.so"), "{err}");
-        let err = select(|_| Ok("all:\n  input: phony\n    src/lib/libnvshmem_host.so\n".to_string())).unwrap_err();
+        let err =
+            select(|_| Ok("all:\n  input: phony\n    src/lib/libnvshmem_host.so\n".to_string()))
+                .unwrap_err();
         assert!(err.to_string().contains("static-lib = true"), "{err}");
-        let err = select(|_| Ok("all:\n  input: phony\n    libnvshmem_host.so\n    libnvshmem.a\n".to_string()))
-            .unwrap_err();
+        let err = select(|_| {
+            Ok("all:\n  input: phony\n    libnvshmem_host.so\n    libnvshmem.a\n".to_string())
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("top of the build tree"), "{err}");
     }
 }

@@ -86,12 +86,26 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
 
     // The default builds only the wheel's set: NVSHMEM's `all` minus the static library
     // and nvshmem-info, installed without NVSHMEM's install rules.
-    let sel = first.report.selection.as_ref().expect("the default selects targets");
-    assert_eq!(sel.left_out, ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]);
-    assert!(sel.targets.iter().any(|t| t == "src/lib/libnvshmem_host.so"), "{sel:?}");
+    let sel = first
+        .report
+        .selection
+        .as_ref()
+        .expect("the default selects targets");
+    assert_eq!(
+        sel.left_out,
+        ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]
+    );
+    assert!(
+        sel.targets
+            .iter()
+            .any(|t| t == "src/lib/libnvshmem_host.so"),
+        "{sel:?}"
+    );
     let log = fs::read_to_string(first.outcome.path().join("logs/build.log")).unwrap();
     assert!(
-        log.contains("libnvshmem_host.so") && !log.contains("libnvshmem.a") && !log.contains("nvshmem-info"),
+        log.contains("libnvshmem_host.so")
+            && !log.contains("libnvshmem.a")
+            && !log.contains("nvshmem-info"),
         "{log}"
     );
     assert!(!first.prefix.join("lib/libnvshmem.a").exists());
@@ -114,7 +128,11 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
         false,
     )
     .unwrap();
-    assert!(full.report.proof.passed(), "{:#?}", full.report.proof.failures);
+    assert!(
+        full.report.proof.passed(),
+        "{:#?}",
+        full.report.proof.failures
+    );
     assert!(full.report.selection.is_none());
     assert!(full.prefix.join("lib/libnvshmem.a").is_file());
     assert!(full.prefix.join("bin/nvshmem-info").is_file());
@@ -130,21 +148,36 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
             .collect::<std::collections::BTreeMap<_, _>>()
     };
     let (a, b) = (content(&ours), content(&theirs));
-    let mismatched: Vec<&String> = a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).collect();
+    let mismatched: Vec<&String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .collect();
     assert!(mismatched.is_empty(), "differ: {mismatched:?}");
     // Modes: NVSHMEM's own (0755 in lib/, its FILE_PERMISSIONS; 0644 elsewhere), not the
     // build tree's or the umask's. (cmake's install gives .so files 0644 on Debian.)
     for (k, (mode, _)) in &ours {
         let want = if k.starts_with("lib/") { 0o755 } else { 0o644 };
-        assert!(*mode == 0 || *mode == want, "{k}: mode {mode:o}, want {want:o}");
+        assert!(
+            *mode == 0 || *mode == want,
+            "{k}: mode {mode:o}, want {want:o}"
+        );
     }
 
     // The default also drops nvshmem_host's wait for the device step (a scheduling
     // change: the bytes above are the same). In the configured graph its objects no
     // longer wait for that step, and its link still reads libnvshmem_device.a; without
     // the hook (static-lib) they wait.
-    assert_eq!(sel.dropped_dependencies, ["nvshmem_host -> nvshmem_device_project-build"]);
-    assert!(full.report.cmake_defines.iter().all(|(k, _)| k != "CMAKE_PROJECT_INCLUDE"));
+    assert_eq!(
+        sel.dropped_dependencies,
+        ["nvshmem_host -> nvshmem_device_project-build"]
+    );
+    assert!(
+        full.report
+            .cmake_defines
+            .iter()
+            .all(|(k, _)| k != "CMAKE_PROJECT_INCLUDE")
+    );
     let order_deps = |opts: &NvshmemOptions, dir: &str| {
         let cfg = tmp.path().join(dir);
         configure_only(
@@ -170,7 +203,10 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     let hooked = order_deps(&options, "configured-default");
     assert!(!hooked.contains("nvshmem_device_project"), "{hooked}");
     let upstream = order_deps(&with_static, "configured-static");
-    assert!(upstream.contains("nvshmem_device_project-build"), "{upstream}");
+    assert!(
+        upstream.contains("nvshmem_device_project-build"),
+        "{upstream}"
+    );
 
     // What the build saw: nothing of the hostile environment but the passthrough.
     for (file, prefix) in ["configure-env.txt", "build-env.txt"]
@@ -190,7 +226,11 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
                     || ["CUDA_HOME", "CMAKE_GENERATOR", "CFLAGS"].contains(k)
             })
             .collect();
-        assert!(leaked.is_empty(), "{file} of {} leaked {leaked:?}", prefix.display());
+        assert!(
+            leaked.is_empty(),
+            "{file} of {} leaked {leaked:?}",
+            prefix.display()
+        );
         assert!(
             env.lines().any(|l| l == "NVSHMEM_DISABLE_NVLS=1"),
             "{file}: passthrough missing"
@@ -346,7 +386,12 @@ fn tree_digest(
     for d in dirs {
         for e in walkdir::WalkDir::new(root.join(d)) {
             let e = e.unwrap();
-            let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             if e.path_is_symlink() {
                 let target = fs::read_link(e.path()).unwrap();
                 out.insert(rel, (0, target.into_os_string().into_encoded_bytes()));

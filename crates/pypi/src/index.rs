@@ -121,8 +121,16 @@ impl IndexClient {
     /// The project's page; `Ok(None)` when the index does not know the project (404).
     /// Fetched once per client.
     pub async fn project(&self, name: &PackageName) -> Result<Option<Arc<ProjectPage>>> {
-        let cell = self.pages.lock().await.entry(name.clone()).or_default().clone();
-        cell.get_or_try_init(|| async { Ok(self.fetch_project(name).await?.map(Arc::new)) }).await.cloned()
+        let cell = self
+            .pages
+            .lock()
+            .await
+            .entry(name.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| async { Ok(self.fetch_project(name).await?.map(Arc::new)) })
+            .await
+            .cloned()
     }
 
     async fn fetch_project(&self, name: &PackageName) -> Result<Option<ProjectPage>> {
@@ -137,26 +145,39 @@ impl IndexClient {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body = resp.bytes().await.with_context(|| format!("reading {url}"))?;
+        let body = resp
+            .bytes()
+            .await
+            .with_context(|| format!("reading {url}"))?;
         self.stats.pages.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-        if !ctype.starts_with("application/vnd.pypi.simple.v1+json") && !ctype.starts_with("application/json") {
+        self.stats
+            .bytes
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        if !ctype.starts_with("application/vnd.pypi.simple.v1+json")
+            && !ctype.starts_with("application/json")
+        {
             bail!(
                 "{url} answered {ctype:?}, not the PEP 691 JSON API: commstack needs an index that serves \
                  application/vnd.pypi.simple.v1+json (PyPI, devpi, Artifactory and pip's `--index-url` mirrors of them do)"
             );
         }
-        let raw: RawPage = serde_json::from_slice(&body).with_context(|| format!("{url}: not a PEP 691 project page"))?;
+        let raw: RawPage = serde_json::from_slice(&body)
+            .with_context(|| format!("{url}: not a PEP 691 project page"))?;
         let mut files = Vec::with_capacity(raw.files.len());
         for f in raw.files {
-            let abs = final_url.join(&f.url).with_context(|| format!("{url}: bad file URL {:?}", f.url))?.to_string();
+            let abs = final_url
+                .join(&f.url)
+                .with_context(|| format!("{url}: bad file URL {:?}", f.url))?
+                .to_string();
             let yanked = match &f.yanked {
                 serde_json::Value::Bool(true) => Some(String::new()),
                 serde_json::Value::String(reason) => Some(reason.clone()),
                 _ => None,
             };
             let metadata_sha256 = match &f.core_metadata {
-                serde_json::Value::Object(h) => h.get("sha256").and_then(|v| v.as_str()).map(str::to_string),
+                serde_json::Value::Object(h) => {
+                    h.get("sha256").and_then(|v| v.as_str()).map(str::to_string)
+                }
                 _ => None,
             };
             let requires_python = match f.requires_python.as_deref().map(str::trim) {
@@ -190,9 +211,15 @@ impl IndexClient {
         let meta_url = format!("{}.metadata", file.url);
         let bytes = match self.get(&meta_url, None).await? {
             Some(resp) => {
-                let bytes = resp.bytes().await.with_context(|| format!("reading {meta_url}"))?.to_vec();
+                let bytes = resp
+                    .bytes()
+                    .await
+                    .with_context(|| format!("reading {meta_url}"))?
+                    .to_vec();
                 self.stats.metadata_files.fetch_add(1, Ordering::Relaxed);
-                self.stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                self.stats
+                    .bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 if let Some(expected) = &file.metadata_sha256 {
                     let actual = hex::encode(Sha256::digest(&bytes));
                     if &actual != expected {
@@ -208,12 +235,20 @@ impl IndexClient {
                 let client = self.client.clone();
                 let url = file.url.clone();
                 let handle = tokio::runtime::Handle::current();
-                let (bytes, fetched) =
-                    tokio::task::spawn_blocking(move || crate::remote_zip::wheel_metadata(client, &url, handle))
-                        .await
-                        .map_err(|e| anyhow!("metadata reader panicked: {e}"))?
-                        .with_context(|| format!("{}: no .metadata file and the wheel could not be read", file.filename))?;
-                self.stats.metadata_from_wheel.fetch_add(1, Ordering::Relaxed);
+                let (bytes, fetched) = tokio::task::spawn_blocking(move || {
+                    crate::remote_zip::wheel_metadata(client, &url, handle)
+                })
+                .await
+                .map_err(|e| anyhow!("metadata reader panicked: {e}"))?
+                .with_context(|| {
+                    format!(
+                        "{}: no .metadata file and the wheel could not be read",
+                        file.filename
+                    )
+                })?;
+                self.stats
+                    .metadata_from_wheel
+                    .fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes.fetch_add(fetched, Ordering::Relaxed);
                 bytes
             }
@@ -234,7 +269,9 @@ impl IndexClient {
     }
 
     fn store_metadata(&self, file: &IndexFile, bytes: &[u8]) {
-        let Some(path) = self.cache_path(file) else { return };
+        let Some(path) = self.cache_path(file) else {
+            return;
+        };
         // Best effort, atomically: a cache we cannot write only costs time.
         if let Some(dir) = path.parent()
             && std::fs::create_dir_all(dir).is_ok()
@@ -263,28 +300,39 @@ impl IndexClient {
                     if status.is_success() {
                         return Ok(Some(resp));
                     }
-                    if status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::GONE {
+                    if status == reqwest::StatusCode::NOT_FOUND
+                        || status == reqwest::StatusCode::GONE
+                    {
                         return Ok(None);
                     }
-                    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                    {
                         let retry_after = resp
                             .headers()
                             .get(reqwest::header::RETRY_AFTER)
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| v.parse::<u64>().ok());
-                        last_err = Some(Transient { what: format!("{url} answered {status}"), retry_after });
+                        last_err = Some(Transient {
+                            what: format!("{url} answered {status}"),
+                            retry_after,
+                        });
                         continue;
                     }
                     bail!("{url} answered {status}");
                 }
                 Err(err) if err.is_timeout() || err.is_connect() || err.is_request() => {
-                    last_err = Some(Transient { what: format!("{url}: {err}"), retry_after: None });
+                    last_err = Some(Transient {
+                        what: format!("{url}: {err}"),
+                        retry_after: None,
+                    });
                 }
                 Err(err) => return Err(anyhow!(err).context(format!("GET {url}"))),
             }
         }
         let what = last_err.map(|e| e.what).unwrap_or_default();
-        bail!("{what} (gave up after {ATTEMPTS} attempts; is the index reachable? use a mirror with resolve.index-url)")
+        bail!(
+            "{what} (gave up after {ATTEMPTS} attempts; is the index reachable? use a mirror with resolve.index-url)"
+        )
     }
 }
 

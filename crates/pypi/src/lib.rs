@@ -11,5 +11,5 @@ pub mod wheel_name;
 
 pub use index::{IndexClient, IndexFile, ProjectPage};
 pub use metadata::CoreMetadata;
-pub use tags::{TargetTags, TargetPlatform};
+pub use tags::{TargetPlatform, TargetTags};
 pub use wheel_name::WheelName;

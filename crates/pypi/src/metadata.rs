@@ -31,12 +31,21 @@ impl CoreMetadata {
             let value = h.get_value();
             let value = value.trim();
             match key.to_ascii_lowercase().as_str() {
-                "name" => name = Some(PackageName::from_str(value).with_context(|| format!("{origin}: Name {value:?}"))?),
+                "name" => {
+                    name = Some(
+                        PackageName::from_str(value)
+                            .with_context(|| format!("{origin}: Name {value:?}"))?,
+                    )
+                }
                 "version" => {
-                    version = Some(Version::from_str(value).map_err(|e| anyhow::anyhow!("{origin}: Version {value:?}: {e}"))?)
+                    version = Some(
+                        Version::from_str(value)
+                            .map_err(|e| anyhow::anyhow!("{origin}: Version {value:?}: {e}"))?,
+                    )
                 }
                 "requires-dist" => requires_dist.push(
-                    Requirement::from_str(value).with_context(|| format!("{origin}: Requires-Dist {value:?}"))?,
+                    Requirement::from_str(value)
+                        .with_context(|| format!("{origin}: Requires-Dist {value:?}"))?,
                 ),
                 "requires-python" => {
                     requires_python = Some(
@@ -55,7 +64,13 @@ impl CoreMetadata {
         let (Some(name), Some(version)) = (name, version) else {
             bail!("{origin}: core metadata has no Name or no Version header");
         };
-        Ok(CoreMetadata { name, version, requires_dist, requires_python, provides_extra })
+        Ok(CoreMetadata {
+            name,
+            version,
+            requires_dist,
+            requires_python,
+            provides_extra,
+        })
     }
 }
 
@@ -75,6 +90,11 @@ Requires-Dist: optree>=0.13.0; extra == \"optree\"\n\nlong description\nRequires
         assert_eq!(m.requires_dist.len(), 4, "the body is not headers");
         assert_eq!(m.requires_dist[1].extras.len(), 2);
         assert_eq!(m.provides_extra.len(), 1);
-        assert!(CoreMetadata::parse(b"Name: x\n", "origin-url").unwrap_err().to_string().contains("origin-url"));
+        assert!(
+            CoreMetadata::parse(b"Name: x\n", "origin-url")
+                .unwrap_err()
+                .to_string()
+                .contains("origin-url")
+        );
     }
 }

@@ -27,7 +27,12 @@ impl RangeReader {
     pub fn open(client: reqwest::Client, url: &str, handle: Handle) -> Result<RangeReader> {
         // The last block, which also tells the total length (Content-Range: bytes a-b/len).
         let resp = handle
-            .block_on(client.get(url).header(reqwest::header::RANGE, format!("bytes=-{BLOCK}")).send())
+            .block_on(
+                client
+                    .get(url)
+                    .header(reqwest::header::RANGE, format!("bytes=-{BLOCK}"))
+                    .send(),
+            )
             .with_context(|| format!("GET {url} (range)"))?;
         let status = resp.status();
         if status == reqwest::StatusCode::PARTIAL_CONTENT {
@@ -38,7 +43,10 @@ impl RangeReader {
                 .and_then(|v| v.rsplit('/').next())
                 .and_then(|v| v.parse::<u64>().ok())
                 .with_context(|| format!("{url}: 206 without a usable Content-Range"))?;
-            let body = handle.block_on(resp.bytes()).with_context(|| format!("reading {url}"))?.to_vec();
+            let body = handle
+                .block_on(resp.bytes())
+                .with_context(|| format!("reading {url}"))?
+                .to_vec();
             let start = total - body.len() as u64;
             let mut reader = RangeReader {
                 client,
@@ -54,7 +62,10 @@ impl RangeReader {
             Ok(reader)
         } else if status.is_success() {
             // No range support: we have to take the whole file.
-            let body = handle.block_on(resp.bytes()).with_context(|| format!("reading {url}"))?.to_vec();
+            let body = handle
+                .block_on(resp.bytes())
+                .with_context(|| format!("reading {url}"))?
+                .to_vec();
             Ok(RangeReader {
                 client,
                 url: url.to_string(),
@@ -100,16 +111,21 @@ impl RangeReader {
                     .await?
                     .error_for_status()?;
                 if resp.status() != reqwest::StatusCode::PARTIAL_CONTENT {
-                    return Err(anyhow::anyhow!("server stopped honouring Range ({})", resp.status()));
+                    return Err(anyhow::anyhow!(
+                        "server stopped honouring Range ({})",
+                        resp.status()
+                    ));
                 }
                 Ok(resp.bytes().await?.to_vec())
             };
-            let data = self
-                .handle
-                .block_on(fetch)
-                .map_err(|e| io::Error::other(format!("{}: bytes {start}-{end}: {e:#}", self.url)))?;
+            let data = self.handle.block_on(fetch).map_err(|e| {
+                io::Error::other(format!("{}: bytes {start}-{end}: {e:#}", self.url))
+            })?;
             if data.len() as u64 != end - start + 1 {
-                return Err(io::Error::other(format!("{}: short range read at {start}", self.url)));
+                return Err(io::Error::other(format!(
+                    "{}: short range read at {start}",
+                    self.url
+                )));
             }
             self.bytes_fetched += data.len() as u64;
             self.blocks.insert(index, data);
@@ -148,7 +164,10 @@ impl Seek for RangeReader {
             SeekFrom::Current(d) => self.pos as i128 + d as i128,
         };
         if new < 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "seek before the start"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start",
+            ));
         }
         self.pos = new as u64;
         Ok(self.pos)
@@ -156,7 +175,11 @@ impl Seek for RangeReader {
 }
 
 /// METADATA of the wheel at `url`, read through range requests.
-pub fn wheel_metadata(client: reqwest::Client, url: &str, handle: Handle) -> Result<(Vec<u8>, u64)> {
+pub fn wheel_metadata(
+    client: reqwest::Client,
+    url: &str,
+    handle: Handle,
+) -> Result<(Vec<u8>, u64)> {
     let reader = RangeReader::open(client, url, handle)?;
     let mut zip = zip::ZipArchive::new(reader).with_context(|| format!("{url}: not a zip file"))?;
     let name = (0..zip.len())
@@ -166,9 +189,12 @@ pub fn wheel_metadata(client: reqwest::Client, url: &str, handle: Handle) -> Res
             matches!((parts.next(), parts.next(), parts.next()), (Some(d), Some("METADATA"), None) if d.ends_with(".dist-info"))
         })
         .with_context(|| format!("{url}: the wheel has no *.dist-info/METADATA"))?;
-    let mut file = zip.by_name(&name).with_context(|| format!("{url}: reading {name}"))?;
+    let mut file = zip
+        .by_name(&name)
+        .with_context(|| format!("{url}: reading {name}"))?;
     let mut out = Vec::new();
-    file.read_to_end(&mut out).with_context(|| format!("{url}: reading {name}"))?;
+    file.read_to_end(&mut out)
+        .with_context(|| format!("{url}: reading {name}"))?;
     drop(file);
     let fetched = zip.into_inner().bytes_fetched;
     Ok((out, fetched))

@@ -37,7 +37,8 @@ impl TargetTags {
         let (major, minor) = target.python;
         let cp = format!("cp{major}{minor}");
         let mut order: Vec<(String, String, String)> = Vec::new();
-        let mut push = |py: &str, abi: &str, plat: &str| order.push((py.into(), abi.into(), plat.into()));
+        let mut push =
+            |py: &str, abi: &str, plat: &str| order.push((py.into(), abi.into(), plat.into()));
 
         // cpython_tags(): the interpreter's own ABI, then abi3, then none.
         for abi in [cp.as_str(), "abi3", "none"] {
@@ -74,7 +75,9 @@ impl TargetTags {
 
     /// Priority of one tag triple (lower is better), None if the target cannot install it.
     pub fn priority(&self, py: &str, abi: &str, platform: &str) -> Option<usize> {
-        self.priority.get(&(py.to_string(), abi.to_string(), platform.to_string())).copied()
+        self.priority
+            .get(&(py.to_string(), abi.to_string(), platform.to_string()))
+            .copied()
     }
 }
 
@@ -102,31 +105,68 @@ mod tests {
     use super::*;
 
     fn t(glibc: u32) -> TargetTags {
-        TargetTags::new(&TargetPlatform { python: (3, 12), arch: "x86_64".into(), glibc: (2, glibc) })
+        TargetTags::new(&TargetPlatform {
+            python: (3, 12),
+            arch: "x86_64".into(),
+            glibc: (2, glibc),
+        })
     }
 
     #[test]
     fn newer_glibc_is_refused_and_order_follows_pip() {
         let tags = t(28);
-        assert!(tags.priority("cp312", "cp312", "manylinux_2_39_x86_64").is_none());
-        let p228 = tags.priority("cp312", "cp312", "manylinux_2_28_x86_64").unwrap();
-        let p2014 = tags.priority("cp312", "cp312", "manylinux2014_x86_64").unwrap();
-        let p217 = tags.priority("cp312", "cp312", "manylinux_2_17_x86_64").unwrap();
+        assert!(
+            tags.priority("cp312", "cp312", "manylinux_2_39_x86_64")
+                .is_none()
+        );
+        let p228 = tags
+            .priority("cp312", "cp312", "manylinux_2_28_x86_64")
+            .unwrap();
+        let p2014 = tags
+            .priority("cp312", "cp312", "manylinux2014_x86_64")
+            .unwrap();
+        let p217 = tags
+            .priority("cp312", "cp312", "manylinux_2_17_x86_64")
+            .unwrap();
         assert!(p228 < p217 && p217 < p2014, "{p228} {p217} {p2014}");
-        let abi3 = tags.priority("cp39", "abi3", "manylinux_2_28_x86_64").unwrap();
-        let py3 = tags.priority("py3", "none", "manylinux_2_28_x86_64").unwrap();
+        let abi3 = tags
+            .priority("cp39", "abi3", "manylinux_2_28_x86_64")
+            .unwrap();
+        let py3 = tags
+            .priority("py3", "none", "manylinux_2_28_x86_64")
+            .unwrap();
         let any = tags.priority("py3", "none", "any").unwrap();
         assert!(p2014 < abi3 && abi3 < py3 && py3 < any);
-        assert!(tags.priority("cp311", "cp311", "manylinux_2_28_x86_64").is_none());
-        assert!(tags.priority("cp312", "cp312", "manylinux_2_28_aarch64").is_none());
-        assert!(tags.priority("cp312", "cp312", "macosx_11_0_arm64").is_none());
-        assert!(tags.priority("py2.py3", "none", "any").is_none(), "compound tags are split by the caller");
+        assert!(
+            tags.priority("cp311", "cp311", "manylinux_2_28_x86_64")
+                .is_none()
+        );
+        assert!(
+            tags.priority("cp312", "cp312", "manylinux_2_28_aarch64")
+                .is_none()
+        );
+        assert!(
+            tags.priority("cp312", "cp312", "macosx_11_0_arm64")
+                .is_none()
+        );
+        assert!(
+            tags.priority("py2.py3", "none", "any").is_none(),
+            "compound tags are split by the caller"
+        );
         assert!(tags.priority("py2", "none", "any").is_none());
     }
 
     #[test]
     fn manylinux_2_25_needs_glibc_2_25() {
-        assert!(t(24).priority("py3", "none", "manylinux_2_25_x86_64").is_none());
-        assert!(t(25).priority("py3", "none", "manylinux_2_25_x86_64").is_some());
+        assert!(
+            t(24)
+                .priority("py3", "none", "manylinux_2_25_x86_64")
+                .is_none()
+        );
+        assert!(
+            t(25)
+                .priority("py3", "none", "manylinux_2_25_x86_64")
+                .is_some()
+        );
     }
 }

@@ -60,7 +60,10 @@ impl Resolution {
 }
 
 /// The marker environment of a CPython on Linux.
-pub fn marker_environment(target: &TargetPlatform, python_full: (u64, u64, u64)) -> Result<MarkerEnvironment> {
+pub fn marker_environment(
+    target: &TargetPlatform,
+    python_full: (u64, u64, u64),
+) -> Result<MarkerEnvironment> {
     let full = format!("{}.{}.{}", python_full.0, python_full.1, python_full.2);
     let short = format!("{}.{}", target.python.0, target.python.1);
     MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
@@ -107,17 +110,27 @@ pub async fn resolve(client: &IndexClient, request: &Request) -> Result<Resoluti
         Ok(_) => {}
         Err(PubGrubError::NoSolution(mut tree)) => {
             tree.collapse_no_versions();
-            let report = <pubgrub::DefaultStringReporter as pubgrub::Reporter<_, _, _>>::report(&tree);
+            let report =
+                <pubgrub::DefaultStringReporter as pubgrub::Reporter<_, _, _>>::report(&tree);
             let notes = provider.notes(&report);
-            let notes = if notes.is_empty() { String::new() } else { format!("\nwhy versions were left out: {}", notes.join("; ")) };
+            let notes = if notes.is_empty() {
+                String::new()
+            } else {
+                format!("\nwhy versions were left out: {}", notes.join("; "))
+            };
             return Err(anyhow!(
                 "the requirements cannot be satisfied for {} / {}:\n{report}{notes}",
                 request.target.python_tag(),
                 request.target.platform_tag()
             ));
         }
-        Err(PubGrubError::ErrorRetrievingDependencies { package, version, source }) => {
-            return Err(anyhow!("{source}").context(format!("reading the dependencies of {package} {version}")));
+        Err(PubGrubError::ErrorRetrievingDependencies {
+            package,
+            version,
+            source,
+        }) => {
+            return Err(anyhow!("{source}")
+                .context(format!("reading the dependencies of {package} {version}")));
         }
         Err(PubGrubError::ErrorChoosingVersion { package, source }) => {
             return Err(anyhow!("{source}").context(format!("choosing a version of {package}")));

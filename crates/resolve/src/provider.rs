@@ -10,7 +10,9 @@ use commstack_pypi::tags::TargetTags;
 use commstack_pypi::{CoreMetadata, IndexClient, TargetPlatform};
 use pep440_rs::Version;
 use pep508_rs::{ExtraName, MarkerEnvironment, PackageName, Requirement, VersionOrUrl};
-use pubgrub::{Dependencies, DependencyProvider, PackageResolutionStatistics, Ranges, SelectedDependencies};
+use pubgrub::{
+    Dependencies, DependencyProvider, PackageResolutionStatistics, Ranges, SelectedDependencies,
+};
 use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
@@ -95,9 +97,14 @@ impl Provider {
             metas: Mutex::default(),
             discovered: Mutex::default(),
         });
-        let provider = Provider { inner, handle, roots };
+        let provider = Provider {
+            inner,
+            handle,
+            roots,
+        };
         // Start on the roots at once.
-        if let Ok(deps) = requirements_to_deps(provider.roots.iter(), &provider.inner.markers, &[]) {
+        if let Ok(deps) = requirements_to_deps(provider.roots.iter(), &provider.inner.markers, &[])
+        {
             provider.prefetch(&deps);
         }
         provider
@@ -105,7 +112,9 @@ impl Provider {
 
     fn prefetch(&self, deps: &[(Pkg, Ranges<Version>)]) {
         for (pkg, range) in deps {
-            let Some(name) = pkg.name().cloned() else { continue };
+            let Some(name) = pkg.name().cloned() else {
+                continue;
+            };
             let inner = self.inner.clone();
             let range = range.clone();
             self.handle.spawn(async move {
@@ -120,12 +129,20 @@ impl Provider {
 
     fn page(&self, name: &PackageName) -> Result<Arc<Candidates>, ProviderError> {
         let inner = self.inner.clone();
-        self.handle.block_on(inner.page(name)).map_err(ProviderError)
+        self.handle
+            .block_on(inner.page(name))
+            .map_err(ProviderError)
     }
 
-    fn metadata(&self, name: &PackageName, version: &Version) -> Result<Arc<CoreMetadata>, ProviderError> {
+    fn metadata(
+        &self,
+        name: &PackageName,
+        version: &Version,
+    ) -> Result<Arc<CoreMetadata>, ProviderError> {
         let candidates = self.page(name)?;
-        self.handle.block_on(self.inner.metadata(name, version, &candidates)).map_err(ProviderError)
+        self.handle
+            .block_on(self.inner.metadata(name, version, &candidates))
+            .map_err(ProviderError)
     }
 
     /// Turn the solver's answer into resolved packages with their chosen wheels.
@@ -155,7 +172,12 @@ impl Provider {
                     }
                 }
             }
-            packages.push(Resolved { name: name.clone(), version: version.clone(), wheel, requires: requires.into_iter().collect() });
+            packages.push(Resolved {
+                name: name.clone(),
+                version: version.clone(),
+                wheel,
+                requires: requires.into_iter().collect(),
+            });
         }
         packages.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Resolution { packages })
@@ -174,18 +196,37 @@ impl Provider {
         let Some(Some(Ok(c))) = pages.get(name).map(|cell| cell.get().cloned()) else {
             return String::new();
         };
-        let reasons: Vec<String> = c.excluded.iter().take(3).map(|(v, why)| format!("{name} {v}: {why}")).collect();
+        let reasons: Vec<String> = c
+            .excluded
+            .iter()
+            .take(3)
+            .map(|(v, why)| format!("{name} {v}: {why}"))
+            .collect();
         reasons.join("; ")
     }
 }
 
 impl Inner {
     async fn page(self: Arc<Self>, name: &PackageName) -> Result<Arc<Candidates>, String> {
-        let cell = self.pages.lock().unwrap().entry(name.clone()).or_default().clone();
+        let cell = self
+            .pages
+            .lock()
+            .unwrap()
+            .entry(name.clone())
+            .or_default()
+            .clone();
         cell.get_or_init(|| async {
             match self.client.project(name).await {
-                Ok(Some(page)) => Ok(Arc::new(Candidates::new(&page, &self.tags, &self.python, self.exclude_newer))),
-                Ok(None) => Err(format!("{name} is not on the index ({})", self.client.page_url(name))),
+                Ok(Some(page)) => Ok(Arc::new(Candidates::new(
+                    &page,
+                    &self.tags,
+                    &self.python,
+                    self.exclude_newer,
+                ))),
+                Ok(None) => Err(format!(
+                    "{name} is not on the index ({})",
+                    self.client.page_url(name)
+                )),
                 Err(e) => Err(format!("{e:#}")),
             }
         })
@@ -193,13 +234,28 @@ impl Inner {
         .clone()
     }
 
-    async fn metadata(&self, name: &PackageName, version: &Version, candidates: &Candidates) -> Result<Arc<CoreMetadata>, String> {
-        let cell = self.metas.lock().unwrap().entry((name.clone(), version.clone())).or_default().clone();
+    async fn metadata(
+        &self,
+        name: &PackageName,
+        version: &Version,
+        candidates: &Candidates,
+    ) -> Result<Arc<CoreMetadata>, String> {
+        let cell = self
+            .metas
+            .lock()
+            .unwrap()
+            .entry((name.clone(), version.clone()))
+            .or_default()
+            .clone();
         cell.get_or_init(|| async {
             let Some(c) = candidates.versions.get(version) else {
                 return Err(format!("{name} {version} has no wheel for the target"));
             };
-            let meta = self.client.metadata(&c.wheel).await.map_err(|e| format!("{e:#}"))?;
+            let meta = self
+                .client
+                .metadata(&c.wheel)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
             if meta.version != *version {
                 return Err(format!(
                     "{}: metadata says version {}, the file name says {version}",
@@ -255,13 +311,26 @@ impl DependencyProvider for Provider {
     type Err = ProviderError;
     type Priority = (u32, bool, Reverse<usize>);
 
-    fn prioritize(&self, pkg: &Pkg, range: &Ranges<Version>, stats: &PackageResolutionStatistics) -> Self::Priority {
+    fn prioritize(
+        &self,
+        pkg: &Pkg,
+        range: &Ranges<Version>,
+        stats: &PackageResolutionStatistics,
+    ) -> Self::Priority {
         // Conflicting packages first, then exact pins (cheap, and they fix the rest), then
         // breadth-first in discovery order.
-        (stats.conflict_count(), range.as_singleton().is_some(), Reverse(self.discovery(pkg)))
+        (
+            stats.conflict_count(),
+            range.as_singleton().is_some(),
+            Reverse(self.discovery(pkg)),
+        )
     }
 
-    fn choose_version(&self, pkg: &Pkg, range: &Ranges<Version>) -> Result<Option<Version>, ProviderError> {
+    fn choose_version(
+        &self,
+        pkg: &Pkg,
+        range: &Ranges<Version>,
+    ) -> Result<Option<Version>, ProviderError> {
         let name = match pkg {
             Pkg::Root => return Ok(Some(Version::new([0]))),
             Pkg::Dist(n) | Pkg::Extra(n, _) => n,
@@ -296,16 +365,29 @@ impl DependencyProvider for Provider {
                 if let Some(rp) = &meta.requires_python
                     && !rp.contains(&self.inner.python)
                 {
-                    return Ok(Dependencies::Unavailable(format!("Requires-Python {rp} in its metadata")));
+                    return Ok(Dependencies::Unavailable(format!(
+                        "Requires-Python {rp} in its metadata"
+                    )));
                 }
-                requirements_to_deps(meta.requires_dist.iter().filter(|r| r.name != *name), &self.inner.markers, &[])?
+                requirements_to_deps(
+                    meta.requires_dist.iter().filter(|r| r.name != *name),
+                    &self.inner.markers,
+                    &[],
+                )?
             }
             Pkg::Extra(name, extra) => {
                 let meta = self.metadata(name, version)?;
                 // Like pip and uv, an extra the package does not provide adds nothing (no error).
                 let mut deps = vec![(Pkg::Dist(name.clone()), Ranges::singleton(version.clone()))];
-                let own = requirements_to_deps(meta.requires_dist.iter(), &self.inner.markers, std::slice::from_ref(extra))?;
-                deps.extend(own.into_iter().filter(|(p, _)| *p != Pkg::Dist(name.clone()) && *p != *pkg));
+                let own = requirements_to_deps(
+                    meta.requires_dist.iter(),
+                    &self.inner.markers,
+                    std::slice::from_ref(extra),
+                )?;
+                deps.extend(
+                    own.into_iter()
+                        .filter(|(p, _)| *p != Pkg::Dist(name.clone()) && *p != *pkg),
+                );
                 deps
             }
         };
@@ -322,8 +404,15 @@ impl Provider {
     /// of it were left out (platform, Requires-Python, exclude-newer).
     pub fn notes(&self, report: &str) -> Vec<String> {
         let names: Vec<PackageName> = self.inner.pages.lock().unwrap().keys().cloned().collect();
-        let mut names: Vec<PackageName> = names.into_iter().filter(|n| report.contains(n.as_ref())).collect();
+        let mut names: Vec<PackageName> = names
+            .into_iter()
+            .filter(|n| report.contains(n.as_ref()))
+            .collect();
         names.sort();
-        names.iter().map(|n| self.explain_missing(n)).filter(|s| !s.is_empty()).collect()
+        names
+            .iter()
+            .map(|n| self.explain_missing(n))
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 }

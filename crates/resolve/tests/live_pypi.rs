@@ -14,16 +14,27 @@ async fn torch_2_11_closure() {
     let client = IndexClient::new("https://pypi.org/simple", None).unwrap();
     let req = Request {
         requirements: vec![Requirement::from_str("torch==2.11.0").unwrap()],
-        target: TargetPlatform { python: (3, 12), arch: "x86_64".into(), glibc: (2, 39) },
+        target: TargetPlatform {
+            python: (3, 12),
+            arch: "x86_64".into(),
+            glibc: (2, 39),
+        },
         python_full: (3, 12, 3),
         exclude_newer: Some("2026-12-01T00:00:00Z".parse().unwrap()),
     };
     let t = Instant::now();
     let res = resolve(&client, &req).await.unwrap();
-    eprintln!("resolved {} packages in {:?}", res.packages.len(), t.elapsed());
+    eprintln!(
+        "resolved {} packages in {:?}",
+        res.packages.len(),
+        t.elapsed()
+    );
     for p in &res.packages {
         eprintln!("{}=={} {}", p.name, p.version, p.wheel.filename);
     }
     eprintln!("{:?}", client.stats);
-    assert_eq!(res.get("nvidia-nccl-cu13").unwrap().version.to_string(), "2.28.9");
+    assert_eq!(
+        res.get("nvidia-nccl-cu13").unwrap().version.to_string(),
+        "2.28.9"
+    );
 }

@@ -18,14 +18,40 @@ pub struct Base {
 }
 
 pub const BASES: &[Base] = &[
-    Base { name: "debian-12", aliases: &["bookworm", "debian:bookworm"], python: (3, 11, 2), glibc: (2, 36), suite: "bookworm" },
-    Base { name: "debian-13", aliases: &["trixie", "debian:trixie"], python: (3, 13, 5), glibc: (2, 41), suite: "trixie" },
-    Base { name: "ubuntu-22.04", aliases: &["jammy", "ubuntu:22.04"], python: (3, 10, 12), glibc: (2, 35), suite: "jammy" },
-    Base { name: "ubuntu-24.04", aliases: &["noble", "ubuntu:24.04"], python: (3, 12, 3), glibc: (2, 39), suite: "noble" },
+    Base {
+        name: "debian-12",
+        aliases: &["bookworm", "debian:bookworm"],
+        python: (3, 11, 2),
+        glibc: (2, 36),
+        suite: "bookworm",
+    },
+    Base {
+        name: "debian-13",
+        aliases: &["trixie", "debian:trixie"],
+        python: (3, 13, 5),
+        glibc: (2, 41),
+        suite: "trixie",
+    },
+    Base {
+        name: "ubuntu-22.04",
+        aliases: &["jammy", "ubuntu:22.04"],
+        python: (3, 10, 12),
+        glibc: (2, 35),
+        suite: "jammy",
+    },
+    Base {
+        name: "ubuntu-24.04",
+        aliases: &["noble", "ubuntu:24.04"],
+        python: (3, 12, 3),
+        glibc: (2, 39),
+        suite: "noble",
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Base> {
-    BASES.iter().find(|b| b.name == name || b.aliases.contains(&name))
+    BASES
+        .iter()
+        .find(|b| b.name == name || b.aliases.contains(&name))
 }
 
 pub fn names() -> String {

@@ -20,7 +20,11 @@ impl Location {
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
         let column = before[line_start..].chars().count() + 1;
-        Location { file: file.to_path_buf(), line, column }
+        Location {
+            file: file.to_path_buf(),
+            line,
+            column,
+        }
     }
 }
 
@@ -42,9 +46,19 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn new(location: Option<Location>, message: impl Into<String>) -> Diagnostic {
-        Diagnostic { location, message: message.into(), related: Vec::new(), hint: None }
+        Diagnostic {
+            location,
+            message: message.into(),
+            related: Vec::new(),
+            hint: None,
+        }
     }
-    pub fn at(file: &Path, text: &str, span: Range<usize>, message: impl Into<String>) -> Diagnostic {
+    pub fn at(
+        file: &Path,
+        text: &str,
+        span: Range<usize>,
+        message: impl Into<String>,
+    ) -> Diagnostic {
         Diagnostic::new(Some(Location::of_offset(file, text, span.start)), message)
     }
     pub fn with_hint(mut self, hint: impl Into<String>) -> Diagnostic {

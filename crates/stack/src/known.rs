@@ -42,7 +42,11 @@ pub struct DeepEpRev {
 
 impl DeepEpRev {
     pub fn api(&self) -> DeepEpApi {
-        if self.api == "v2" { DeepEpApi::V2 } else { DeepEpApi::V1 }
+        if self.api == "v2" {
+            DeepEpApi::V2
+        } else {
+            DeepEpApi::V1
+        }
     }
     pub fn url(&self) -> String {
         deepep_archive_url(&self.rev)
@@ -86,11 +90,20 @@ mod tests {
         assert!(nvshmem_release("3.4.5").is_some());
         for r in &table().nvshmem {
             assert_eq!(r.sha256.len(), 64, "{}", r.version);
-            assert!(r.url.ends_with(&format!("nvshmem_src_cuda12-all-all-{}.tar.gz", r.version)));
+            assert!(
+                r.url
+                    .ends_with(&format!("nvshmem_src_cuda12-all-all-{}.tar.gz", r.version))
+            );
         }
         for r in &table().deepep {
             assert_eq!(r.rev.len(), 40);
-            assert!(r.tree.as_ref().is_some_and(|t| t.starts_with("sha256:") && t.len() == 71), "{}", r.rev);
+            assert!(
+                r.tree
+                    .as_ref()
+                    .is_some_and(|t| t.starts_with("sha256:") && t.len() == 71),
+                "{}",
+                r.rev
+            );
         }
         assert_eq!(deepep_rev("567632d").unwrap().api(), DeepEpApi::V1);
         assert_eq!(deepep_rev("567632d").unwrap().rdc_fix, Some(true));

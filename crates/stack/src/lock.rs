@@ -23,7 +23,10 @@ pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl,nvtx,nvml";
 /// How this commstack resolves a lock (stored as `inputs.resolver`): a lock made by
 /// another recipe is stale.
 pub fn recipe() -> String {
-    format!("commstack {} (toolchain cuda-toolkit[{TOOLCHAIN_CUDA_EXTRAS}])", env!("CARGO_PKG_VERSION"))
+    format!(
+        "commstack {} (toolchain cuda-toolkit[{TOOLCHAIN_CUDA_EXTRAS}])",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 const HEADER: &str = "\
@@ -169,7 +172,9 @@ impl Lock {
             .with_hint("this lock was written by another commstack version: run `cargo xtask lock` to rewrite it"));
         }
         toml::from_str(text).map_err(|e| {
-            toml_diag(path, text, &e).with_hint("the lock is damaged or hand-edited: run `cargo xtask lock` to rewrite it")
+            toml_diag(path, text, &e).with_hint(
+                "the lock is damaged or hand-edited: run `cargo xtask lock` to rewrite it",
+            )
         })
     }
 
@@ -201,10 +206,17 @@ impl Lock {
                 size: None,
             });
         }
-        for (role, wheels) in [(Role::Toolchain, &self.toolchain), (Role::Package, &self.packages)] {
+        for (role, wheels) in [
+            (Role::Toolchain, &self.toolchain),
+            (Role::Package, &self.packages),
+        ] {
             for w in wheels {
                 out.push(ArtifactRef {
-                    role: if w.replaced_by.is_some() { Role::Replaced } else { role },
+                    role: if w.replaced_by.is_some() {
+                        Role::Replaced
+                    } else {
+                        role
+                    },
                     name: w.name.clone(),
                     version: w.version.clone(),
                     filename: w.filename.clone(),
@@ -231,10 +243,16 @@ impl Lock {
         packages.sort_by(|a, b| a.name.cmp(&b.name));
         for w in packages {
             if let Some(by) = &w.replaced_by {
-                out.push_str(&format!("# {}=={}: replaced by the stack's {by} build\n", w.name, w.version));
+                out.push_str(&format!(
+                    "# {}=={}: replaced by the stack's {by} build\n",
+                    w.name, w.version
+                ));
                 continue;
             }
-            out.push_str(&format!("{}=={} \\\n    --hash=sha256:{}\n", w.name, w.version, w.sha256));
+            out.push_str(&format!(
+                "{}=={} \\\n    --hash=sha256:{}\n",
+                w.name, w.version, w.sha256
+            ));
         }
         out
     }
@@ -245,13 +263,17 @@ impl Lock {
         let mut out = Vec::new();
         if self.inputs.stack != stack.fingerprint() {
             let now = stack.echo();
-            let keys: std::collections::BTreeSet<&String> = now.keys().chain(self.manifest.keys()).collect();
+            let keys: std::collections::BTreeSet<&String> =
+                now.keys().chain(self.manifest.keys()).collect();
             for key in keys {
                 match (self.manifest.get(key), now.get(key)) {
-                    (Some(a), Some(b)) if a != b => {
-                        out.push(format!("{key}: the lock has {a:?}, {} says {b:?}", stack.path().display()))
-                    }
-                    (Some(a), None) => out.push(format!("{key}: the lock has {a:?}, the manifest no longer sets it")),
+                    (Some(a), Some(b)) if a != b => out.push(format!(
+                        "{key}: the lock has {a:?}, {} says {b:?}",
+                        stack.path().display()
+                    )),
+                    (Some(a), None) => out.push(format!(
+                        "{key}: the lock has {a:?}, the manifest no longer sets it"
+                    )),
                     (None, Some(b)) => out.push(format!("{key}: new in the manifest: {b:?}")),
                     _ => {}
                 }
@@ -261,7 +283,11 @@ impl Lock {
             }
         }
         if self.inputs.resolver != recipe() {
-            out.push(format!("the lock was resolved by {:?}, this is {:?}", self.inputs.resolver, recipe()));
+            out.push(format!(
+                "the lock was resolved by {:?}, this is {:?}",
+                self.inputs.resolver,
+                recipe()
+            ));
         }
         if self.inputs.rules != crate::rules::fingerprint() {
             out.push("the compatibility rules or the known-source hashes changed since this lock was made (a newer commstack)".into());
@@ -271,7 +297,9 @@ impl Lock {
 }
 
 fn toml_diag(path: &Path, text: &str, err: &toml::de::Error) -> Diagnostic {
-    let loc = err.span().map(|s| crate::diag::Location::of_offset(path, text, s.start));
+    let loc = err
+        .span()
+        .map(|s| crate::diag::Location::of_offset(path, text, s.start));
     Diagnostic::new(loc, err.message().trim().to_string())
 }
 
@@ -286,7 +314,11 @@ fn entry_key(t: &Table) -> Option<String> {
 }
 
 fn merge_table(old: &mut Table, new: &Table) {
-    let stale: Vec<String> = old.iter().map(|(k, _)| k.to_string()).filter(|k| !new.contains_key(k)).collect();
+    let stale: Vec<String> = old
+        .iter()
+        .map(|(k, _)| k.to_string())
+        .filter(|k| !new.contains_key(k))
+        .collect();
     for k in stale {
         old.remove(&k);
     }
@@ -298,7 +330,10 @@ fn merge_table(old: &mut Table, new: &Table) {
                 let mut merged = toml_edit::ArrayOfTables::new();
                 for n in n.iter() {
                     let id = entry_key(n);
-                    let pos = olds.iter().position(|t| t.as_ref().is_some_and(|t| id.is_some() && entry_key(t) == id));
+                    let pos = olds.iter().position(|t| {
+                        t.as_ref()
+                            .is_some_and(|t| id.is_some() && entry_key(t) == id)
+                    });
                     let mut t = match pos {
                         Some(p) => olds[p].take().unwrap(),
                         None => Table::new(),
@@ -399,7 +434,12 @@ mod tests {
         let mut next = lock.clone();
         next.packages[0].version = "3.20.1".into();
         let rendered = next.render(Some(&annotated));
-        assert!(rendered.contains("# replaced: see docs/nvshmem.md\n[[package]]\nname = \"nvidia-nvshmem-cu13\""), "{rendered}");
+        assert!(
+            rendered.contains(
+                "# replaced: see docs/nvshmem.md\n[[package]]\nname = \"nvidia-nvshmem-cu13\""
+            ),
+            "{rendered}"
+        );
         assert!(rendered.contains("version = \"3.20.1\""));
         assert_eq!(Lock::parse(Path::new("s"), &rendered).unwrap(), next);
         // Unchanged input renders byte-identical.
@@ -410,7 +450,9 @@ mod tests {
     fn requirements_leave_out_replaced_wheels() {
         let req = sample().requirements_txt();
         assert!(req.contains("filelock==3.20.0 \\\n    --hash=sha256:1111"));
-        assert!(req.contains("# nvidia-nvshmem-cu13==3.4.5: replaced by the stack's nvshmem build"));
+        assert!(
+            req.contains("# nvidia-nvshmem-cu13==3.4.5: replaced by the stack's nvshmem build")
+        );
         assert!(!req.contains("nvidia-nvshmem-cu13==3.4.5 \\"));
     }
 

@@ -200,7 +200,11 @@ impl Target {
     /// when it is the target's minor version, else X.Y.0.
     pub fn python_full(&self) -> (u64, u64, u64) {
         let (maj, min, micro) = self.base.python;
-        if (maj, min) == self.python { (maj, min, micro) } else { (self.python.0, self.python.1, 0) }
+        if (maj, min) == self.python {
+            (maj, min, micro)
+        } else {
+            (self.python.0, self.python.1, 0)
+        }
     }
 }
 
@@ -262,8 +266,14 @@ pub struct Stack {
 impl Stack {
     /// Parse and validate. All problems are reported at once, each with file:line:column.
     pub fn parse(path: &Path, text: &str) -> Result<Stack, Diagnostics> {
-        let raw: RawManifest = toml::from_str(text).map_err(|err| Diagnostics(vec![toml_error(path, text, &err)]))?;
-        let mut v = Validator { path, text, diags: Vec::new(), spans: BTreeMap::new() };
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|err| Diagnostics(vec![toml_error(path, text, &err)]))?;
+        let mut v = Validator {
+            path,
+            text,
+            diags: Vec::new(),
+            spans: BTreeMap::new(),
+        };
         let stack = v.validate(raw);
         match stack {
             Some(stack) if v.diags.is_empty() => Ok(stack),
@@ -277,7 +287,9 @@ impl Stack {
 
     /// Where a field (e.g. `"torch.version"`) is written in the manifest.
     pub fn locate(&self, field: &str) -> Option<Location> {
-        self.spans.get(field).map(|span| Location::of_offset(&self.path, &self.text, span.start))
+        self.spans
+            .get(field)
+            .map(|span| Location::of_offset(&self.path, &self.text, span.start))
     }
 
     /// A diagnostic pointing at a field of the manifest.
@@ -290,9 +302,15 @@ impl Stack {
     pub fn echo(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         let t = &self.target;
-        m.insert("target.python".into(), format!("{}.{}", t.python.0, t.python.1));
+        m.insert(
+            "target.python".into(),
+            format!("{}.{}", t.python.0, t.python.1),
+        );
         m.insert("target.arch".into(), t.arch.as_str().into());
-        m.insert("target.glibc".into(), format!("{}.{}", t.glibc.0, t.glibc.1));
+        m.insert(
+            "target.glibc".into(),
+            format!("{}.{}", t.glibc.0, t.glibc.1),
+        );
         m.insert("target.base".into(), t.base.name.into());
         m.insert("torch.version".into(), self.torch.version.to_string());
         m.insert("torch.cuda".into(), self.torch.cuda_major.to_string());
@@ -303,32 +321,54 @@ impl Stack {
                 NvshmemVersion::Exact(v) => v.to_string(),
             },
         );
-        m.insert("nvshmem.cuda-archs".into(), self.nvshmem.cuda_archs.join(","));
+        m.insert(
+            "nvshmem.cuda-archs".into(),
+            self.nvshmem.cuda_archs.join(","),
+        );
         for (name, on) in self.nvshmem.transports.iter() {
             m.insert(format!("nvshmem.{name}"), on.to_string());
         }
         m.insert("nvshmem.pass-env".into(), self.nvshmem.pass_env.join(","));
-        m.insert("nvshmem.static-lib".into(), self.nvshmem.static_lib.to_string());
+        m.insert(
+            "nvshmem.static-lib".into(),
+            self.nvshmem.static_lib.to_string(),
+        );
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
         m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());
         m.insert("toolchain.ninja".into(), self.toolchain.ninja.to_string());
         m.insert(
             "toolchain.host-glibc".into(),
-            format!("{}.{}", self.toolchain.host_glibc.0, self.toolchain.host_glibc.1),
+            format!(
+                "{}.{}",
+                self.toolchain.host_glibc.0, self.toolchain.host_glibc.1
+            ),
         );
         m.insert("resolve.index-url".into(), self.resolve.index_url.clone());
         m.insert(
             "resolve.exclude-newer".into(),
-            self.resolve.exclude_newer.map(|t| t.to_string()).unwrap_or_default(),
+            self.resolve
+                .exclude_newer
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
         );
         m.insert(
             "resolve.extra-requirements".into(),
-            self.resolve.extra_requirements.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(";"),
+            self.resolve
+                .extra_requirements
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(";"),
         );
         m.insert(
             "resolve.allow".into(),
-            self.resolve.allow.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(","),
+            self.resolve
+                .allow
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
         );
         m
     }
@@ -336,7 +376,10 @@ impl Stack {
     /// sha256 of the manifest's meaning (not its bytes: comments and layout don't count).
     pub fn fingerprint(&self) -> String {
         let json = serde_json::to_value(self.echo()).expect("a string map serialises");
-        format!("sha256:{}", hex::encode(Sha256::digest(commstack_store::canonical_json(&json))))
+        format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(commstack_store::canonical_json(&json)))
+        )
     }
 
     pub fn is_allowed(&self, rule: RuleId) -> bool {
@@ -400,7 +443,10 @@ impl Validator<'_> {
             _ => {
                 self.err(
                     raw.python.span(),
-                    format!("target.python must be a CPython minor version like \"3.12\", got {:?}", raw.python.get_ref()),
+                    format!(
+                        "target.python must be a CPython minor version like \"3.12\", got {:?}",
+                        raw.python.get_ref()
+                    ),
                     Some("commstack targets CPython 3.9 to 3.14".into()),
                 );
                 None
@@ -411,7 +457,11 @@ impl Validator<'_> {
             Some("aarch64") => Some(Arch::Aarch64),
             Some(other) => {
                 let span = raw.arch.as_ref().unwrap().span();
-                self.err(span, format!("unknown arch {other:?}"), Some("use \"x86_64\" or \"aarch64\"".into()));
+                self.err(
+                    span,
+                    format!("unknown arch {other:?}"),
+                    Some("use \"x86_64\" or \"aarch64\"".into()),
+                );
                 None
             }
         };
@@ -435,7 +485,12 @@ impl Validator<'_> {
             }
             None => base.map(|b| b.glibc),
         };
-        Some(Target { python: python?, arch: arch?, glibc: glibc?, base: base? })
+        Some(Target {
+            python: python?,
+            arch: arch?,
+            glibc: glibc?,
+            base: base?,
+        })
     }
 
     fn torch(&mut self, raw: RawTorch) -> Option<Torch> {
@@ -453,7 +508,10 @@ impl Validator<'_> {
             );
             None
         };
-        Some(Torch { version: version?, cuda_major: cuda_major? })
+        Some(Torch {
+            version: version?,
+            cuda_major: cuda_major?,
+        })
     }
 
     fn exact_version(&mut self, value: &Spanned<String>, field: &str) -> Option<Version> {
@@ -462,14 +520,21 @@ impl Validator<'_> {
             self.err(
                 value.span(),
                 format!("{field} must be one exact version, not a specifier: {text:?}"),
-                Some(format!("write e.g. {field} = \"{}\"", text.trim_start_matches(['=', '<', '>', '~', '!']).trim())),
+                Some(format!(
+                    "write e.g. {field} = \"{}\"",
+                    text.trim_start_matches(['=', '<', '>', '~', '!']).trim()
+                )),
             );
             return None;
         }
         match Version::from_str(text) {
             Ok(v) => Some(v),
             Err(err) => {
-                self.err(value.span(), format!("{field}: {text:?} is not a version: {err}"), None);
+                self.err(
+                    value.span(),
+                    format!("{field}: {text:?} is not a version: {err}"),
+                    None,
+                );
                 None
             }
         }
@@ -491,7 +556,11 @@ impl Validator<'_> {
         let mut archs = Vec::new();
         let mut ok = true;
         if raw.cuda_archs.get_ref().is_empty() {
-            self.err(raw.cuda_archs.span(), "nvshmem.cuda-archs is empty", Some("list the GPUs you deploy on, e.g. [\"90\"] for H100/H200".into()));
+            self.err(
+                raw.cuda_archs.span(),
+                "nvshmem.cuda-archs is empty",
+                Some("list the GPUs you deploy on, e.g. [\"90\"] for H100/H200".into()),
+            );
             ok = false;
         }
         for arch in raw.cuda_archs.get_ref() {
@@ -503,7 +572,11 @@ impl Validator<'_> {
                 && digits.parse::<u32>().is_ok_and(|n| n >= 70);
             if valid {
                 if archs.contains(a) {
-                    self.err(arch.span(), format!("CUDA arch {a:?} is listed twice"), None);
+                    self.err(
+                        arch.span(),
+                        format!("CUDA arch {a:?} is listed twice"),
+                        None,
+                    );
                     ok = false;
                 }
                 archs.push(a.clone());
@@ -542,7 +615,11 @@ impl Validator<'_> {
         for var in &raw.pass_env {
             let name = var.get_ref();
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                self.err(var.span(), format!("{name:?} is not an environment variable name"), None);
+                self.err(
+                    var.span(),
+                    format!("{name:?} is not an environment variable name"),
+                    None,
+                );
                 ok = false;
             } else if name == "NVSHMEM_USE_NCCL" || name.starts_with("NCCL_") {
                 self.err(
@@ -558,7 +635,13 @@ impl Validator<'_> {
         if !ok {
             return None;
         }
-        Some(Nvshmem { version: version?, cuda_archs: archs, transports, pass_env, static_lib })
+        Some(Nvshmem {
+            version: version?,
+            cuda_archs: archs,
+            transports,
+            pass_env,
+            static_lib,
+        })
     }
 
     fn deepep(&mut self, raw: RawDeepEp) -> Option<DeepEp> {
@@ -591,7 +674,12 @@ impl Validator<'_> {
         Some(DeepEp { rev, api: api? })
     }
 
-    fn specifiers(&mut self, value: Option<&Spanned<String>>, field: &str, default: &str) -> Option<VersionSpecifiers> {
+    fn specifiers(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        field: &str,
+        default: &str,
+    ) -> Option<VersionSpecifiers> {
         let Some(value) = value else {
             return Some(VersionSpecifiers::from_str(default).expect("default specifiers parse"));
         };
@@ -599,7 +687,11 @@ impl Validator<'_> {
         match VersionSpecifiers::from_str(value.get_ref()) {
             Ok(s) => Some(s),
             Err(err) => {
-                self.err(value.span(), format!("{field}: not a version specifier: {err}"), Some("e.g. \"==3.31.*\" or \">=3.28,<4.2\"".into()));
+                self.err(
+                    value.span(),
+                    format!("{field}: not a version specifier: {err}"),
+                    Some("e.g. \"==3.31.*\" or \">=3.28,<4.2\"".into()),
+                );
                 None
             }
         }
@@ -615,13 +707,24 @@ impl Validator<'_> {
                 match parse_minor(g.get_ref()) {
                     Some((2, minor)) if (17..=60).contains(&minor) => Some((2, minor as u32)),
                     _ => {
-                        self.err(g.span(), format!("toolchain.host-glibc must look like \"2.28\", got {:?}", g.get_ref()), None);
+                        self.err(
+                            g.span(),
+                            format!(
+                                "toolchain.host-glibc must look like \"2.28\", got {:?}",
+                                g.get_ref()
+                            ),
+                            None,
+                        );
                         None
                     }
                 }
             }
         };
-        Some(Toolchain { cmake: cmake?, ninja: ninja?, host_glibc: host_glibc? })
+        Some(Toolchain {
+            cmake: cmake?,
+            ninja: ninja?,
+            host_glibc: host_glibc?,
+        })
     }
 
     fn resolve(&mut self, raw: RawResolve) -> Option<Resolve> {
@@ -631,8 +734,15 @@ impl Validator<'_> {
             Some(u) => {
                 self.span("resolve.index-url", u);
                 let url = u.get_ref().trim_end_matches('/').to_string();
-                if !(url.starts_with("https://") || url.starts_with("http://") || url.starts_with("file://")) {
-                    self.err(u.span(), format!("resolve.index-url must be an http(s) or file URL, got {url:?}"), None);
+                if !(url.starts_with("https://")
+                    || url.starts_with("http://")
+                    || url.starts_with("file://"))
+                {
+                    self.err(
+                        u.span(),
+                        format!("resolve.index-url must be an http(s) or file URL, got {url:?}"),
+                        None,
+                    );
                     ok = false;
                 }
                 url
@@ -647,7 +757,10 @@ impl Validator<'_> {
                     None => {
                         self.err(
                             t.span(),
-                            format!("resolve.exclude-newer must be a date or RFC 3339 time, got {:?}", t.get_ref()),
+                            format!(
+                                "resolve.exclude-newer must be a date or RFC 3339 time, got {:?}",
+                                t.get_ref()
+                            ),
                             Some("e.g. \"2026-12-01\" or \"2026-12-01T00:00:00Z\"".into()),
                         );
                         ok = false;
@@ -661,7 +774,11 @@ impl Validator<'_> {
             match Requirement::from_str(req.get_ref()) {
                 Ok(r) => extra.push(r),
                 Err(err) => {
-                    self.err(req.span(), format!("not a PEP 508 requirement: {err}"), None);
+                    self.err(
+                        req.span(),
+                        format!("not a PEP 508 requirement: {err}"),
+                        None,
+                    );
                     ok = false;
                 }
             }
@@ -674,13 +791,25 @@ impl Validator<'_> {
                     self.err(
                         id.span(),
                         format!("unknown rule {:?} in resolve.allow", id.get_ref()),
-                        Some(format!("known rules: {}", RuleId::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", "))),
+                        Some(format!(
+                            "known rules: {}",
+                            RuleId::ALL
+                                .iter()
+                                .map(|r| r.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
                     );
                     ok = false;
                 }
             }
         }
-        ok.then_some(Resolve { index_url, exclude_newer, extra_requirements: extra, allow })
+        ok.then_some(Resolve {
+            index_url,
+            exclude_newer,
+            extra_requirements: extra,
+            allow,
+        })
     }
 }
 
@@ -690,9 +819,15 @@ fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> Diagnostic {
     let hint = if message.starts_with("unknown field") {
         Some("see stack.toml in the commstack repository for every key, with comments".to_string())
     } else if message.starts_with("invalid type") {
-        Some("check the value's type: strings are quoted, booleans are true/false, lists use [ ]".to_string())
+        Some(
+            "check the value's type: strings are quoted, booleans are true/false, lists use [ ]"
+                .to_string(),
+        )
     } else if message.starts_with("missing field") {
-        Some("every stack names target, torch, nvshmem and deepep; see stack.toml for an example".to_string())
+        Some(
+            "every stack names target, torch, nvshmem and deepep; see stack.toml for an example"
+                .to_string(),
+        )
     } else {
         None
     };
@@ -712,5 +847,7 @@ pub fn parse_timestamp(s: &str) -> Option<jiff::Timestamp> {
         return Some(ts);
     }
     let date: jiff::civil::Date = s.parse().ok()?;
-    date.to_zoned(jiff::tz::TimeZone::UTC).ok().map(|z| z.timestamp())
+    date.to_zoned(jiff::tz::TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
 }

@@ -65,15 +65,31 @@ impl RuleId {
 
     pub fn reason(self) -> &'static str {
         match self {
-            RuleId::PythonMatchesBase => "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library",
-            RuleId::GlibcWithinBase => "a wheel needing a newer glibc than the base image has fails to load there",
-            RuleId::TorchCudaMajor => "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same",
-            RuleId::NvshmemCudaFamily => "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins",
-            RuleId::NvshmemMatchesTorch => "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`",
-            RuleId::DeepEpV2Nccl => "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)",
+            RuleId::PythonMatchesBase => {
+                "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library"
+            }
+            RuleId::GlibcWithinBase => {
+                "a wheel needing a newer glibc than the base image has fails to load there"
+            }
+            RuleId::TorchCudaMajor => {
+                "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same"
+            }
+            RuleId::NvshmemCudaFamily => {
+                "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins"
+            }
+            RuleId::NvshmemMatchesTorch => {
+                "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`"
+            }
+            RuleId::DeepEpV2Nccl => {
+                "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)"
+            }
             RuleId::DeepEpV2Torch => "DeepEP V2 needs torch >= 2.10",
-            RuleId::DeepEpV1RdcFix => "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`",
-            RuleId::DeepEpV1Cccl => "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)",
+            RuleId::DeepEpV1RdcFix => {
+                "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`"
+            }
+            RuleId::DeepEpV1Cccl => {
+                "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)"
+            }
         }
     }
 }
@@ -101,7 +117,10 @@ pub fn fingerprint() -> String {
         // old locks stale just as a changed rule does.
         "known-sources": hex::encode(Sha256::digest(crate::known::TABLE_TEXT)),
     });
-    format!("sha256:{}", hex::encode(Sha256::digest(commstack_store::canonical_json(&params))))
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(commstack_store::canonical_json(&params)))
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,7 +201,13 @@ pub fn check_manifest(stack: &Stack) -> Vec<Outcome> {
         )
     });
     out.push(if t.glibc <= t.base.glibc {
-        ok(RuleId::GlibcWithinBase, format!("glibc {}.{} <= {}'s {}.{}", t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1))
+        ok(
+            RuleId::GlibcWithinBase,
+            format!(
+                "glibc {}.{} <= {}'s {}.{}",
+                t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
+            ),
+        )
     } else {
         violation(
             stack,
@@ -193,7 +218,10 @@ pub fn check_manifest(stack: &Stack) -> Vec<Outcome> {
                 t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
             ),
             Some(("target.base", format!("{} is chosen here", t.base.name))),
-            format!("lower target.glibc to {}.{} or below, or pick a newer base", t.base.glibc.0, t.base.glibc.1),
+            format!(
+                "lower target.glibc to {}.{} or below, or pick a newer base",
+                t.base.glibc.0, t.base.glibc.1
+            ),
         )
     });
     out
@@ -239,13 +267,18 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
         Some((name, pin)) => {
             let family_ok = name.ends_with(&format!("-cu{major}"));
             out.push(if family_ok {
-                ok(RuleId::NvshmemCudaFamily, format!("torch pins {name}, CUDA {major}"))
+                ok(
+                    RuleId::NvshmemCudaFamily,
+                    format!("torch pins {name}, CUDA {major}"),
+                )
             } else {
                 violation(
                     stack,
                     RuleId::NvshmemCudaFamily,
                     "torch.cuda",
-                    format!("torch {torch} pins {name}=={pin}, not the cu{major} family of the stack"),
+                    format!(
+                        "torch {torch} pins {name}=={pin}, not the cu{major} family of the stack"
+                    ),
                     None,
                     format!("set torch.cuda to match {name}, or choose another torch"),
                 )
@@ -272,7 +305,10 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
             });
         }
         None => {
-            out.push(not_applicable(RuleId::NvshmemCudaFamily, format!("torch {torch} pins no NVSHMEM wheel")));
+            out.push(not_applicable(
+                RuleId::NvshmemCudaFamily,
+                format!("torch {torch} pins no NVSHMEM wheel"),
+            ));
             out.push(match &stack.nvshmem.version {
                 crate::manifest::NvshmemVersion::MatchTorch => Outcome {
                     rule: RuleId::NvshmemMatchesTorch,
@@ -318,7 +354,10 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
     out.push(if !v2 {
         not_applicable(RuleId::DeepEpV2Torch, "DeepEP V1".into())
     } else if *torch >= min_torch {
-        ok(RuleId::DeepEpV2Torch, format!("torch {torch} >= {min_torch}"))
+        ok(
+            RuleId::DeepEpV2Torch,
+            format!("torch {torch} >= {min_torch}"),
+        )
     } else {
         violation(
             stack,
@@ -389,7 +428,9 @@ pub fn deepep_v1_has_rdc_fix(configs_cuh: &str) -> bool {
         let Some(d) = directive else { continue };
         if d.starts_with("if") {
             depth += 1;
-            if depth_in_block.is_none() && d.split_whitespace().collect::<Vec<_>>() == ["ifndef", "DISABLE_NVSHMEM"] {
+            if depth_in_block.is_none()
+                && d.split_whitespace().collect::<Vec<_>>() == ["ifndef", "DISABLE_NVSHMEM"]
+            {
                 depth_in_block = Some(depth);
             }
         } else if d.starts_with("endif") {
@@ -408,15 +449,30 @@ pub fn deepep_v1_has_rdc_fix(configs_cuh: &str) -> bool {
 }
 
 fn ok(rule: RuleId, detail: String) -> Outcome {
-    Outcome { rule, status: Status::Ok, detail, diagnostic: None }
+    Outcome {
+        rule,
+        status: Status::Ok,
+        detail,
+        diagnostic: None,
+    }
 }
 
 fn not_applicable(rule: RuleId, detail: String) -> Outcome {
-    Outcome { rule, status: Status::NotApplicable, detail, diagnostic: None }
+    Outcome {
+        rule,
+        status: Status::NotApplicable,
+        detail,
+        diagnostic: None,
+    }
 }
 
 fn deferred(rule: RuleId, detail: &str) -> Outcome {
-    Outcome { rule, status: Status::Deferred, detail: detail.into(), diagnostic: None }
+    Outcome {
+        rule,
+        status: Status::Deferred,
+        detail: detail.into(),
+        diagnostic: None,
+    }
 }
 
 fn violation(
@@ -434,7 +490,12 @@ fn violation(
         d = d.with_related(loc, note);
     }
     let d = d.with_hint(format!("{way_out}. Why the rule exists: {}", rule.reason()));
-    Outcome { rule, status: Status::Violated, detail: message, diagnostic: Some(d) }
+    Outcome {
+        rule,
+        status: Status::Violated,
+        detail: message,
+        diagnostic: Some(d),
+    }
 }
 
 #[cfg(test)]

@@ -8,12 +8,16 @@ use commstack_stack::manifest::{DeepEpApi, NvshmemVersion};
 use commstack_stack::rules::{self, RuleId, Status};
 
 fn shipped(name: &str) -> (String, String) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(name);
     (name.to_string(), std::fs::read_to_string(path).unwrap())
 }
 
 fn errors(text: &str) -> String {
-    Stack::parse(Path::new("stack.toml"), text).unwrap_err().to_string()
+    Stack::parse(Path::new("stack.toml"), text)
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -27,13 +31,21 @@ fn shipped_stacks_parse() {
     assert_eq!(s.nvshmem.cuda_archs, ["90"]);
     assert!(s.nvshmem.transports.ibgda && !s.nvshmem.transports.ucx);
     assert_eq!(s.deepep.api, DeepEpApi::V1);
-    assert!(rules::check_manifest(&s).iter().all(|o| o.status == Status::Ok));
+    assert!(
+        rules::check_manifest(&s)
+            .iter()
+            .all(|o| o.status == Status::Ok)
+    );
 
     let (name, text) = shipped("stacks/bookworm.toml");
     let b = Stack::parse(Path::new(&name), &text).unwrap();
     assert_eq!(b.target.python, (3, 11));
     assert_eq!(b.target.glibc, (2, 36));
-    assert!(rules::check_manifest(&b).iter().all(|o| o.status == Status::Ok));
+    assert!(
+        rules::check_manifest(&b)
+            .iter()
+            .all(|o| o.status == Status::Ok)
+    );
     assert_ne!(s.fingerprint(), b.fingerprint());
 }
 
@@ -84,7 +96,10 @@ fn minimal_stack_takes_defaults() {
 fn unknown_key_points_at_it() {
     let text = MINIMAL.replace("cuda = 13", "cuda = 13\ncudnn = \"9\"");
     let err = errors(&text);
-    assert!(err.starts_with("stack.toml:9:1: unknown field `cudnn`"), "{err}");
+    assert!(
+        err.starts_with("stack.toml:9:1: unknown field `cudnn`"),
+        "{err}"
+    );
     assert!(err.contains("hint:"), "{err}");
 }
 
@@ -104,18 +119,39 @@ fn impossible_versions_are_reported_together() {
         .replace("rev = \"567632d\"", "rev = \"main\"")
         .replace("python = \"3.12\"", "python = \"3.99\"");
     let err = errors(&text);
-    assert!(err.contains("stack.toml:3:10: target.python must be a CPython minor version"), "{err}");
-    assert!(err.contains("stack.toml:7:11: torch.version must be one exact version, not a specifier"), "{err}");
-    assert!(err.contains("hint: write e.g. torch.version = \"2.11\""), "{err}");
-    assert!(err.contains("stack.toml:12:15: \"sm_90\" is not a CUDA architecture"), "{err}");
-    assert!(err.contains("stack.toml:15:7: deepep.rev must be a git commit id"), "{err}");
+    assert!(
+        err.contains("stack.toml:3:10: target.python must be a CPython minor version"),
+        "{err}"
+    );
+    assert!(
+        err.contains("stack.toml:7:11: torch.version must be one exact version, not a specifier"),
+        "{err}"
+    );
+    assert!(
+        err.contains("hint: write e.g. torch.version = \"2.11\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("stack.toml:12:15: \"sm_90\" is not a CUDA architecture"),
+        "{err}"
+    );
+    assert!(
+        err.contains("stack.toml:15:7: deepep.rev must be a git commit id"),
+        "{err}"
+    );
 }
 
 #[test]
 fn nccl_cannot_be_passed_through() {
-    let text = MINIMAL.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\"]\npass-env = [\"NVSHMEM_USE_NCCL\"]");
+    let text = MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\npass-env = [\"NVSHMEM_USE_NCCL\"]",
+    );
     let err = errors(&text);
-    assert!(err.contains("NVSHMEM_USE_NCCL cannot pass through"), "{err}");
+    assert!(
+        err.contains("NVSHMEM_USE_NCCL cannot pass through"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -123,12 +159,26 @@ fn python_and_base_conflict_names_both_sides() {
     let text = MINIMAL.replace("python = \"3.12\"", "python = \"3.11\"");
     let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
     let outcomes = rules::check_manifest(&s);
-    let bad = outcomes.iter().find(|o| o.rule == RuleId::PythonMatchesBase).unwrap();
+    let bad = outcomes
+        .iter()
+        .find(|o| o.rule == RuleId::PythonMatchesBase)
+        .unwrap();
     assert_eq!(bad.status, Status::Violated);
     let msg = bad.diagnostic.as_ref().unwrap().to_string();
-    assert!(msg.starts_with("stack.toml:3:10: target.python is 3.11 but the base image ubuntu-24.04 has Python 3.12"), "{msg}");
-    assert!(msg.contains("\n  stack.toml:4:8: ubuntu-24.04 is chosen here"), "{msg}");
-    assert!(msg.contains("pick a base whose Python is 3.11 (debian-12)"), "{msg}");
+    assert!(
+        msg.starts_with(
+            "stack.toml:3:10: target.python is 3.11 but the base image ubuntu-24.04 has Python 3.12"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("\n  stack.toml:4:8: ubuntu-24.04 is chosen here"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("pick a base whose Python is 3.11 (debian-12)"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -137,7 +187,10 @@ fn allowed_rules_are_recorded_not_hidden() {
         + "\n[resolve]\nallow = [\"python-matches-base\"]\n";
     let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
     let outcomes = rules::check_resolved(&s, &rules::Facts::default());
-    let o = outcomes.iter().find(|o| o.rule == RuleId::PythonMatchesBase).unwrap();
+    let o = outcomes
+        .iter()
+        .find(|o| o.rule == RuleId::PythonMatchesBase)
+        .unwrap();
     assert_eq!(o.status, Status::Allowed);
     let bad_rule = MINIMAL.to_string() + "\n[resolve]\nallow = [\"everything\"]\n";
     assert!(errors(&bad_rule).contains("unknown rule \"everything\""));
@@ -150,5 +203,8 @@ fn show_errors() {
     eprintln!("{}\n---", errors(&text));
     let text = MINIMAL.replace("python = \"3.12\"", "python = \"3.11\"");
     let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
-    eprintln!("{}", rules::check_manifest(&s)[0].diagnostic.as_ref().unwrap());
+    eprintln!(
+        "{}",
+        rules::check_manifest(&s)[0].diagnostic.as_ref().unwrap()
+    );
 }

@@ -55,6 +55,9 @@ mod tests {
 
     #[test]
     fn array_order_matters() {
-        assert_ne!(canonical_json(&json!([1, 2])), canonical_json(&json!([2, 1])));
+        assert_ne!(
+            canonical_json(&json!([1, 2])),
+            canonical_json(&json!([2, 1]))
+        );
     }
 }

@@ -38,7 +38,11 @@ impl Store {
         let tmp = self.root.join("tmp");
         for entry in fs::read_dir(&tmp).with_context(|| format!("cannot read {}", tmp.display()))? {
             let path = entry?.path();
-            let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
             let dir_name = name.split('.').next().unwrap_or_default();
             // A builder holds the lock of its key for as long as the temp dir is in use.
             let lock_path = self.root.join("locks").join(format!("{dir_name}.lock"));
@@ -54,17 +58,27 @@ impl Store {
             self.remove(path, opts, &mut report)?;
         }
         let failed = self.root.join("failed");
-        for entry in fs::read_dir(&failed).with_context(|| format!("cannot read {}", failed.display()))? {
+        for entry in
+            fs::read_dir(&failed).with_context(|| format!("cannot read {}", failed.display()))?
+        {
             self.remove(entry?.path(), opts, &mut report)?;
         }
         if let Some(limit) = opts.unused_for {
             let now = SystemTime::now();
             for step in self.list()? {
-                let name = step.path.file_name().unwrap_or_default().to_string_lossy().to_string();
+                let name = step
+                    .path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
                 if opts.keep.contains(&name) {
                     continue;
                 }
-                let idle = step.last_used.and_then(|t| now.duration_since(t).ok()).unwrap_or(Duration::MAX);
+                let idle = step
+                    .last_used
+                    .and_then(|t| now.duration_since(t).ok())
+                    .unwrap_or(Duration::MAX);
                 if idle >= limit {
                     self.remove(step.path, opts, &mut report)?;
                 }
@@ -77,7 +91,11 @@ impl Store {
         ensure_inside(&self.root, &path)?;
         let bytes = crate::dir_size(&path);
         if !opts.dry_run {
-            let res = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            let res = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
             res.with_context(|| format!("cannot remove {}", path.display()))?;
         }
         report.removed.push((path, bytes));

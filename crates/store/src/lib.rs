@@ -50,12 +50,18 @@ impl StepKey {
     /// (source hashes, tool versions, options): what is not in them cannot trigger a rebuild.
     pub fn new(step: &str, inputs: &serde_json::Value) -> StepKey {
         assert!(
-            !step.is_empty() && step.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            !step.is_empty()
+                && step
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             "step names are [A-Za-z0-9_-]+, got {step:?}"
         );
         let doc = serde_json::json!({ "step": step, "inputs": inputs });
         let hash = hex::encode(Sha256::digest(canonical_json(&doc).as_bytes()));
-        StepKey { step: step.to_string(), hash }
+        StepKey {
+            step: step.to_string(),
+            hash,
+        }
     }
 
     /// Directory name: the step name plus 128 bits of the hash, readable and unique enough.
@@ -119,8 +125,9 @@ impl Store {
         let root = root.into();
         for sub in ["steps", "tmp", "failed", "locks"] {
             let dir = root.join(sub);
-            fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create the step store directory {}", dir.display()))?;
+            fs::create_dir_all(&dir).with_context(|| {
+                format!("cannot create the step store directory {}", dir.display())
+            })?;
         }
         Ok(Store { root })
     }
@@ -149,11 +156,21 @@ impl Store {
     /// directory is sealed (metadata written, renamed into place), on `Err` it is moved to
     /// `failed/` and the error says where. `force` rebuilds even if the output exists
     /// (the old output is replaced only once the new one is complete).
-    pub fn run<F>(&self, key: &StepKey, inputs: &serde_json::Value, force: bool, build: F) -> Result<Outcome>
+    pub fn run<F>(
+        &self,
+        key: &StepKey,
+        inputs: &serde_json::Value,
+        force: bool,
+        build: F,
+    ) -> Result<Outcome>
     where
         F: FnOnce(&StepDir) -> Result<()>,
     {
-        debug_assert_eq!(StepKey::new(&key.step, inputs), *key, "inputs do not match the key");
+        debug_assert_eq!(
+            StepKey::new(&key.step, inputs),
+            *key,
+            "inputs do not match the key"
+        );
         if !force && let Some(path) = self.lookup(key) {
             touch_used(&path);
             return Ok(Outcome::Cached { path });
@@ -177,7 +194,11 @@ impl Store {
         let logs = tmp.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
         let final_path = self.path(key);
-        let dir = StepDir { out: tmp.clone(), logs, final_path: final_path.clone() };
+        let dir = StepDir {
+            out: tmp.clone(),
+            logs,
+            final_path: final_path.clone(),
+        };
 
         let started = Instant::now();
         if let Err(err) = build(&dir) {
@@ -189,7 +210,11 @@ impl Store {
                     key.step,
                     failed.display()
                 ))),
-                Err(_) => Err(err.context(format!("step {} failed (output left in {})", key.step, tmp.display()))),
+                Err(_) => Err(err.context(format!(
+                    "step {} failed (output left in {})",
+                    key.step,
+                    tmp.display()
+                ))),
             };
         }
         let seconds = started.elapsed().as_secs_f64();
@@ -211,41 +236,70 @@ impl Store {
 
         if final_path.exists() {
             // --force: move the old output aside first; rename cannot replace a directory.
-            let old = self.root.join("tmp").join(format!("{}.old.{}", key.dir_name(), std::process::id()));
-            fs::rename(&final_path, &old)
-                .with_context(|| format!("cannot move the old output {} aside", final_path.display()))?;
+            let old = self.root.join("tmp").join(format!(
+                "{}.old.{}",
+                key.dir_name(),
+                std::process::id()
+            ));
+            fs::rename(&final_path, &old).with_context(|| {
+                format!("cannot move the old output {} aside", final_path.display())
+            })?;
             let _ = fs::remove_dir_all(&old);
         }
         fs::rename(&tmp, &final_path).with_context(|| {
-            format!("cannot move the finished step {} into {}", tmp.display(), final_path.display())
+            format!(
+                "cannot move the finished step {} into {}",
+                tmp.display(),
+                final_path.display()
+            )
         })?;
         let _ = fs::remove_dir_all(self.failed_path(key));
-        Ok(Outcome::Built { path: final_path, seconds })
+        Ok(Outcome::Built {
+            path: final_path,
+            seconds,
+        })
     }
 
     /// Every complete step in the store.
     pub fn list(&self) -> Result<Vec<StepEntry>> {
         let mut out = Vec::new();
         let steps = self.root.join("steps");
-        for entry in fs::read_dir(&steps).with_context(|| format!("cannot read {}", steps.display()))? {
+        for entry in
+            fs::read_dir(&steps).with_context(|| format!("cannot read {}", steps.display()))?
+        {
             let path = entry?.path();
             let meta_path = path.join(META_FILE);
             let Ok(text) = fs::read_to_string(&meta_path) else {
                 // Not ours or damaged: list it so the user sees it, gc can remove it.
-                out.push(StepEntry { path, meta: None, bytes: 0, last_used: None });
+                out.push(StepEntry {
+                    path,
+                    meta: None,
+                    bytes: 0,
+                    last_used: None,
+                });
                 continue;
             };
             let meta: Option<StepMeta> = serde_json::from_str(&text).ok();
             let bytes = dir_size(&path);
-            let last_used = fs::metadata(path.join(USED_FILE)).and_then(|m| m.modified()).ok();
-            out.push(StepEntry { path, meta, bytes, last_used });
+            let last_used = fs::metadata(path.join(USED_FILE))
+                .and_then(|m| m.modified())
+                .ok();
+            out.push(StepEntry {
+                path,
+                meta,
+                bytes,
+                last_used,
+            });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
     fn lock(&self, key: &StepKey) -> Result<File> {
-        let path = self.root.join("locks").join(format!("{}.lock", key.dir_name()));
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("{}.lock", key.dir_name()));
         let file = File::options()
             .create(true)
             .truncate(false)
@@ -253,8 +307,12 @@ impl Store {
             .open(&path)
             .with_context(|| format!("cannot open the lock file {}", path.display()))?;
         if file.try_lock().is_err() {
-            eprintln!("waiting for another commstack process building {} ...", key.step);
-            file.lock().with_context(|| format!("cannot lock {}", path.display()))?;
+            eprintln!(
+                "waiting for another commstack process building {} ...",
+                key.step
+            );
+            file.lock()
+                .with_context(|| format!("cannot lock {}", path.display()))?;
         }
         Ok(file)
     }
@@ -279,9 +337,13 @@ pub(crate) fn dir_size(path: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![path.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
             if meta.is_dir() {
                 stack.push(entry.path());
             } else {
@@ -295,7 +357,11 @@ pub(crate) fn dir_size(path: &Path) -> u64 {
 /// Refuse to treat a path outside the store as a step (used by gc before deleting).
 pub(crate) fn ensure_inside(root: &Path, path: &Path) -> Result<()> {
     if !path.starts_with(root) {
-        bail!("refusing to delete {}: it is not inside the store {}", path.display(), root.display());
+        bail!(
+            "refusing to delete {}: it is not inside the store {}",
+            path.display(),
+            root.display()
+        );
     }
     Ok(())
 }

@@ -25,7 +25,9 @@ fn second_run_is_a_no_op_and_changed_input_rebuilds() {
         })
         .unwrap();
     assert!(matches!(first, Outcome::Built { .. }));
-    let second = store.run(&key, &inputs, false, |_| panic!("must not run again")).unwrap();
+    let second = store
+        .run(&key, &inputs, false, |_| panic!("must not run again"))
+        .unwrap();
     assert!(second.was_cached());
     assert_eq!(first.path(), second.path());
     assert_eq!(fs::read(second.path().join("lib.so")).unwrap(), b"built");
@@ -34,7 +36,11 @@ fn second_run_is_a_no_op_and_changed_input_rebuilds() {
     let other = json!({"source": "sha256:aa", "archs": ["90", "100"]});
     let key2 = StepKey::new("demo", &other);
     assert_ne!(key.hash, key2.hash);
-    let third = store.run(&key2, &other, false, |dir| Ok(fs::write(dir.out.join("x"), b"y")?)).unwrap();
+    let third = store
+        .run(&key2, &other, false, |dir| {
+            Ok(fs::write(dir.out.join("x"), b"y")?)
+        })
+        .unwrap();
     assert!(!third.was_cached());
     assert_ne!(third.path(), first.path());
 }
@@ -62,11 +68,21 @@ fn failure_never_looks_done_and_keeps_logs() {
     let msg = format!("{err:#}");
     assert!(msg.contains("compiler exploded"), "{msg}");
     assert!(msg.contains("failed"), "{msg}");
-    assert!(store.lookup(&key).is_none(), "a failed step must not look done");
+    assert!(
+        store.lookup(&key).is_none(),
+        "a failed step must not look done"
+    );
     let failed = store.failed_path(&key);
-    assert_eq!(fs::read(failed.join("logs/build.log")).unwrap(), b"error: boom");
+    assert_eq!(
+        fs::read(failed.join("logs/build.log")).unwrap(),
+        b"error: boom"
+    );
     // The next successful run replaces the failed attempt.
-    store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("ok"), b"1")?)).unwrap();
+    store
+        .run(&key, &inputs, false, |dir| {
+            Ok(fs::write(dir.out.join("ok"), b"1")?)
+        })
+        .unwrap();
     assert!(store.lookup(&key).is_some());
     assert!(!failed.exists());
 }
@@ -77,7 +93,10 @@ fn a_crashed_step_is_invisible_and_gc_removes_it() {
     let inputs = json!({"v": 2});
     let key = StepKey::new("crashy", &inputs);
     // Simulate a process killed mid-build: a temp dir with content and no lock held.
-    let tmp = store.root().join("tmp").join(format!("{}.99999.0", key.dir_name()));
+    let tmp = store
+        .root()
+        .join("tmp")
+        .join(format!("{}.99999.0", key.dir_name()));
     fs::create_dir_all(&tmp).unwrap();
     fs::write(tmp.join("half"), b"x").unwrap();
     assert!(store.lookup(&key).is_none());
@@ -91,8 +110,16 @@ fn force_rebuilds_and_replaces() {
     let (_d, store) = store();
     let inputs = json!({"v": 3});
     let key = StepKey::new("forced", &inputs);
-    store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("f"), b"old")?)).unwrap();
-    let again = store.run(&key, &inputs, true, |dir| Ok(fs::write(dir.out.join("f"), b"new")?)).unwrap();
+    store
+        .run(&key, &inputs, false, |dir| {
+            Ok(fs::write(dir.out.join("f"), b"old")?)
+        })
+        .unwrap();
+    let again = store
+        .run(&key, &inputs, true, |dir| {
+            Ok(fs::write(dir.out.join("f"), b"new")?)
+        })
+        .unwrap();
     assert!(!again.was_cached());
     assert_eq!(fs::read(again.path().join("f")).unwrap(), b"new");
 }
@@ -107,8 +134,13 @@ fn concurrent_runs_of_one_step_build_once() {
     let barrier = Arc::new(Barrier::new(4));
     let handles: Vec<_> = (0..4)
         .map(|_| {
-            let (store, key, inputs, builds, barrier) =
-                (store.clone(), key.clone(), inputs.clone(), builds.clone(), barrier.clone());
+            let (store, key, inputs, builds, barrier) = (
+                store.clone(),
+                key.clone(),
+                inputs.clone(),
+                builds.clone(),
+                barrier.clone(),
+            );
             std::thread::spawn(move || {
                 barrier.wait();
                 store
@@ -134,14 +166,27 @@ fn gc_unused_respects_keep_list() {
     for v in 0..3 {
         let inputs = json!({"v": v});
         let key = StepKey::new("aged", &inputs);
-        store.run(&key, &inputs, false, |dir| Ok(fs::write(dir.out.join("f"), b"z")?)).unwrap();
+        store
+            .run(&key, &inputs, false, |dir| {
+                Ok(fs::write(dir.out.join("f"), b"z")?)
+            })
+            .unwrap();
     }
     let keep_key = StepKey::new("aged", &json!({"v": 0})).dir_name();
-    let opts = GcOptions { unused_for: Some(Duration::ZERO), keep: vec![keep_key.clone()], dry_run: true };
+    let opts = GcOptions {
+        unused_for: Some(Duration::ZERO),
+        keep: vec![keep_key.clone()],
+        dry_run: true,
+    };
     let report = store.gc(&opts).unwrap();
     assert_eq!(report.removed.len(), 2);
     assert_eq!(store.list().unwrap().len(), 3, "dry run removes nothing");
-    let report = store.gc(&GcOptions { dry_run: false, ..opts }).unwrap();
+    let report = store
+        .gc(&GcOptions {
+            dry_run: false,
+            ..opts
+        })
+        .unwrap();
     assert_eq!(report.removed.len(), 2);
     let left = store.list().unwrap();
     assert_eq!(left.len(), 1);

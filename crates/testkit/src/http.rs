@@ -12,7 +12,10 @@ pub struct RequestHead {
 
 impl RequestHead {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -31,14 +34,20 @@ pub fn read_head(reader: &mut impl BufRead) -> io::Result<Option<RequestHead>> {
     }
     let mut parts = line.split_whitespace();
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad request line {line:?}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad request line {line:?}"),
+        ));
     };
     let (method, target) = (method.to_string(), target.to_string());
     let mut headers = Vec::new();
     loop {
         line.clear();
         if reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside request head"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed inside request head",
+            ));
         }
         let trimmed = line.trim_end_matches(['\r', '\n']);
         if trimmed.is_empty() {
@@ -48,7 +57,11 @@ pub fn read_head(reader: &mut impl BufRead) -> io::Result<Option<RequestHead>> {
             headers.push((name.trim().to_string(), value.trim().to_string()));
         }
     }
-    Ok(Some(RequestHead { method, target, headers }))
+    Ok(Some(RequestHead {
+        method,
+        target,
+        headers,
+    }))
 }
 
 /// What a `Range` header asks of a body of `len` bytes.
@@ -63,21 +76,30 @@ pub enum RangeAnswer {
 }
 
 pub fn parse_range(value: &str, len: usize) -> RangeAnswer {
-    let Some(spec) = value.trim().strip_prefix("bytes=") else { return RangeAnswer::Ignore };
+    let Some(spec) = value.trim().strip_prefix("bytes=") else {
+        return RangeAnswer::Ignore;
+    };
     if spec.contains(',') {
         return RangeAnswer::Ignore;
     }
-    let Some((first, last)) = spec.split_once('-') else { return RangeAnswer::Ignore };
+    let Some((first, last)) = spec.split_once('-') else {
+        return RangeAnswer::Ignore;
+    };
     // `bytes=-N`: the last N bytes (RFC 9110 suffix range), as used to read a zip's end.
     if first.trim().is_empty() {
         return match last.trim().parse::<usize>() {
             Ok(0) => RangeAnswer::Unsatisfiable,
-            Ok(n) if len > 0 => RangeAnswer::Partial { start: len.saturating_sub(n), end: len },
+            Ok(n) if len > 0 => RangeAnswer::Partial {
+                start: len.saturating_sub(n),
+                end: len,
+            },
             Ok(_) => RangeAnswer::Unsatisfiable,
             Err(_) => RangeAnswer::Ignore,
         };
     }
-    let Ok(start) = first.trim().parse::<usize>() else { return RangeAnswer::Ignore };
+    let Ok(start) = first.trim().parse::<usize>() else {
+        return RangeAnswer::Ignore;
+    };
     let end = match last.trim() {
         "" => len,
         last => match last.parse::<usize>() {
@@ -119,12 +141,36 @@ mod tests {
 
     #[test]
     fn range_forms() {
-        assert_eq!(parse_range("bytes=10-", 100), RangeAnswer::Partial { start: 10, end: 100 });
-        assert_eq!(parse_range("bytes=10-19", 100), RangeAnswer::Partial { start: 10, end: 20 });
-        assert_eq!(parse_range("bytes=10-500", 100), RangeAnswer::Partial { start: 10, end: 100 });
+        assert_eq!(
+            parse_range("bytes=10-", 100),
+            RangeAnswer::Partial {
+                start: 10,
+                end: 100
+            }
+        );
+        assert_eq!(
+            parse_range("bytes=10-19", 100),
+            RangeAnswer::Partial { start: 10, end: 20 }
+        );
+        assert_eq!(
+            parse_range("bytes=10-500", 100),
+            RangeAnswer::Partial {
+                start: 10,
+                end: 100
+            }
+        );
         assert_eq!(parse_range("bytes=100-", 100), RangeAnswer::Unsatisfiable);
-        assert_eq!(parse_range("bytes=-10", 100), RangeAnswer::Partial { start: 90, end: 100 });
-        assert_eq!(parse_range("bytes=-1000", 100), RangeAnswer::Partial { start: 0, end: 100 });
+        assert_eq!(
+            parse_range("bytes=-10", 100),
+            RangeAnswer::Partial {
+                start: 90,
+                end: 100
+            }
+        );
+        assert_eq!(
+            parse_range("bytes=-1000", 100),
+            RangeAnswer::Partial { start: 0, end: 100 }
+        );
         assert_eq!(parse_range("bytes=-x", 100), RangeAnswer::Ignore);
         assert_eq!(parse_range("bytes=1-2,5-6", 100), RangeAnswer::Ignore);
         assert_eq!(parse_range("items=1-2", 100), RangeAnswer::Ignore);

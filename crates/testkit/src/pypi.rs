@@ -89,7 +89,10 @@ impl WheelSpec {
     }
 
     pub fn metadata(&self) -> String {
-        let mut m = format!("Metadata-Version: 2.1\nName: {}\nVersion: {}\n", self.name, self.version);
+        let mut m = format!(
+            "Metadata-Version: 2.1\nName: {}\nVersion: {}\n",
+            self.name, self.version
+        );
         if let Some(rp) = &self.requires_python {
             m.push_str(&format!("Requires-Python: {rp}\n"));
         }
@@ -110,7 +113,8 @@ impl WheelSpec {
         let mut buf = std::io::Cursor::new(Vec::new());
         {
             let mut zip = zip::ZipWriter::new(&mut buf);
-            let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+            let opts = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored);
             zip.start_file(format!("{dist}/__init__.py"), opts).unwrap();
             zip.write_all(b"").unwrap();
             zip.start_file(format!("{info}/METADATA"), opts).unwrap();
@@ -119,7 +123,8 @@ impl WheelSpec {
             zip.write_all(format!("Wheel-Version: 1.0\nGenerator: commstack-testkit\nRoot-Is-Purelib: true\nTag: {}\n", self.tags).as_bytes())
                 .unwrap();
             zip.start_file(format!("{info}/RECORD"), opts).unwrap();
-            zip.write_all(format!("{info}/RECORD,,\n").as_bytes()).unwrap();
+            zip.write_all(format!("{info}/RECORD,,\n").as_bytes())
+                .unwrap();
             zip.finish().unwrap();
         }
         buf.into_inner()
@@ -144,7 +149,10 @@ impl Default for FixtureIndex {
 
 impl FixtureIndex {
     pub fn new() -> FixtureIndex {
-        FixtureIndex { wheels: BTreeMap::new(), pages: Default::default() }
+        FixtureIndex {
+            wheels: BTreeMap::new(),
+            pages: Default::default(),
+        }
     }
 
     pub fn add(&mut self, spec: WheelSpec) -> &mut Self {
@@ -189,8 +197,12 @@ impl FixtureIndex {
                     file["requires-python"] = rp.clone().into();
                 }
                 match spec.announce_metadata {
-                    Some(MetadataHash::Correct) => file["core-metadata"] = serde_json::json!({"sha256": sha256_hex(&metadata)}),
-                    Some(MetadataHash::Wrong) => file["core-metadata"] = serde_json::json!({"sha256": "0".repeat(64)}),
+                    Some(MetadataHash::Correct) => {
+                        file["core-metadata"] = serde_json::json!({"sha256": sha256_hex(&metadata)})
+                    }
+                    Some(MetadataHash::Wrong) => {
+                        file["core-metadata"] = serde_json::json!({"sha256": "0".repeat(64)})
+                    }
                     None => {}
                 }
                 files.push(file);
@@ -202,7 +214,11 @@ impl FixtureIndex {
             });
             let body = serde_json::to_vec_pretty(&page).unwrap();
             let path = format!("/simple/{project}/");
-            server.route(&path, Route::ok(body.clone()).header("Content-Type", "application/vnd.pypi.simple.v1+json"));
+            server.route(
+                &path,
+                Route::ok(body.clone())
+                    .header("Content-Type", "application/vnd.pypi.simple.v1+json"),
+            );
             self.pages.lock().unwrap().insert(path, body);
         }
         server.url("/simple")
@@ -216,10 +232,18 @@ impl FixtureIndex {
     /// Make a project's page misbehave (e.g. fail the first request with 500).
     pub fn misbehave(&self, server: &TestServer, project: &str, behavior: Behavior) {
         let path = format!("/simple/{}/", normalize(project));
-        let body = self.pages.lock().unwrap().get(&path).cloned().unwrap_or_else(|| panic!("no page {path}: serve() first"));
+        let body = self
+            .pages
+            .lock()
+            .unwrap()
+            .get(&path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no page {path}: serve() first"));
         server.route(
             &path,
-            Route::ok(body).header("Content-Type", "application/vnd.pypi.simple.v1+json").behavior(behavior),
+            Route::ok(body)
+                .header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                .behavior(behavior),
         );
     }
 }

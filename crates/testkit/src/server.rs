@@ -31,7 +31,11 @@ pub enum Behavior {
     Redirect { to: String, status: u16 },
     /// The first `n` requests of this path get `status` (with `Retry-After: secs` when
     /// given), later ones the normal answer.
-    FailFirst { n: usize, status: u16, retry_after: Option<u64> },
+    FailFirst {
+        n: usize,
+        status: u16,
+        retry_after: Option<u64>,
+    },
 }
 
 /// What a path answers.
@@ -49,19 +53,34 @@ pub struct Route {
 impl Route {
     /// 200 with `body` (`Content-Type: application/octet-stream` unless set otherwise).
     pub fn ok(body: impl Into<Vec<u8>>) -> Route {
-        Route { status: 200, headers: Vec::new(), body: body.into(), behavior: Behavior::Normal, ignore_range: false }
+        Route {
+            status: 200,
+            headers: Vec::new(),
+            body: body.into(),
+            behavior: Behavior::Normal,
+            ignore_range: false,
+        }
     }
 
     /// `status` with a short text body (e.g. 404, 500, 403).
     pub fn status(status: u16) -> Route {
         let body = format!("{status} {}\n", http::reason(status)).into_bytes();
-        Route { status, headers: Vec::new(), body, behavior: Behavior::Normal, ignore_range: false }
-            .header("Content-Type", "text/plain")
+        Route {
+            status,
+            headers: Vec::new(),
+            body,
+            behavior: Behavior::Normal,
+            ignore_range: false,
+        }
+        .header("Content-Type", "text/plain")
     }
 
     /// 302 to `to` (a path on this server or a full URL).
     pub fn redirect(to: impl Into<String>) -> Route {
-        Route::ok(Vec::new()).behavior(Behavior::Redirect { to: to.into(), status: 302 })
+        Route::ok(Vec::new()).behavior(Behavior::Redirect {
+            to: to.into(),
+            status: 302,
+        })
     }
 
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Route {
@@ -95,7 +114,10 @@ pub struct Request {
 
 impl Request {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -126,15 +148,22 @@ pub struct TestServer {
 impl TestServer {
     /// Binds 127.0.0.1 on a free port and starts serving.
     pub fn start() -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 for the test server");
-        let addr = listener.local_addr().expect("local address of the test server");
+        let listener =
+            TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 for the test server");
+        let addr = listener
+            .local_addr()
+            .expect("local address of the test server");
         let shared = Arc::new(Shared::default());
         let accept_shared = shared.clone();
         let accept_thread = thread::Builder::new()
             .name(format!("testkit-http-{}", addr.port()))
             .spawn(move || accept_loop(listener, accept_shared))
             .expect("spawn the test server thread");
-        TestServer { addr, shared, accept_thread: Some(accept_thread) }
+        TestServer {
+            addr,
+            shared,
+            accept_thread: Some(accept_thread),
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -160,13 +189,26 @@ impl TestServer {
     /// The n-th request of `path` gets `answers[n]`; the last answer repeats. E.g.
     /// `[truncated, normal]` for "fails once, then the resume works".
     pub fn route_seq(&self, path: &str, answers: Vec<Route>) {
-        assert!(!answers.is_empty(), "route_seq needs at least one answer for {path}");
-        self.shared.routes.lock().unwrap().insert(path.to_string(), RouteState { answers, served: 0 });
+        assert!(
+            !answers.is_empty(),
+            "route_seq needs at least one answer for {path}"
+        );
+        self.shared
+            .routes
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), RouteState { answers, served: 0 });
     }
 
     /// How many requests (any method) reached `path`.
     pub fn hits(&self, path: &str) -> usize {
-        self.shared.log.lock().unwrap().iter().filter(|r| r.path == path).count()
+        self.shared
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .count()
     }
 
     /// Every request so far, in arrival order.
@@ -176,7 +218,14 @@ impl TestServer {
 
     /// The requests of one path, in arrival order.
     pub fn requests_for(&self, path: &str) -> Vec<Request> {
-        self.shared.log.lock().unwrap().iter().filter(|r| r.path == path).cloned().collect()
+        self.shared
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
     }
 
     /// How many TCP connections were accepted (0 proves a client never connected).
@@ -210,13 +259,15 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             shared.open.lock().unwrap().insert(id, clone);
         }
         let shared = shared.clone();
-        let _ = thread::Builder::new().name("testkit-conn".into()).spawn(move || {
-            // Errors here are the client's doing (it hung up); nothing to report.
-            let ending = serve_connection(stream, &shared);
-            // Dropping the last clone closes the socket (with RST when DropMidway set it).
-            shared.open.lock().unwrap().remove(&id);
-            drop(ending);
-        });
+        let _ = thread::Builder::new()
+            .name("testkit-conn".into())
+            .spawn(move || {
+                // Errors here are the client's doing (it hung up); nothing to report.
+                let ending = serve_connection(stream, &shared);
+                // Dropping the last clone closes the socket (with RST when DropMidway set it).
+                shared.open.lock().unwrap().remove(&id);
+                drop(ending);
+            });
     }
 }
 
@@ -229,7 +280,10 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<TcpSt
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
     while let Some(head) = http::read_head(&mut reader)? {
-        if let Some(len) = head.header("Content-Length").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(len) = head
+            .header("Content-Length")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
             std::io::copy(&mut (&mut reader).take(len), &mut std::io::sink())?;
         }
         let (path, query) = match head.target.split_once('?') {
@@ -251,7 +305,9 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<TcpSt
         };
         let route = next_answer(shared, &path);
         let after = respond(&mut writer, &request, route, hit_index)?;
-        let client_closes = head.header("Connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let client_closes = head
+            .header("Connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
         match after {
             After::KeepOpen if !client_closes => {}
             After::KeepOpen | After::Close => {
@@ -284,7 +340,12 @@ fn next_answer(shared: &Shared, path: &str) -> Option<Route> {
 }
 
 /// Writes one answer; says what becomes of the connection.
-fn respond(out: &mut TcpStream, request: &Request, route: Option<Route>, hit_index: usize) -> std::io::Result<After> {
+fn respond(
+    out: &mut TcpStream,
+    request: &Request,
+    route: Option<Route>,
+    hit_index: usize,
+) -> std::io::Result<After> {
     let head_only = request.method.eq_ignore_ascii_case("HEAD");
     let Some(route) = route else {
         write_simple(out, 404, &[], b"404 Not Found\n", head_only)?;
@@ -292,10 +353,20 @@ fn respond(out: &mut TcpStream, request: &Request, route: Option<Route>, hit_ind
     };
     match &route.behavior {
         Behavior::Redirect { to, status } => {
-            write_simple(out, *status, &[("Location".into(), to.clone())], b"", head_only)?;
+            write_simple(
+                out,
+                *status,
+                &[("Location".into(), to.clone())],
+                b"",
+                head_only,
+            )?;
             return Ok(After::KeepOpen);
         }
-        Behavior::FailFirst { n, status, retry_after } if hit_index < *n => {
+        Behavior::FailFirst {
+            n,
+            status,
+            retry_after,
+        } if hit_index < *n => {
             let mut headers = vec![("Content-Type".to_string(), "text/plain".to_string())];
             if let Some(secs) = retry_after {
                 headers.push(("Retry-After".into(), secs.to_string()));
@@ -311,16 +382,23 @@ fn respond(out: &mut TcpStream, request: &Request, route: Option<Route>, hit_ind
     let mut status = route.status;
     let mut headers = route.headers.clone();
     let mut part: &[u8] = full;
-    let honour_range = status == 200 && !route.ignore_range && !matches!(route.behavior, Behavior::IgnoreRange);
+    let honour_range =
+        status == 200 && !route.ignore_range && !matches!(route.behavior, Behavior::IgnoreRange);
     if let (true, Some(range)) = (honour_range, &request.range) {
         match http::parse_range(range, full.len()) {
             RangeAnswer::Partial { start, end } => {
                 status = 206;
-                headers.push(("Content-Range".into(), format!("bytes {start}-{}/{}", end - 1, full.len())));
+                headers.push((
+                    "Content-Range".into(),
+                    format!("bytes {start}-{}/{}", end - 1, full.len()),
+                ));
                 part = &full[start..end];
             }
             RangeAnswer::Unsatisfiable => {
-                let headers = [("Content-Range".to_string(), format!("bytes */{}", full.len()))];
+                let headers = [(
+                    "Content-Range".to_string(),
+                    format!("bytes */{}", full.len()),
+                )];
                 write_simple(out, 416, &headers, b"", head_only)?;
                 return Ok(After::KeepOpen);
             }
@@ -330,7 +408,10 @@ fn respond(out: &mut TcpStream, request: &Request, route: Option<Route>, hit_ind
     if status == 200 || status == 206 {
         headers.push(("Accept-Ranges".into(), "bytes".into()));
     }
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("Content-Type")) {
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("Content-Type"))
+    {
         headers.push(("Content-Type".into(), "application/octet-stream".into()));
     }
     write_head(out, status, &headers, part.len())?;
@@ -376,7 +457,12 @@ fn respond(out: &mut TcpStream, request: &Request, route: Option<Route>, hit_ind
     }
 }
 
-fn write_head(out: &mut TcpStream, status: u16, headers: &[(String, String)], len: usize) -> std::io::Result<()> {
+fn write_head(
+    out: &mut TcpStream,
+    status: u16,
+    headers: &[(String, String)],
+    len: usize,
+) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", http::reason(status));
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
@@ -402,7 +488,10 @@ fn write_simple(
 /// SO_LINGER with a zero timeout: close() then sends RST instead of FIN.
 fn reset_on_close(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
-    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     // SAFETY: a valid socket fd and a correctly sized, initialised linger struct.
     unsafe {
         libc::setsockopt(

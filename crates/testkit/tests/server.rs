@@ -17,14 +17,22 @@ struct Raw {
 
 impl Raw {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
 fn request(server: &TestServer, method: &str, path: &str, extra: &[(&str, &str)]) -> Raw {
     let mut stream = TcpStream::connect(server.addr()).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", server.addr());
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+        server.addr()
+    );
     for (k, v) in extra {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -39,13 +47,30 @@ fn request(server: &TestServer, method: &str, path: &str, extra: &[(&str, &str)]
             Err(e) => break Some(e.kind()),
         }
     };
-    let split = bytes.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let split = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
     let head = String::from_utf8(bytes[..split].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
-    let headers =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
-    Raw { status, headers, body: bytes[split + 4..].to_vec(), error }
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Raw {
+        status,
+        headers,
+        body: bytes[split + 4..].to_vec(),
+        error,
+    }
 }
 
 fn get(server: &TestServer, path: &str) -> Raw {
@@ -70,11 +95,17 @@ fn unknown_path_is_404_and_logged() {
 #[test]
 fn serves_body_with_headers_and_head() {
     let server = TestServer::start();
-    server.route("/simple/x/", Route::ok(b"{}".to_vec()).header("Content-Type", "application/vnd.pypi.simple.v1+json"));
+    server.route(
+        "/simple/x/",
+        Route::ok(b"{}".to_vec()).header("Content-Type", "application/vnd.pypi.simple.v1+json"),
+    );
     let raw = get(&server, "/simple/x/");
     assert_eq!(raw.status, 200);
     assert_eq!(raw.body, b"{}");
-    assert_eq!(raw.header("Content-Type"), Some("application/vnd.pypi.simple.v1+json"));
+    assert_eq!(
+        raw.header("Content-Type"),
+        Some("application/vnd.pypi.simple.v1+json")
+    );
     let head = request(&server, "HEAD", "/simple/x/", &[]);
     assert_eq!(head.header("Content-Length"), Some("2"));
     assert!(head.body.is_empty());
@@ -86,12 +117,18 @@ fn honours_range_unless_told_not_to() {
     let server = TestServer::start();
     let data = body(1000);
     server.route("/a", Route::ok(data.clone()));
-    server.route("/b", Route::ok(data.clone()).behavior(Behavior::IgnoreRange));
+    server.route(
+        "/b",
+        Route::ok(data.clone()).behavior(Behavior::IgnoreRange),
+    );
     let raw = request(&server, "GET", "/a", &[("Range", "bytes=600-")]);
     assert_eq!(raw.status, 206);
     assert_eq!(raw.header("Content-Range"), Some("bytes 600-999/1000"));
     assert_eq!(raw.body, &data[600..]);
-    assert_eq!(server.requests_for("/a")[0].range.as_deref(), Some("bytes=600-"));
+    assert_eq!(
+        server.requests_for("/a")[0].range.as_deref(),
+        Some("bytes=600-")
+    );
     let past_end = request(&server, "GET", "/a", &[("Range", "bytes=1000-")]);
     assert_eq!(past_end.status, 416);
     let ignored = request(&server, "GET", "/b", &[("Range", "bytes=600-")]);
@@ -103,7 +140,10 @@ fn honours_range_unless_told_not_to() {
 fn truncate_announces_full_length_and_closes_early() {
     let server = TestServer::start();
     let data = body(5000);
-    server.route("/t", Route::ok(data.clone()).behavior(Behavior::Truncate { after: 1234 }));
+    server.route(
+        "/t",
+        Route::ok(data.clone()).behavior(Behavior::Truncate { after: 1234 }),
+    );
     let raw = get(&server, "/t");
     assert_eq!(raw.header("Content-Length"), Some("5000"));
     assert_eq!(raw.body, &data[..1234]);
@@ -112,9 +152,16 @@ fn truncate_announces_full_length_and_closes_early() {
 #[test]
 fn drop_midway_resets_the_connection() {
     let server = TestServer::start();
-    server.route("/d", Route::ok(body(100_000)).behavior(Behavior::DropMidway));
+    server.route(
+        "/d",
+        Route::ok(body(100_000)).behavior(Behavior::DropMidway),
+    );
     let raw = get(&server, "/d");
-    assert!(raw.body.len() <= 50_000, "sent {} bytes, more than half", raw.body.len());
+    assert!(
+        raw.body.len() <= 50_000,
+        "sent {} bytes, more than half",
+        raw.body.len()
+    );
     assert_eq!(raw.error, Some(ErrorKind::ConnectionReset));
 }
 
@@ -125,13 +172,19 @@ fn wrong_bytes_keep_the_length_and_differ_in_one_byte() {
     server.route("/w", Route::ok(data.clone()).behavior(Behavior::WrongBytes));
     let raw = get(&server, "/w");
     assert_eq!(raw.body.len(), data.len());
-    assert_eq!(raw.body.iter().zip(&data).filter(|(a, b)| a != b).count(), 1);
+    assert_eq!(
+        raw.body.iter().zip(&data).filter(|(a, b)| a != b).count(),
+        1
+    );
 }
 
 #[test]
 fn slow_trickles() {
     let server = TestServer::start();
-    let slow = Behavior::Slow { chunk: 10, delay: Duration::from_millis(20) };
+    let slow = Behavior::Slow {
+        chunk: 10,
+        delay: Duration::from_millis(20),
+    };
     server.route("/s", Route::ok(body(50)).behavior(slow));
     let start = Instant::now();
     let raw = get(&server, "/s");
@@ -142,22 +195,42 @@ fn slow_trickles() {
 #[test]
 fn fail_first_then_succeed_and_redirect() {
     let server = TestServer::start();
-    let fail = Behavior::FailFirst { n: 2, status: 429, retry_after: Some(1) };
+    let fail = Behavior::FailFirst {
+        n: 2,
+        status: 429,
+        retry_after: Some(1),
+    };
     server.route("/f", Route::ok(b"fine".to_vec()).behavior(fail));
     server.route("/r", Route::redirect("/f"));
     let first = get(&server, "/f");
-    assert_eq!((first.status, first.header("Retry-After")), (429, Some("1")));
+    assert_eq!(
+        (first.status, first.header("Retry-After")),
+        (429, Some("1"))
+    );
     assert_eq!(get(&server, "/f").status, 429);
     assert_eq!(get(&server, "/f").body, b"fine");
     let redirect = get(&server, "/r");
-    assert_eq!((redirect.status, redirect.header("Location")), (302, Some("/f")));
+    assert_eq!(
+        (redirect.status, redirect.header("Location")),
+        (302, Some("/f"))
+    );
 }
 
 #[test]
 fn route_seq_answers_in_order_then_repeats_the_last() {
     let server = TestServer::start();
-    server.route_seq("/q", vec![Route::status(500), Route::ok(b"a".to_vec()), Route::ok(b"b".to_vec())]);
-    let statuses: Vec<_> = (0..4).map(|_| get(&server, "/q")).map(|r| (r.status, r.body)).collect();
+    server.route_seq(
+        "/q",
+        vec![
+            Route::status(500),
+            Route::ok(b"a".to_vec()),
+            Route::ok(b"b".to_vec()),
+        ],
+    );
+    let statuses: Vec<_> = (0..4)
+        .map(|_| get(&server, "/q"))
+        .map(|r| (r.status, r.body))
+        .collect();
     assert_eq!(statuses[0].0, 500);
     assert_eq!(statuses[1], (200, b"a".to_vec()));
     assert_eq!(statuses[2], (200, b"b".to_vec()));
@@ -169,14 +242,20 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     let server = TestServer::start();
     server.route("/k", Route::ok(b"0123456789".to_vec()));
     let mut stream = TcpStream::connect(server.addr()).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let one = "GET /k HTTP/1.1\r\nHost: x\r\n\r\n";
     stream.write_all(format!("{one}{one}").as_bytes()).unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while seen.windows(10).filter(|w| w == b"0123456789").count() < 2 {
         let n = stream.read(&mut buf).unwrap();
-        assert!(n > 0, "connection closed early: {}", String::from_utf8_lossy(&seen));
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&seen)
+        );
         seen.extend_from_slice(&buf[..n]);
     }
     assert_eq!(server.connections(), 1);

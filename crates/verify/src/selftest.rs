@@ -20,7 +20,14 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
     if let Some(prefix) = &expect.nvshmem_prefix {
         let lib = prefix.join("lib");
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-        cmd.env("LD_LIBRARY_PATH", if old.is_empty() { lib.display().to_string() } else { format!("{}:{old}", lib.display()) });
+        cmd.env(
+            "LD_LIBRARY_PATH",
+            if old.is_empty() {
+                lib.display().to_string()
+            } else {
+                format!("{}:{old}", lib.display())
+            },
+        );
     }
     let out = match cmd.output() {
         Ok(o) => o,
@@ -31,17 +38,34 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
             );
         }
     };
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if let Some(d) = log_dir {
         let _ = std::fs::create_dir_all(d);
         let _ = std::fs::write(d.join("selftest.log"), &text);
     }
-    let tail: String = text.lines().rev().take(6).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+    let tail: String = text
+        .lines()
+        .rev()
+        .take(6)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join(" | ");
     let code = out.status.code();
-    let report: Option<serde_json::Value> = std::fs::read(&json).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let report: Option<serde_json::Value> = std::fs::read(&json)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     let mut checks = Vec::new();
     match code {
-        Some(0) => checks.push(Check::pass("selftest.verdict", format!("every byte right; {tail}"))),
+        Some(0) => checks.push(Check::pass(
+            "selftest.verdict",
+            format!("every byte right; {tail}"),
+        )),
         Some(1) => checks.push(Check::fail(
             "selftest.verdict",
             format!("wrong bytes or a crashed rank: {tail}"),
@@ -53,7 +77,10 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
             "check the GPU clocks and other load; see docs/benchmarks.md for expected numbers",
         )),
         _ if text.contains("no CUDA driver") => {
-            return LevelReport::not_run(Level::Selftest, format!("no CUDA driver on this host: {tail}"));
+            return LevelReport::not_run(
+                Level::Selftest,
+                format!("no CUDA driver on this host: {tail}"),
+            );
         }
         _ => checks.push(Check::fail(
             "selftest.verdict",

@@ -229,20 +229,34 @@ fn resolution_check(
             }
             let path = u.library.display().to_string();
             match u.elsewhere_in_tree.first() {
-                Some(copy) => soft.push(format!("{path} needs {} (in the environment: {})", u.needed, copy.display())),
-                None => hard.push(format!("{path} needs {}: no library in the environment provides it", u.needed)),
+                Some(copy) => soft.push(format!(
+                    "{path} needs {} (in the environment: {})",
+                    u.needed,
+                    copy.display()
+                )),
+                None => hard.push(format!(
+                    "{path} needs {}: no library in the environment provides it",
+                    u.needed
+                )),
             }
         }
     }
     let soft_note = if soft.is_empty() {
         String::new()
     } else {
-        format!("; {} rely on `import torch` loading their dependency first: {}", soft.len(), soft.join("; "))
+        format!(
+            "; {} rely on `import torch` loading their dependency first: {}",
+            soft.len(),
+            soft.join("; ")
+        )
     };
     if hard.is_empty() {
         Check::pass(
             "static.needed-resolve",
-            format!("every DT_NEEDED of {} stack libraries resolves{soft_note}", libs.len()),
+            format!(
+                "every DT_NEEDED of {} stack libraries resolves{soft_note}",
+                libs.len()
+            ),
         )
     } else {
         Check::fail(

@@ -249,12 +249,16 @@ pub fn parse_deepep_bandwidth(line: &str) -> Option<DeepEpBandwidth> {
     static HEAD: OnceLock<regex::Regex> = OnceLock::new();
     static RATE: OnceLock<regex::Regex> = OnceLock::new();
     static TIME: OnceLock<regex::Regex> = OnceLock::new();
-    let head = HEAD.get_or_init(|| regex::Regex::new(r"\[tuning\] Best (dispatch(?: \([A-Z0-9]+\))?|combine)").unwrap());
+    let head = HEAD.get_or_init(|| {
+        regex::Regex::new(r"\[tuning\] Best (dispatch(?: \([A-Z0-9]+\))?|combine)").unwrap()
+    });
     let rate = RATE.get_or_init(|| regex::Regex::new(r"([0-9.]+) GB/s \(([A-Za-z]+)\)").unwrap());
     let time = TIME.get_or_init(|| regex::Regex::new(r"t: ([0-9.]+) us").unwrap());
     let op = head.captures(line)?.get(1)?.as_str().to_string();
-    let gbps: Vec<(String, f64)> =
-        rate.captures_iter(line).filter_map(|c| Some((c[2].to_string(), c[1].parse().ok()?))).collect();
+    let gbps: Vec<(String, f64)> = rate
+        .captures_iter(line)
+        .filter_map(|c| Some((c[2].to_string(), c[1].parse().ok()?)))
+        .collect();
     if gbps.is_empty() {
         return None;
     }
@@ -298,11 +302,17 @@ mod bandwidth_tests {
     #[test]
     fn parses_deepep_tuning_lines() {
         // Format strings of DeepEP 567632d tests/test_intranode.py lines 218 and 260.
-        let d = parse_deepep_bandwidth("[tuning] Best dispatch (BF16): SMs 24, NVL chunk 8, 153.23 GB/s (NVL), t: 312.45 us").unwrap();
+        let d = parse_deepep_bandwidth(
+            "[tuning] Best dispatch (BF16): SMs 24, NVL chunk 8, 153.23 GB/s (NVL), t: 312.45 us",
+        )
+        .unwrap();
         assert_eq!(d.op, "dispatch (BF16)");
         assert_eq!(d.gbps, vec![("NVL".to_string(), 153.23)]);
         assert_eq!(d.micros, Some(312.45));
-        let c = parse_deepep_bandwidth("[tuning] Best combine: SMs 24, NVL chunk 4: 158.01 GB/s (NVL), t: 301.00 us").unwrap();
+        let c = parse_deepep_bandwidth(
+            "[tuning] Best combine: SMs 24, NVL chunk 4: 158.01 GB/s (NVL), t: 301.00 us",
+        )
+        .unwrap();
         assert_eq!(c.op, "combine");
         let i = parse_deepep_bandwidth("[tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16: 45.10 GB/s (RDMA), 147.30 GB/s (NVL), t: 1.00 us").unwrap();
         assert_eq!(i.gbps.len(), 2);

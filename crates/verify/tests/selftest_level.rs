@@ -4,8 +4,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use commstack_verify::expect::Expectations;
 use commstack_verify::check::Status;
+use commstack_verify::expect::Expectations;
 
 fn fake(dir: &Path, exit: i32, loaded: &str) -> std::path::PathBuf {
     let bin = dir.join(format!("selftest-{exit}"));
@@ -29,7 +29,11 @@ fn expect(prefix: &Path) -> Expectations {
 fn a_clean_run_with_the_stacks_library_passes() {
     let d = tempfile::tempdir().unwrap();
     let prefix = d.path().join("site/nvidia/nvshmem");
-    let bin = fake(d.path(), 0, &format!("{}/lib/libnvshmem_host.so.3", prefix.display()));
+    let bin = fake(
+        d.path(),
+        0,
+        &format!("{}/lib/libnvshmem_host.so.3", prefix.display()),
+    );
     let level = commstack_verify::selftest::run(&bin, &expect(&prefix), Some(d.path()));
     assert_eq!(level.status, Status::Passed, "{level:?}");
     assert!(d.path().join("selftest.log").is_file());
@@ -39,7 +43,11 @@ fn a_clean_run_with_the_stacks_library_passes() {
 fn wrong_bytes_fail_and_another_library_fails() {
     let d = tempfile::tempdir().unwrap();
     let prefix = d.path().join("site/nvidia/nvshmem");
-    let bin = fake(d.path(), 1, &format!("{}/lib/libnvshmem_host.so.3", prefix.display()));
+    let bin = fake(
+        d.path(),
+        1,
+        &format!("{}/lib/libnvshmem_host.so.3", prefix.display()),
+    );
     let level = commstack_verify::selftest::run(&bin, &expect(&prefix), None);
     assert_eq!(level.status, Status::Failed);
     let bin = fake(d.path(), 0, "/usr/lib/libnvshmem_host.so.3");

@@ -20,8 +20,13 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(what: &str) -> Result<Scratch> {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.subsec_nanos();
-        let dir = std::env::temp_dir().join(format!("commstack-bench-{what}-{}-{nanos}", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .subsec_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "commstack-bench-{what}-{}-{nanos}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Scratch(dir))
     }
@@ -55,7 +60,10 @@ impl ColdReport {
             self.jobs
         );
         if let Some(pip) = self.pip_seconds {
-            line.push_str(&format!("; pip download --no-deps of the same files: {pip:.1}s ({})", rate(pip)));
+            line.push_str(&format!(
+                "; pip download --no-deps of the same files: {pip:.1}s ({})",
+                rate(pip)
+            ));
         }
         line
     }
@@ -75,12 +83,23 @@ pub fn cold(artifacts: &[Artifact], jobs: usize, with_pip: bool) -> Result<ColdR
     let pip_seconds = match with_pip {
         false => None,
         true => {
-            let wheels: Vec<&str> =
-                artifacts.iter().filter(|a| a.filename.ends_with(".whl")).map(|a| a.urls[0].as_str()).collect();
+            let wheels: Vec<&str> = artifacts
+                .iter()
+                .filter(|a| a.filename.ends_with(".whl"))
+                .map(|a| a.urls[0].as_str())
+                .collect();
             let dest = scratch.0.join("pip");
             let start = Instant::now();
             let status = Command::new("python3")
-                .args(["-m", "pip", "download", "--no-deps", "--no-cache-dir", "--quiet", "--dest"])
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-cache-dir",
+                    "--quiet",
+                    "--dest",
+                ])
                 .arg(&dest)
                 .args(&wheels)
                 .status()
@@ -91,7 +110,13 @@ pub fn cold(artifacts: &[Artifact], jobs: usize, with_pip: bool) -> Result<ColdR
             Some(start.elapsed().as_secs_f64())
         }
     };
-    Ok(ColdReport { artifacts: artifacts.len(), bytes, jobs, fetch_seconds, pip_seconds })
+    Ok(ColdReport {
+        artifacts: artifacts.len(),
+        bytes,
+        jobs,
+        fetch_seconds,
+        pip_seconds,
+    })
 }
 
 #[derive(Debug)]
@@ -130,7 +155,10 @@ impl ResumeReport {
 pub fn resume(artifacts: &[Artifact], xtask: &Path, jobs: usize) -> Result<ResumeReport> {
     let total_bytes: u64 = artifacts
         .iter()
-        .map(|a| a.size.with_context(|| format!("{}: the resume benchmark needs every size", a.name)))
+        .map(|a| {
+            a.size
+                .with_context(|| format!("{}: the resume benchmark needs every size", a.name))
+        })
         .sum::<Result<u64>>()?;
     let scratch = Scratch::new("resume")?;
     let list = scratch.0.join("artifacts.json");
@@ -139,7 +167,13 @@ pub fn resume(artifacts: &[Artifact], xtask: &Path, jobs: usize) -> Result<Resum
     let mut child = Command::new(xtask)
         .arg("--home")
         .arg(&scratch.0)
-        .args(["--quiet", "fetch", "--jobs", &jobs.to_string(), "--artifacts"])
+        .args([
+            "--quiet",
+            "fetch",
+            "--jobs",
+            &jobs.to_string(),
+            "--artifacts",
+        ])
         .arg(&list)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -179,7 +213,9 @@ fn bytes_under(cache: &Path) -> u64 {
     for sub in ["sha256", "tmp"] {
         let mut stack = vec![cache.join(sub)];
         while let Some(dir) = stack.pop() {
-            let Ok(read) = std::fs::read_dir(&dir) else { continue };
+            let Ok(read) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in read.flatten() {
                 match entry.metadata() {
                     Ok(meta) if meta.is_dir() => stack.push(entry.path()),
@@ -203,9 +239,17 @@ mod tests {
 
     /// The xtask binary next to this test binary (`cargo build -p xtask` first).
     fn xtask_binary() -> PathBuf {
-        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        let deps = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf();
         let exe = deps.parent().unwrap().join("xtask");
-        assert!(exe.is_file(), "{} missing: run `cargo build -p xtask` first", exe.display());
+        assert!(
+            exe.is_file(),
+            "{} missing: run `cargo build -p xtask` first",
+            exe.display()
+        );
         exe
     }
 

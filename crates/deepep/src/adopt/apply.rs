@@ -62,7 +62,10 @@ pub struct Manifest {
 
 /// `<home>/adopt/<env-id>`: one directory per environment (by its resolved prefix).
 pub fn env_dir(home: &Path, env: &PythonEnv) -> PathBuf {
-    let prefix = env.prefix.canonicalize().unwrap_or_else(|_| env.prefix.clone());
+    let prefix = env
+        .prefix
+        .canonicalize()
+        .unwrap_or_else(|_| env.prefix.clone());
     let hash = hex::encode(Sha256::digest(prefix.as_os_str().as_encoded_bytes()));
     home.join("adopt").join(format!("env-{}", &hash[..16]))
 }
@@ -72,7 +75,11 @@ pub fn generations(root: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = match fs::read_dir(root) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("gen-")) && p.join(MANIFEST).is_file())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("gen-"))
+                    && p.join(MANIFEST).is_file()
+            })
             .collect(),
         Err(e) if e.kind() == ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", root.display())),
@@ -83,8 +90,10 @@ pub fn generations(root: &Path) -> Result<Vec<PathBuf>> {
 
 fn read_manifest(gen_dir: &Path) -> Result<Manifest> {
     let path = gen_dir.join(MANIFEST);
-    serde_json::from_str(&fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?)
-        .with_context(|| format!("{} is not an adopt backup manifest", path.display()))
+    serde_json::from_str(
+        &fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?,
+    )
+    .with_context(|| format!("{} is not an adopt backup manifest", path.display()))
 }
 
 fn write_manifest(gen_dir: &Path, m: &Manifest) -> Result<()> {
@@ -138,16 +147,32 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
             .backup
             .iter()
             .enumerate()
-            .map(|(i, p)| Moved { path: p.clone(), backup: format!("{i:05}"), sha256: None, mode: None, symlink: None })
+            .map(|(i, p)| Moved {
+                path: p.clone(),
+                backup: format!("{i:05}"),
+                sha256: None,
+                mode: None,
+                symlink: None,
+            })
             .collect(),
         added: plan.added.clone(),
         created_dirs,
-        installed: steps.iter().map(|s| (s.wheel.name.clone(), s.wheel.version.clone(), s.wheel.filename.clone())).collect(),
+        installed: steps
+            .iter()
+            .map(|s| {
+                (
+                    s.wheel.name.clone(),
+                    s.wheel.version.clone(),
+                    s.wheel.filename.clone(),
+                )
+            })
+            .collect(),
         replaced: steps.iter().filter_map(|s| s.replaces.clone()).collect(),
     };
     // Record what each file is before moving it, so undo can prove it restored it.
     for m in &mut manifest.moved {
-        let meta = fs::symlink_metadata(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?;
+        let meta = fs::symlink_metadata(&m.path)
+            .with_context(|| format!("cannot read {}", m.path.display()))?;
         if meta.file_type().is_symlink() {
             m.symlink = Some(fs::read_link(&m.path)?);
         } else {
@@ -161,7 +186,14 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
         for m in &manifest.moved {
             move_file(&m.path, &files.join(&m.backup))?;
         }
-        remove_emptied_dirs(&manifest.moved.iter().map(|m| m.path.clone()).collect::<Vec<_>>(), &plan.site_packages);
+        remove_emptied_dirs(
+            &manifest
+                .moved
+                .iter()
+                .map(|m| m.path.clone())
+                .collect::<Vec<_>>(),
+            &plan.site_packages,
+        );
         let layout = InstallLayout {
             purelib: env.paths.purelib.clone(),
             platlib: env.paths.platlib.clone(),
@@ -170,7 +202,8 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
             headers: env.paths.include.clone(),
         };
         for s in &steps {
-            let installed = install(&s.wheel.path, &layout).with_context(|| format!("cannot install {}", s.wheel.filename))?;
+            let installed = install(&s.wheel.path, &layout)
+                .with_context(|| format!("cannot install {}", s.wheel.filename))?;
             mark_installer(&installed.wheel, &layout)?;
         }
         Ok(())
@@ -198,16 +231,26 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
 /// Write `INSTALLER` into the new dist-info and list it in RECORD (as pip does), so
 /// `pip uninstall` and `pip list` treat the distribution like any other.
 fn mark_installer(wheel: &commstack_wheel::Wheel, layout: &InstallLayout) -> Result<()> {
-    let root = if wheel.root_is_purelib() { &layout.purelib } else { &layout.platlib };
+    let root = if wheel.root_is_purelib() {
+        &layout.purelib
+    } else {
+        &layout.platlib
+    };
     let info = root.join(&wheel.dist_info);
     let body = format!("{INSTALLER}\n");
     fs::write(info.join("INSTALLER"), &body)?;
     let record = info.join("RECORD");
-    let mut text = fs::read_to_string(&record).with_context(|| format!("cannot read {}", record.display()))?;
+    let mut text =
+        fs::read_to_string(&record).with_context(|| format!("cannot read {}", record.display()))?;
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    text.push_str(&format!("{}/INSTALLER,{},{}\n", wheel.dist_info, record_hash(body.as_bytes()), body.len()));
+    text.push_str(&format!(
+        "{}/INSTALLER,{},{}\n",
+        wheel.dist_info,
+        record_hash(body.as_bytes()),
+        body.len()
+    ));
     fs::write(&record, text).with_context(|| format!("cannot write {}", record.display()))
 }
 
@@ -232,7 +275,8 @@ fn retire(root: &Path, gen_dir: &Path, why: &str) -> Result<PathBuf> {
         jiff::Timestamp::now().as_millisecond()
     );
     let to = undone.join(name);
-    fs::rename(gen_dir, &to).with_context(|| format!("cannot move {} to {}", gen_dir.display(), to.display()))?;
+    fs::rename(gen_dir, &to)
+        .with_context(|| format!("cannot move {} to {}", gen_dir.display(), to.display()))?;
     Ok(to)
 }
 
@@ -243,7 +287,9 @@ fn undo_generation(gen_dir: &Path) -> Result<()> {
     let mut added_dirs: Vec<PathBuf> = Vec::new();
     for a in &m.added {
         match fs::symlink_metadata(a) {
-            Ok(_) => fs::remove_file(a).with_context(|| format!("cannot remove {}", a.display()))?,
+            Ok(_) => {
+                fs::remove_file(a).with_context(|| format!("cannot remove {}", a.display()))?
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", a.display())),
         }
@@ -269,12 +315,16 @@ fn undo_generation(gen_dir: &Path) -> Result<()> {
         if fs::symlink_metadata(&from).is_err() {
             // Never moved (an apply that stopped early): it must still be in place.
             if fs::symlink_metadata(&mv.path).is_err() {
-                wrong.push(format!("{} is neither in the backup nor in place", mv.path.display()));
+                wrong.push(format!(
+                    "{} is neither in the backup nor in place",
+                    mv.path.display()
+                ));
             }
             continue;
         }
         if let Some(parent) = mv.path.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
         }
         move_file(&from, &mv.path)?;
         if let Some(mode) = mv.mode {
@@ -286,11 +336,19 @@ fn undo_generation(gen_dir: &Path) -> Result<()> {
             (None, None) => true,
         };
         if !ok {
-            wrong.push(format!("{} did not come back byte for byte", mv.path.display()));
+            wrong.push(format!(
+                "{} did not come back byte for byte",
+                mv.path.display()
+            ));
         }
     }
     if !wrong.is_empty() {
-        bail!("restoring {} left {} problem(s):\n  {}", gen_dir.display(), wrong.len(), wrong.join("\n  "));
+        bail!(
+            "restoring {} left {} problem(s):\n  {}",
+            gen_dir.display(),
+            wrong.len(),
+            wrong.join("\n  ")
+        );
     }
     Ok(())
 }
@@ -309,14 +367,21 @@ fn move_file(from: &Path, to: &Path) -> Result<()> {
     match fs::rename(from, to) {
         Ok(()) => return Ok(()),
         Err(e) if e.raw_os_error() == Some(18) => {} // EXDEV
-        Err(e) => return Err(e).with_context(|| format!("cannot move {} to {}", from.display(), to.display())),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot move {} to {}", from.display(), to.display()));
+        }
     }
     let meta = fs::symlink_metadata(from)?;
     if meta.file_type().is_symlink() {
         std::os::unix::fs::symlink(fs::read_link(from)?, to)?;
     } else {
-        let tmp = to.with_file_name(format!(".{}.part", to.file_name().unwrap_or_default().to_string_lossy()));
-        fs::copy(from, &tmp).with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
+        let tmp = to.with_file_name(format!(
+            ".{}.part",
+            to.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        fs::copy(from, &tmp)
+            .with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
         fs::set_permissions(&tmp, meta.permissions())?;
         fs::rename(&tmp, to)?;
     }

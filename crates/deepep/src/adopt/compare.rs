@@ -54,20 +54,52 @@ pub struct Comparison {
 
 impl Comparison {
     pub fn worst(&self) -> Severity {
-        self.rows.iter().chain(&self.others_differ).map(|r| r.severity).max().unwrap_or(Severity::Ok)
+        self.rows
+            .iter()
+            .chain(&self.others_differ)
+            .map(|r| r.severity)
+            .max()
+            .unwrap_or(Severity::Ok)
     }
 
     pub fn errors(&self) -> Vec<&Row> {
-        self.rows.iter().filter(|r| r.severity == Severity::Error).collect()
+        self.rows
+            .iter()
+            .filter(|r| r.severity == Severity::Error)
+            .collect()
     }
 
     /// A table for people.
     pub fn render(&self) -> String {
-        let mut out = format!("environment: {} (site-packages {})\n", self.python, self.site_packages);
-        let w = self.rows.iter().map(|r| r.what.len()).max().unwrap_or(8).max(8);
-        let we = self.rows.iter().map(|r| r.env.len()).max().unwrap_or(8).max(11);
-        let ws = self.rows.iter().map(|r| r.stack.len()).max().unwrap_or(8).max(5);
-        out.push_str(&format!("  {:<w$}  {:<we$}  {:<ws$}  {}\n", "", "environment", "stack", "verdict"));
+        let mut out = format!(
+            "environment: {} (site-packages {})\n",
+            self.python, self.site_packages
+        );
+        let w = self
+            .rows
+            .iter()
+            .map(|r| r.what.len())
+            .max()
+            .unwrap_or(8)
+            .max(8);
+        let we = self
+            .rows
+            .iter()
+            .map(|r| r.env.len())
+            .max()
+            .unwrap_or(8)
+            .max(11);
+        let ws = self
+            .rows
+            .iter()
+            .map(|r| r.stack.len())
+            .max()
+            .unwrap_or(8)
+            .max(5);
+        out.push_str(&format!(
+            "  {:<w$}  {:<we$}  {:<ws$}  {}\n",
+            "", "environment", "stack", "verdict"
+        ));
         for r in self.rows.iter().chain(&self.others_differ) {
             let verdict = match r.severity {
                 Severity::Ok => "ok",
@@ -75,13 +107,19 @@ impl Comparison {
                 Severity::Change => "WILL CHANGE",
                 Severity::Error => "MISMATCH",
             };
-            out.push_str(&format!("  {:<w$}  {:<we$}  {:<ws$}  {verdict}", r.what, r.env, r.stack));
+            out.push_str(&format!(
+                "  {:<w$}  {:<we$}  {:<ws$}  {verdict}",
+                r.what, r.env, r.stack
+            ));
             if !r.note.is_empty() {
                 out.push_str(&format!(": {}", r.note));
             }
             out.push('\n');
         }
-        out.push_str(&format!("  ({} other locked package(s) at the locked version)\n", self.others_same));
+        out.push_str(&format!(
+            "  ({} other locked package(s) at the locked version)\n",
+            self.others_same
+        ));
         for r in &self.rules {
             if r.status != "ok" && r.status != "not-applicable" {
                 out.push_str(&format!("  rule {}: {}: {}\n", r.id, r.status, r.detail));
@@ -121,36 +159,72 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
         what: "python".into(),
         env: env.version.clone(),
         stack: want_tag.clone(),
-        severity: if env.python_tag() == *want_tag { Severity::Ok } else { Severity::Error },
+        severity: if env.python_tag() == *want_tag {
+            Severity::Ok
+        } else {
+            Severity::Error
+        },
         note: if env.python_tag() == *want_tag {
             String::new()
         } else {
-            format!("the stack's wheels are built for {want_tag}; this interpreter is {}", env.python_tag())
+            format!(
+                "the stack's wheels are built for {want_tag}; this interpreter is {}",
+                env.python_tag()
+            )
         },
     });
 
     // torch.
     let torch = env.torch_version().unwrap_or("absent").to_string();
     let (sev, note) = match (torch.as_str(), same_release(&torch, &r.torch)) {
-        ("absent", _) => (Severity::Error, "no torch in this environment: adopt needs the torch the stack is built for".to_string()),
+        ("absent", _) => (
+            Severity::Error,
+            "no torch in this environment: adopt needs the torch the stack is built for"
+                .to_string(),
+        ),
         (t, _) if parse(t) == parse(&r.torch) => (Severity::Ok, String::new()),
         (t, Some(true)) => (
             Severity::Info,
-            format!("same release; local label {} (another index's build of it)", t.split_once('+').map(|x| x.1).unwrap_or("-")),
+            format!(
+                "same release; local label {} (another index's build of it)",
+                t.split_once('+').map(|x| x.1).unwrap_or("-")
+            ),
         ),
-        _ => (Severity::Error, format!("DeepEP is built against torch {}'s headers and ABI", r.torch)),
+        _ => (
+            Severity::Error,
+            format!(
+                "DeepEP is built against torch {}'s headers and ABI",
+                r.torch
+            ),
+        ),
     };
-    rows.push(Row { what: "torch".into(), env: torch, stack: r.torch.clone(), severity: sev, note });
+    rows.push(Row {
+        what: "torch".into(),
+        env: torch,
+        stack: r.torch.clone(),
+        severity: sev,
+        note,
+    });
 
     // CUDA torch is built for.
     let cuda = env.torch_cuda().unwrap_or("none").to_string();
-    let cuda_ok = parse(&cuda).zip(parse(&r.cuda)).is_some_and(|(a, b)| a.release().get(..2) == b.release().get(..2));
+    let cuda_ok = parse(&cuda)
+        .zip(parse(&r.cuda))
+        .is_some_and(|(a, b)| a.release().get(..2) == b.release().get(..2));
     rows.push(Row {
         what: "torch.version.cuda".into(),
         env: cuda.clone(),
         stack: r.cuda.clone(),
-        severity: if cuda_ok { Severity::Ok } else { Severity::Error },
-        note: if cuda_ok { String::new() } else { "torch's CUDA must be the stack's (nvcc, NVSHMEM and DeepEP use it)".into() },
+        severity: if cuda_ok {
+            Severity::Ok
+        } else {
+            Severity::Error
+        },
+        note: if cuda_ok {
+            String::new()
+        } else {
+            "torch's CUDA must be the stack's (nvcc, NVSHMEM and DeepEP use it)".into()
+        },
     });
 
     // NCCL: exactly torch's pin.
@@ -173,7 +247,10 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
     // NVSHMEM: replaced by the drop-in.
     if let Some((name, want)) = r.nvshmem_pin.split_once("==") {
         let have = env.dist(name).map(|d| d.version.clone());
-        let stack_v = ours.dropin.map(|d| d.version.clone()).unwrap_or_else(|| format!("{want}+commstack.* (drop-in)"));
+        let stack_v = ours
+            .dropin
+            .map(|d| d.version.clone())
+            .unwrap_or_else(|| format!("{want}+commstack.* (drop-in)"));
         let (sev, note) = match (&have, ours.dropin) {
             (Some(h), Some(d)) if parse(h) == parse(&d.version) => (Severity::Ok, "the stack's drop-in is installed".to_string()),
             (Some(h), _) if !h.contains("+commstack") => (
@@ -183,21 +260,42 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
             (Some(_), _) => (Severity::Change, "another commstack build: replaced by this stack's drop-in".into()),
             (None, _) => (Severity::Change, "absent: the drop-in is installed".into()),
         };
-        rows.push(Row { what: name.into(), env: have.unwrap_or_else(|| "absent".into()), stack: stack_v, severity: sev, note });
+        rows.push(Row {
+            what: name.into(),
+            env: have.unwrap_or_else(|| "absent".into()),
+            stack: stack_v,
+            severity: sev,
+            note,
+        });
     }
 
     // DeepEP.
     let have = env.dist("deep-ep").map(|d| d.version.clone());
-    let want = ours.deepep.map(|d| d.version.clone()).unwrap_or_else(|| format!("{} ({})", r.deepep_rev.get(..7).unwrap_or(""), r.deepep_api));
+    let want = ours
+        .deepep
+        .map(|d| d.version.clone())
+        .unwrap_or_else(|| format!("{} ({})", r.deepep_rev.get(..7).unwrap_or(""), r.deepep_api));
     let (sev, note) = match (&have, ours.deepep) {
         (Some(h), Some(d)) if parse(h) == parse(&d.version) && deepep_record_matches(env, d) => {
             (Severity::Ok, "the stack's build is installed".to_string())
         }
-        (Some(_), Some(_)) => (Severity::Change, "another build: replaced by the stack's".into()),
+        (Some(_), Some(_)) => (
+            Severity::Change,
+            "another build: replaced by the stack's".into(),
+        ),
         (None, Some(_)) => (Severity::Change, "installed from the stack's build".into()),
-        (_, None) => (Severity::Change, "not built yet: run `cargo xtask build deepep --python <this python>`".into()),
+        (_, None) => (
+            Severity::Change,
+            "not built yet: run `cargo xtask build deepep --python <this python>`".into(),
+        ),
     };
-    rows.push(Row { what: "deep-ep".into(), env: have.unwrap_or_else(|| "absent".into()), stack: want, severity: sev, note });
+    rows.push(Row {
+        what: "deep-ep".into(),
+        env: have.unwrap_or_else(|| "absent".into()),
+        stack: want,
+        severity: sev,
+        note,
+    });
 
     // The lock's other packages: reported, never changed.
     let mut others_same = 0;
@@ -252,7 +350,10 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
                 .iter()
                 .map(|o| RuleLine {
                     id: o.rule.as_str().into(),
-                    status: serde_json::to_value(&o.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+                    status: serde_json::to_value(&o.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
                     detail: o.detail.clone(),
                 })
                 .collect()
@@ -272,13 +373,30 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
 
 /// Whether the installed deep-ep's RECORD lists the same files and hashes as the wheel's.
 fn deepep_record_matches(env: &PythonEnv, wheel: &LockedWheel) -> bool {
-    let Some(info) = env.dist("deep-ep").and_then(|d| d.dist_info.clone()) else { return false };
-    let Ok(installed) = std::fs::read(info.join("RECORD")) else { return false };
-    let Ok(w) = commstack_wheel::Wheel::open(&wheel.path) else { return false };
-    let Ok(installed) = commstack_wheel::parse_record(&installed) else { return false };
+    let Some(info) = env.dist("deep-ep").and_then(|d| d.dist_info.clone()) else {
+        return false;
+    };
+    let Ok(installed) = std::fs::read(info.join("RECORD")) else {
+        return false;
+    };
+    let Ok(w) = commstack_wheel::Wheel::open(&wheel.path) else {
+        return false;
+    };
+    let Ok(installed) = commstack_wheel::parse_record(&installed) else {
+        return false;
+    };
     let key = |e: &commstack_wheel::RecordEntry| (e.path.clone(), e.hash.clone());
-    let mut a: Vec<_> = installed.iter().filter(|e| !e.path.ends_with("/INSTALLER") && !e.path.ends_with("/RECORD")).map(key).collect();
-    let mut b: Vec<_> = w.record.iter().filter(|e| !e.path.ends_with("/RECORD")).map(key).collect();
+    let mut a: Vec<_> = installed
+        .iter()
+        .filter(|e| !e.path.ends_with("/INSTALLER") && !e.path.ends_with("/RECORD"))
+        .map(key)
+        .collect();
+    let mut b: Vec<_> = w
+        .record
+        .iter()
+        .filter(|e| !e.path.ends_with("/RECORD"))
+        .map(key)
+        .collect();
     a.sort();
     b.sort();
     a == b

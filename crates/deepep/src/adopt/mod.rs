@@ -27,7 +27,12 @@ pub use plan::{INSTALLER, Plan, PlanStep, clean, plan, record_files, targets_of}
 pub fn expectations(lock: &Lock, site_packages: &Path) -> Result<Expectations> {
     let mut e = Expectations::new();
     if let Some((_, v)) = lock.resolved.nccl.split_once("==") {
-        e.nccl_version = Some(v.trim().parse().map_err(anyhow::Error::msg).with_context(|| format!("the lock's NCCL pin {:?}", lock.resolved.nccl))?);
+        e.nccl_version = Some(
+            v.trim()
+                .parse()
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("the lock's NCCL pin {:?}", lock.resolved.nccl))?,
+        );
     }
     if !lock.resolved.nvshmem.is_empty() {
         e.nvshmem_version = Some(
@@ -35,7 +40,9 @@ pub fn expectations(lock: &Lock, site_packages: &Path) -> Result<Expectations> {
                 .nvshmem
                 .parse::<NvshmemVersion>()
                 .map_err(|e| anyhow::anyhow!("{e}"))
-                .with_context(|| format!("the lock's NVSHMEM version {:?}", lock.resolved.nvshmem))?,
+                .with_context(|| {
+                    format!("the lock's NVSHMEM version {:?}", lock.resolved.nvshmem)
+                })?,
         );
     }
     e.nvshmem_prefix = Some(site_packages.join("nvidia/nvshmem"));
@@ -44,7 +51,11 @@ pub fn expectations(lock: &Lock, site_packages: &Path) -> Result<Expectations> {
 
 /// The verify crate's runtime level against `python`: `import torch, deep_ep`, then one
 /// libnvshmem_host (ours, NCCL off) and one libnccl (the pinned version) must be mapped.
-pub fn runtime_check(python: &Path, expect: &Expectations, timeout: Duration) -> Result<RuntimeFindings> {
+pub fn runtime_check(
+    python: &Path,
+    expect: &Expectations,
+    timeout: Duration,
+) -> Result<RuntimeFindings> {
     let probe = run_probe(python, &expect.import_modules, &[], timeout)?;
     Ok(check_runtime(&probe, expect))
 }

@@ -49,11 +49,18 @@ impl Plan {
         let mut out = String::new();
         for s in &self.steps {
             match (&s.skip, &s.replaces) {
-                (Some(why), _) => out.push_str(&format!("  keep    {} {}: {why}\n", s.wheel.name, s.wheel.version)),
-                (None, Some((n, v))) => {
-                    out.push_str(&format!("  replace {n} {v} -> {} ({})\n", s.wheel.version, s.wheel.filename))
-                }
-                (None, None) => out.push_str(&format!("  install {} {} ({})\n", s.wheel.name, s.wheel.version, s.wheel.filename)),
+                (Some(why), _) => out.push_str(&format!(
+                    "  keep    {} {}: {why}\n",
+                    s.wheel.name, s.wheel.version
+                )),
+                (None, Some((n, v))) => out.push_str(&format!(
+                    "  replace {n} {v} -> {} ({})\n",
+                    s.wheel.version, s.wheel.filename
+                )),
+                (None, None) => out.push_str(&format!(
+                    "  install {} {} ({})\n",
+                    s.wheel.name, s.wheel.version, s.wheel.filename
+                )),
             }
         }
         out.push_str(&format!(
@@ -98,7 +105,10 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
         let mut old_files: Vec<PathBuf> = Vec::new();
         if let Some(d) = installed {
             let info = d.dist_info.as_ref().with_context(|| {
-                format!("{} {} is installed without a .dist-info directory: remove it by hand first", d.name, d.version)
+                format!(
+                    "{} {} is installed without a .dist-info directory: remove it by hand first",
+                    d.name, d.version
+                )
             })?;
             if same_build(info, &wheel)? {
                 steps.push(PlanStep {
@@ -113,7 +123,10 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
                 format!("{} {} has no readable RECORD ({}): it cannot be replaced safely; uninstall it first", d.name, d.version, info.display())
             })?;
             // Files in the dist-info that RECORD does not list (INSTALLER, REQUESTED, ...).
-            for e in walkdir::WalkDir::new(info).into_iter().filter_map(|e| e.ok()) {
+            for e in walkdir::WalkDir::new(info)
+                .into_iter()
+                .filter_map(|e| e.ok())
+            {
                 if !e.file_type().is_dir() {
                     old_files.push(e.path().to_path_buf());
                 }
@@ -129,7 +142,11 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
         }
         for t in &targets {
             if let Some(owner) = owners.get(t) {
-                bail!("{} would overwrite {}, which {owner} owns: refusing to adopt", w.filename, t.display());
+                bail!(
+                    "{} would overwrite {}, which {owner} owns: refusing to adopt",
+                    w.filename,
+                    t.display()
+                );
             }
             if fs::symlink_metadata(t).is_ok() {
                 backup.insert(t.clone()); // an unowned leftover: kept for undo
@@ -138,11 +155,20 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
                 bail!("two of the wheels to install write {}", t.display());
             }
         }
-        steps.push(PlanStep { wheel: w.clone(), replaces, skip: None, targets });
+        steps.push(PlanStep {
+            wheel: w.clone(),
+            replaces,
+            skip: None,
+            targets,
+        });
     }
     // Bytecode Python cached for the modules being replaced goes with them (undo removes
     // the new modules' caches, so the old ones must be in the backup to come back).
-    let sources: Vec<PathBuf> = backup.iter().filter(|p| p.extension().is_some_and(|e| e == "py")).cloned().collect();
+    let sources: Vec<PathBuf> = backup
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .cloned()
+        .collect();
     for py in sources {
         for pyc in bytecode_of(&py) {
             if !owners.contains_key(&pyc) {
@@ -163,7 +189,11 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
 /// The wheel must run here: a `cpXY` wheel on Python X.Y (or a py3 one).
 fn check_tags(wheel: &Wheel, env: &PythonEnv) -> Result<()> {
     let tag = env.python_tag();
-    let ok = wheel.filename.python.iter().any(|p| *p == tag || p == "py3" || p == "py2.py3");
+    let ok = wheel
+        .filename
+        .python
+        .iter()
+        .any(|p| *p == tag || p == "py3" || p == "py2.py3");
     if !ok {
         bail!(
             "{} is built for {}, this environment is Python {} ({tag})",
@@ -177,14 +207,20 @@ fn check_tags(wheel: &Wheel, env: &PythonEnv) -> Result<()> {
 
 /// Every file the wheel installs, where it lands in `env`, plus the INSTALLER we write.
 pub fn targets_of(wheel: &Wheel, env: &PythonEnv) -> Result<Vec<PathBuf>> {
-    let root = if wheel.root_is_purelib() { &env.paths.purelib } else { &env.paths.platlib };
+    let root = if wheel.root_is_purelib() {
+        &env.paths.purelib
+    } else {
+        &env.paths.platlib
+    };
     let data_dir = format!("{}.data/", wheel.dist_info.trim_end_matches(".dist-info"));
     let mut out = Vec::new();
     for e in wheel.entries.iter().filter(|e| !e.is_dir) {
         let target = match e.path.strip_prefix(&data_dir) {
             None => root.join(&e.path),
             Some(rest) => {
-                let (scheme, path) = rest.split_once('/').with_context(|| format!("{}: bad .data entry {}", wheel.path.display(), e.path))?;
+                let (scheme, path) = rest.split_once('/').with_context(|| {
+                    format!("{}: bad .data entry {}", wheel.path.display(), e.path)
+                })?;
                 let base = match scheme {
                     "purelib" => &env.paths.purelib,
                     "platlib" => &env.paths.platlib,
@@ -206,19 +242,40 @@ pub fn targets_of(wheel: &Wheel, env: &PythonEnv) -> Result<Vec<PathBuf>> {
 pub fn record_files(dist_info: &Path) -> Result<Vec<PathBuf>> {
     let record = dist_info.join("RECORD");
     let bytes = fs::read(&record).with_context(|| format!("cannot read {}", record.display()))?;
-    let site = dist_info.parent().context("a dist-info directory has a parent")?;
-    Ok(parse_record(&bytes)?.into_iter().map(|e| clean(&site.join(&e.path))).collect())
+    let site = dist_info
+        .parent()
+        .context("a dist-info directory has a parent")?;
+    Ok(parse_record(&bytes)?
+        .into_iter()
+        .map(|e| clean(&site.join(&e.path)))
+        .collect())
 }
 
 /// Whether the installed distribution's RECORD holds the wheel's files with its hashes.
 fn same_build(dist_info: &Path, wheel: &Wheel) -> Result<bool> {
-    let Ok(bytes) = fs::read(dist_info.join("RECORD")) else { return Ok(false) };
-    let Ok(installed) = parse_record(&bytes) else { return Ok(false) };
-    let keep = |p: &str| !(p.ends_with("/RECORD") || p.ends_with("/INSTALLER") || p.ends_with("/REQUESTED") || p.ends_with(".pyc"));
-    let mut a: Vec<(String, Option<String>)> =
-        installed.into_iter().filter(|e| keep(&e.path) && e.hash.is_some()).map(|e| (e.path, e.hash)).collect();
-    let mut b: Vec<(String, Option<String>)> =
-        wheel.record.iter().filter(|e| keep(&e.path) && e.hash.is_some()).map(|e| (e.path.clone(), e.hash.clone())).collect();
+    let Ok(bytes) = fs::read(dist_info.join("RECORD")) else {
+        return Ok(false);
+    };
+    let Ok(installed) = parse_record(&bytes) else {
+        return Ok(false);
+    };
+    let keep = |p: &str| {
+        !(p.ends_with("/RECORD")
+            || p.ends_with("/INSTALLER")
+            || p.ends_with("/REQUESTED")
+            || p.ends_with(".pyc"))
+    };
+    let mut a: Vec<(String, Option<String>)> = installed
+        .into_iter()
+        .filter(|e| keep(&e.path) && e.hash.is_some())
+        .map(|e| (e.path, e.hash))
+        .collect();
+    let mut b: Vec<(String, Option<String>)> = wheel
+        .record
+        .iter()
+        .filter(|e| keep(&e.path) && e.hash.is_some())
+        .map(|e| (e.path.clone(), e.hash.clone()))
+        .collect();
     a.sort();
     b.sort();
     Ok(a == b)
@@ -227,12 +284,16 @@ fn same_build(dist_info: &Path, wheel: &Wheel) -> Result<bool> {
 /// The cached bytecode of a `.py` file: `<dir>/__pycache__/<stem>.<tag>.pyc` (and
 /// `.opt-N.pyc`).
 pub fn bytecode_of(py: &Path) -> Vec<PathBuf> {
-    let (Some(dir), Some(stem)) = (py.parent(), py.file_stem()) else { return Vec::new() };
+    let (Some(dir), Some(stem)) = (py.parent(), py.file_stem()) else {
+        return Vec::new();
+    };
     if py.extension().is_none_or(|e| e != "py") {
         return Vec::new();
     }
     let prefix = format!("{}.", stem.to_string_lossy());
-    let Ok(entries) = fs::read_dir(dir.join("__pycache__")) else { return Vec::new() };
+    let Ok(entries) = fs::read_dir(dir.join("__pycache__")) else {
+        return Vec::new();
+    };
     let mut out: Vec<PathBuf> = entries
         .flatten()
         .filter(|e| {

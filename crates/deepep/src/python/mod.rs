@@ -79,18 +79,31 @@ impl PythonEnv {
     /// Run the probe in `python`.
     pub fn probe(python: &Path) -> Result<PythonEnv> {
         let home = std::env::temp_dir();
-        let out = output(python, &["-I", "-c", PROBE_PY], &tool_env(&home))
-            .with_context(|| format!("cannot probe the Python environment of {}", python.display()))?;
+        let out = output(python, &["-I", "-c", PROBE_PY], &tool_env(&home)).with_context(|| {
+            format!(
+                "cannot probe the Python environment of {}",
+                python.display()
+            )
+        })?;
         let json = out
             .lines()
             .find_map(|l| l.strip_prefix(MARK))
-            .with_context(|| format!("{} printed no probe report: is it a CPython >= 3.9?", python.display()))?;
-        let mut env: PythonEnv =
-            serde_json::from_str(json).with_context(|| format!("the probe report of {} does not parse", python.display()))?;
+            .with_context(|| {
+                format!(
+                    "{} printed no probe report: is it a CPython >= 3.9?",
+                    python.display()
+                )
+            })?;
+        let mut env: PythonEnv = serde_json::from_str(json)
+            .with_context(|| format!("the probe report of {} does not parse", python.display()))?;
         // Absolute but not resolved: a venv's python is a symlink to the base interpreter.
         env.python = std::path::absolute(python).unwrap_or_else(|_| python.to_path_buf());
         if env.implementation != "cpython" {
-            bail!("{} is {}, not CPython: the stack's wheels are built for CPython", python.display(), env.implementation);
+            bail!(
+                "{} is {}, not CPython: the stack's wheels are built for CPython",
+                python.display(),
+                env.implementation
+            );
         }
         Ok(env)
     }
@@ -107,7 +120,10 @@ impl PythonEnv {
         for d in &self.dists {
             *seen.entry(normalize(&d.name)).or_default() += 1;
         }
-        seen.into_iter().filter(|(_, n)| *n > 1).map(|(k, _)| k).collect()
+        seen.into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(k, _)| k)
+            .collect()
     }
 
     /// `cp312`
@@ -118,7 +134,11 @@ impl PythonEnv {
 
     /// `3.12`
     pub fn minor(&self) -> String {
-        self.version.split('.').take(2).collect::<Vec<_>>().join(".")
+        self.version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".")
     }
 
     pub fn site_packages(&self) -> &Path {
@@ -127,7 +147,10 @@ impl PythonEnv {
 
     /// The `bin` directory holding this interpreter (the venv's, not the base one's).
     pub fn bin_dir(&self) -> PathBuf {
-        self.python.parent().map(Path::to_path_buf).unwrap_or_else(|| self.paths.scripts.clone())
+        self.python
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.paths.scripts.clone())
     }
 
     /// torch's installed version (`2.11.0+cu130`).
@@ -174,7 +197,9 @@ pub fn exact_pin(requirement: &str, prefix: &str) -> Option<(String, Version)> {
     if !name.starts_with(prefix) {
         return None;
     }
-    let Some(VersionOrUrl::VersionSpecifier(specs)) = &req.version_or_url else { return None };
+    let Some(VersionOrUrl::VersionSpecifier(specs)) = &req.version_or_url else {
+        return None;
+    };
     let mut it = specs.iter();
     let spec = it.next()?;
     if it.next().is_some() || *spec.operator() != Operator::Equal {
@@ -189,8 +214,15 @@ mod tests {
 
     #[test]
     fn torch_pins_are_read_from_requires_dist() {
-        let (n, v) = exact_pin(r#"nvidia-nccl-cu13==2.28.9; platform_system == "Linux""#, "nvidia-nccl-cu").unwrap();
-        assert_eq!((n.as_str(), v.to_string().as_str()), ("nvidia-nccl-cu13", "2.28.9"));
+        let (n, v) = exact_pin(
+            r#"nvidia-nccl-cu13==2.28.9; platform_system == "Linux""#,
+            "nvidia-nccl-cu",
+        )
+        .unwrap();
+        assert_eq!(
+            (n.as_str(), v.to_string().as_str()),
+            ("nvidia-nccl-cu13", "2.28.9")
+        );
         assert!(exact_pin("nvidia-nccl-cu13>=2.28", "nvidia-nccl-cu").is_none());
         assert!(exact_pin("filelock", "nvidia-nccl-cu").is_none());
     }

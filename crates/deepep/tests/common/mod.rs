@@ -52,11 +52,23 @@ int nvshmemx_my_pe(void) {{ return 0; }}
 }
 
 pub fn nvshmem_host_lib(dir: &Path, use_nccl: &str, version: &str) -> PathBuf {
-    shared_lib(dir, "libnvshmem_host.so.3", "libnvshmem_host.so.3", &nvshmem_like_source(use_nccl, version), &[])
+    shared_lib(
+        dir,
+        "libnvshmem_host.so.3",
+        "libnvshmem_host.so.3",
+        &nvshmem_like_source(use_nccl, version),
+        &[],
+    )
 }
 
 pub fn nccl_lib(dir: &Path, code: u32) -> PathBuf {
-    shared_lib(dir, "libnccl.so.2", "libnccl.so.2", &format!("int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}"), &[])
+    shared_lib(
+        dir,
+        "libnccl.so.2",
+        "libnccl.so.2",
+        &format!("int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}"),
+        &[],
+    )
 }
 
 /// An NVSHMEM install prefix as `cmake --install` lays it out: include/nvshmem.h,
@@ -68,23 +80,55 @@ pub fn nvshmem_prefix(root: &Path, use_nccl: &str, unversioned_link: bool) -> Pa
         std::os::unix::fs::symlink("libnvshmem_host.so.3", lib.join("libnvshmem_host.so")).unwrap();
     }
     let obj = lib.join(".src/device.o");
-    cc(&lib.join(".src"), "device.c", "int nvshmemi_device_state_d;\n", &obj, &["-c", "-fPIC"]);
-    let status = Command::new("ar").arg("rcs").arg(lib.join("libnvshmem_device.a")).arg(&obj).status().expect("ar");
+    cc(
+        &lib.join(".src"),
+        "device.c",
+        "int nvshmemi_device_state_d;\n",
+        &obj,
+        &["-c", "-fPIC"],
+    );
+    let status = Command::new("ar")
+        .arg("rcs")
+        .arg(lib.join("libnvshmem_device.a"))
+        .arg(&obj)
+        .status()
+        .expect("ar");
     assert!(status.success());
     std::fs::remove_dir_all(lib.join(".src")).unwrap();
     std::fs::create_dir_all(root.join("include")).unwrap();
-    std::fs::write(root.join("include/nvshmem.h"), "int nvshmemx_my_pe(void);\n").unwrap();
+    std::fs::write(
+        root.join("include/nvshmem.h"),
+        "int nvshmemx_my_pe(void);\n",
+    )
+    .unwrap();
     root.to_path_buf()
 }
 
 /// A libcuda link stub with the driver's SONAME, as the toolchain makes one.
 pub fn libcuda_stub(dir: &Path) -> PathBuf {
-    shared_lib(dir, "libcuda.so", "libcuda.so.1", "int cuInit(unsigned f) { return 34; }\nint cuDriverGetVersion(int *v) { return 34; }\n", &[])
+    shared_lib(
+        dir,
+        "libcuda.so",
+        "libcuda.so.1",
+        "int cuInit(unsigned f) { return 34; }\nint cuDriverGetVersion(int *v) { return 34; }\n",
+        &[],
+    )
 }
 
 /// Write a wheel: `files` are (path inside, bytes, executable).
-pub fn wheel(out: &Path, name: &str, version: &str, tag: (&str, &str, &str), purelib: bool, requires: &[&str], files: &[(&str, Vec<u8>)]) -> LockedWheel {
-    let mut b = WheelBuilder::new(name, version).unwrap().root_is_purelib(purelib).tag(tag.0, tag.1, tag.2);
+pub fn wheel(
+    out: &Path,
+    name: &str,
+    version: &str,
+    tag: (&str, &str, &str),
+    purelib: bool,
+    requires: &[&str],
+    files: &[(&str, Vec<u8>)],
+) -> LockedWheel {
+    let mut b = WheelBuilder::new(name, version)
+        .unwrap()
+        .root_is_purelib(purelib)
+        .tag(tag.0, tag.1, tag.2);
     for r in requires {
         b = b.metadata("Requires-Dist", r);
     }
@@ -101,7 +145,10 @@ pub fn read(p: &Path) -> Vec<u8> {
 
 /// `cp311` for the python3 running the tests.
 pub fn python_tag() -> String {
-    let out = Command::new("python3").args(["-c", "import sys; print('cp%d%d' % sys.version_info[:2])"]).output().unwrap();
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print('cp%d%d' % sys.version_info[:2])"])
+        .output()
+        .unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -112,7 +159,10 @@ pub fn python_minor() -> String {
 }
 
 pub fn python3() -> PathBuf {
-    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
@@ -170,11 +220,21 @@ pub fn fake_stack(root: &Path) -> FakeStack {
         "libtorch_fake.so",
         "libtorch_fake.so",
         "int torch_fake(void) { return 0; }",
-        &[&l_nccl, &l_nvshmem, "-Wl,--no-as-needed", "-l:libnccl.so.2", "-l:libnvshmem_host.so.3", "-Wl,--disable-new-dtags",
-          "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/nvshmem/lib"],
+        &[
+            &l_nccl,
+            &l_nvshmem,
+            "-Wl,--no-as-needed",
+            "-l:libnccl.so.2",
+            "-l:libnvshmem_host.so.3",
+            "-Wl,--disable-new-dtags",
+            "-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/nvshmem/lib",
+        ],
     );
     let tag = python_tag();
-    let ext = format!("deep_ep_cpp.{}-x86_64-linux-gnu.so", tag.replace("cp", "cpython-"));
+    let ext = format!(
+        "deep_ep_cpp.{}-x86_64-linux-gnu.so",
+        tag.replace("cp", "cpython-")
+    );
     let deepep_so = shared_lib(
         &libs.join("deepep"),
         &ext,
@@ -200,26 +260,62 @@ class cuda:
         "2.11.0",
         (tag.as_str(), tag.as_str(), "linux_x86_64"),
         false,
-        &["nvidia-nccl-cu13==2.28.9; platform_system == \"Linux\"", "nvidia-nvshmem-cu13==3.4.5; platform_system == \"Linux\""],
+        &[
+            "nvidia-nccl-cu13==2.28.9; platform_system == \"Linux\"",
+            "nvidia-nvshmem-cu13==3.4.5; platform_system == \"Linux\"",
+        ],
         &[
             ("torch/__init__.py", torch_init.to_vec()),
-            ("torch/version.py", b"__version__ = '2.11.0'\ncuda = '13.0'\ngit_version = 'fake'\n".to_vec()),
+            (
+                "torch/version.py",
+                b"__version__ = '2.11.0'\ncuda = '13.0'\ngit_version = 'fake'\n".to_vec(),
+            ),
             ("torch/lib/libtorch_fake.so", read(&torch_so)),
         ],
     );
-    let nccl_w = wheel(&wheels, "nvidia-nccl-cu13", "2.28.9", ("py3", "none", "manylinux_2_17_x86_64"), true, &[], &[
-        ("nvidia/nccl/lib/libnccl.so.2", read(&nccl)),
-        ("nvidia/nccl/include/nccl.h", b"#define NCCL_MAJOR 2\n".to_vec()),
-    ]);
-    let nvidia = wheel(&wheels, "nvidia-nvshmem-cu13", "3.4.5", ("py3", "none", "manylinux_2_17_x86_64"), true, &[], &[
-        ("nvidia/nvshmem/lib/libnvshmem_host.so.3", read(&theirs)),
-        ("nvidia/nvshmem/include/nvshmem.h", b"/* NVIDIA's */\n".to_vec()),
-    ]);
+    let nccl_w = wheel(
+        &wheels,
+        "nvidia-nccl-cu13",
+        "2.28.9",
+        ("py3", "none", "manylinux_2_17_x86_64"),
+        true,
+        &[],
+        &[
+            ("nvidia/nccl/lib/libnccl.so.2", read(&nccl)),
+            (
+                "nvidia/nccl/include/nccl.h",
+                b"#define NCCL_MAJOR 2\n".to_vec(),
+            ),
+        ],
+    );
+    let nvidia = wheel(
+        &wheels,
+        "nvidia-nvshmem-cu13",
+        "3.4.5",
+        ("py3", "none", "manylinux_2_17_x86_64"),
+        true,
+        &[],
+        &[
+            ("nvidia/nvshmem/lib/libnvshmem_host.so.3", read(&theirs)),
+            (
+                "nvidia/nvshmem/include/nvshmem.h",
+                b"/* NVIDIA's */\n".to_vec(),
+            ),
+        ],
+    );
     let dropin_dir = root.join("dropin");
-    let dropin = wheel(&dropin_dir, "nvidia-nvshmem-cu13", "3.4.5+commstack.gabc1234", ("py3", "none", "manylinux_2_17_x86_64"), true, &[], &[
-        ("nvidia/nvshmem/lib/libnvshmem_host.so.3", read(&ours)),
-        ("nvidia/nvshmem/include/nvshmem.h", b"/* ours */\n".to_vec()),
-    ]);
+    let dropin = wheel(
+        &dropin_dir,
+        "nvidia-nvshmem-cu13",
+        "3.4.5+commstack.gabc1234",
+        ("py3", "none", "manylinux_2_17_x86_64"),
+        true,
+        &[],
+        &[
+            ("nvidia/nvshmem/lib/libnvshmem_host.so.3", read(&ours)),
+            ("nvidia/nvshmem/include/nvshmem.h", b"/* ours */\n".to_vec()),
+        ],
+    );
     // The extension is mapped with ctypes (a real one would be imported: PyInit_* needs
     // Python's headers, which CI machines may lack); the loader resolves its
     // libnvshmem_host.so.3 the same way.
@@ -227,19 +323,42 @@ class cuda:
         "import torch\nimport ctypes, os\nctypes.CDLL(os.path.join(os.path.dirname(os.path.dirname(__file__)), {ext:?}))\n"
     );
     let deepep_init = format!("{load_ext}__version__ = '1.2.1'\n").into_bytes();
-    let deepep = wheel(&root.join("deepep"), "deep_ep", "1.2.1", (tag.as_str(), tag.as_str(), "linux_x86_64"), false, &[], &[
-        ("deep_ep/__init__.py", deepep_init.clone()),
-        (&ext, read(&deepep_so)),
-    ]);
+    let deepep = wheel(
+        &root.join("deepep"),
+        "deep_ep",
+        "1.2.1",
+        (tag.as_str(), tag.as_str(), "linux_x86_64"),
+        false,
+        &[],
+        &[
+            ("deep_ep/__init__.py", deepep_init.clone()),
+            (&ext, read(&deepep_so)),
+        ],
+    );
     let second = format!(
         "{load_ext}ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'nccl', 'libnccl.so.2'))\n__version__ = '1.2.1'\n"
     );
-    let deepep_second_nccl = wheel(&root.join("deepep-v2-override"), "deep_ep", "1.2.1", (tag.as_str(), tag.as_str(), "linux_x86_64"), false, &[], &[
-        ("deep_ep/__init__.py", second.into_bytes()),
-        ("deep_ep/nccl/libnccl.so.2", read(&nccl_other)),
-        (&ext, read(&deepep_so)),
-    ]);
-    FakeStack { torch, nccl: nccl_w, nvidia_nvshmem: nvidia, dropin, deepep, deepep_second_nccl }
+    let deepep_second_nccl = wheel(
+        &root.join("deepep-v2-override"),
+        "deep_ep",
+        "1.2.1",
+        (tag.as_str(), tag.as_str(), "linux_x86_64"),
+        false,
+        &[],
+        &[
+            ("deep_ep/__init__.py", second.into_bytes()),
+            ("deep_ep/nccl/libnccl.so.2", read(&nccl_other)),
+            (&ext, read(&deepep_so)),
+        ],
+    );
+    FakeStack {
+        torch,
+        nccl: nccl_w,
+        nvidia_nvshmem: nvidia,
+        dropin,
+        deepep,
+        deepep_second_nccl,
+    }
 }
 
 /// A lock for the fake stack: torch 2.11.0, NCCL 2.28.9, NVSHMEM 3.4.5 (NVIDIA's wheel

@@ -28,7 +28,9 @@ pub fn sha256(data: &[u8]) -> String {
 
 /// An artifact whose only URL is `path` on `server`, locked to `data`.
 pub fn artifact(server: &TestServer, name: &str, path: &str, data: &[u8]) -> Artifact {
-    Artifact::new(name, &server.url(path), &sha256(data)).unwrap().with_size(data.len() as u64)
+    Artifact::new(name, &server.url(path), &sha256(data))
+        .unwrap()
+        .with_size(data.len() as u64)
 }
 
 /// Serves `data` normally at `path` and returns its artifact.
@@ -60,19 +62,29 @@ pub fn assert_cache_holds(cache: &Path, expected: &[(&str, &str)]) {
             for file in std::fs::read_dir(digest.path()).unwrap() {
                 let file = file.unwrap();
                 let sha = digest.file_name().to_string_lossy().into_owned();
-                assert_eq!(sha256_file(&file.path()).unwrap(), sha, "{} holds other bytes", file.path().display());
+                assert_eq!(
+                    sha256_file(&file.path()).unwrap(),
+                    sha,
+                    "{} holds other bytes",
+                    file.path().display()
+                );
                 seen.push((sha, file.file_name().to_string_lossy().into_owned()));
             }
         }
     }
     seen.sort();
-    let mut expected: Vec<(String, String)> = expected.iter().map(|(s, f)| (s.to_string(), f.to_string())).collect();
+    let mut expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(s, f)| (s.to_string(), f.to_string()))
+        .collect();
     expected.sort();
     assert_eq!(seen, expected, "cache contents");
 }
 
 pub fn partial_len(cache: &Path, sha256: &str) -> Option<u64> {
-    std::fs::metadata(cache.join("tmp").join(format!("{sha256}.part"))).ok().map(|m| m.len())
+    std::fs::metadata(cache.join("tmp").join(format!("{sha256}.part")))
+        .ok()
+        .map(|m| m.len())
 }
 
 /// The locked sha256 of an artifact pinned by one.
