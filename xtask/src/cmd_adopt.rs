@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use commstack_adopt::{self as adopt, Ours, Severity};
 use commstack_deepep::LockedWheel;
-use commstack_deepep::adopt::{self, Ours, Severity};
 use commstack_deepep::python::PythonEnv;
 use commstack_deepep::wheelhouse::Wheelhouse;
 use commstack_verify::Status;

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use commstack_deepep::adopt::env_dir;
+use commstack_adopt::env_dir;
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
 use commstack_deepep::venv::{managed_venv, runtime_wheels};
 use commstack_deepep::wheelhouse::{WheelhouseKind, assemble_wheelhouse};

@@ -142,7 +142,7 @@ fn wheels_in_dir(dir: &Path) -> Result<Vec<WheelInput>> {
         {
             continue;
         }
-        let sha256 = commstack_fetch::sha256_file(&path)
+        let sha256 = commstack_digest::sha256_file(&path)
             .with_context(|| format!("cannot hash {}", path.display()))?;
         out.push(WheelInput {
             filename,

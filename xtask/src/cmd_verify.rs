@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use commstack_verify::elf::{DottedVersion, NvshmemVersion};
+use commstack_elf::{DottedVersion, NvshmemVersion};
 use commstack_verify::runner::TestSpec;
 use commstack_verify::{Expectations, Level, NcclVersion, VerifyOptions, verify_python};
 

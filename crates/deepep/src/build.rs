@@ -278,7 +278,7 @@ fn cuda_library_headers(
                 nvidia.display()
             );
         };
-        let sha = commstack_fetch::sha256_file(&dir.join(h))?;
+        let sha = commstack_digest::sha256_file(&dir.join(h))?;
         hashes.insert(h.to_string(), serde_json::Value::String(sha));
         if !dirs.contains(dir) {
             dirs.push(dir.clone());

@@ -14,10 +14,7 @@
 //!   stack's NVSHMEM).
 //! - [`wheelhouse`]: every wheel the runtime needs, with hash-pinned requirements and a
 //!   constraints file that keeps NVIDIA's NVSHMEM from coming back.
-//! - [`adopt`]: an existing environment checked against the lock, the drop-in NVSHMEM
-//!   and DeepEP installed with a backup, and undone exactly.
 
-pub mod adopt;
 pub mod archs;
 pub mod build;
 pub mod env;

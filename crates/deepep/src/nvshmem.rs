@@ -7,9 +7,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_elf::{ElfFile, NvshmemHostInfo};
 use commstack_nvshmem::{Built, INSTALL_DIR, load_report};
 use commstack_store::{META_FILE, Outcome, StepKey, StepMeta, Store};
-use commstack_verify::elf::{ElfFile, NvshmemHostInfo};
 use serde::Serialize;
 
 /// The NVSHMEM DeepEP is built against.

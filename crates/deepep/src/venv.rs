@@ -44,7 +44,7 @@ impl LockedWheel {
     /// A wheel file on disk, hashed here (the stack's own builds).
     pub fn from_file(path: &Path) -> Result<LockedWheel> {
         let wheel = commstack_wheel::Wheel::open(path)?;
-        let sha256 = commstack_fetch::sha256_file(path)
+        let sha256 = commstack_digest::sha256_file(path)
             .with_context(|| format!("cannot hash {}", path.display()))?;
         Ok(LockedWheel {
             name: normalize(wheel.name()),
@@ -246,7 +246,7 @@ fn make_venv(
     fs::create_dir_all(&links)?;
     fs::create_dir_all(&home)?;
     for w in wheels {
-        let actual = commstack_fetch::sha256_file(&w.path)
+        let actual = commstack_digest::sha256_file(&w.path)
             .with_context(|| format!("cannot hash {}", w.path.display()))?;
         if actual != w.sha256 {
             bail!(

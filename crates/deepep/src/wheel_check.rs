@@ -7,8 +7,8 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use commstack_elf::ElfFile;
 use commstack_stack::manifest::DeepEpApi;
-use commstack_verify::elf::ElfFile;
 use commstack_wheel::Wheel;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -157,7 +157,7 @@ pub fn assemble_wheelhouse(
             if fs::hard_link(&w.path, &to).is_err() {
                 fs::copy(&w.path, &to).with_context(|| format!("cannot copy {} into {}", w.path.display(), wheels_dir.display()))?;
             }
-            let actual = commstack_fetch::sha256_file(&to)?;
+            let actual = commstack_digest::sha256_file(&to)?;
             if actual != w.sha256 {
                 bail!("{} has sha256 {actual}, expected {}", w.path.display(), w.sha256);
             }

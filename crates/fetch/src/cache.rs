@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::artifact::Artifact;
+use commstack_digest::sha256_file;
 
 /// A cache directory.
 #[derive(Clone, Debug)]
@@ -385,15 +385,6 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T
             format!("{}: {e}", path.display()),
         )
     })
-}
-
-/// The lowercase hex sha256 of a file's bytes.
-pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = File::open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let mut hasher = Sha256::new();
-    io::copy(&mut file, &mut hasher)?;
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// Writes `bytes` to `path` through a temp file in the same directory and one rename.

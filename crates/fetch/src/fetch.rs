@@ -11,12 +11,13 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::artifact::Artifact;
-use crate::cache::{Cache, TreeMatchRecord, TreeRecord, sha256_file};
+use crate::cache::{Cache, TreeMatchRecord, TreeRecord};
 use crate::download::{self, Downloaded, RetryPolicy};
 use crate::error::{ArtifactFailure, FetchError, SourceError, SourceFailure, TreeCheck};
 use crate::progress::Progress;
 use crate::source::{Mirror, Source, sources_for};
 use crate::tree;
+use commstack_digest::sha256_file;
 
 /// How to fetch. `FetchOptions::new(cache_dir)` gives the defaults.
 #[derive(Clone, Debug)]

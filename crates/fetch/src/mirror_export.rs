@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{sha256_file, write_atomically};
+use crate::cache::write_atomically;
 use crate::error::FetchError;
 use crate::fetch::{Fetched, Provenance};
 use crate::source::mirror_file;
+use commstack_digest::sha256_file;
 
 /// The manifest's file name inside a mirror directory.
 pub const MIRROR_MANIFEST: &str = "commstack-mirror.json";

@@ -8,10 +8,11 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use commstack_digest::sha256_file;
 use commstack_fetch::tree::{tree_sha256, tree_sha256_dir};
 use commstack_fetch::{
     Artifact, Cache, FetchError, Origin, Provenance, SourceError, SourceOverride, TreeCheck,
-    fetch_all, sha256_file,
+    fetch_all,
 };
 use commstack_testkit::{Route, TestServer};
 

@@ -12,8 +12,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_elf::{self as elf, ElfFile};
 use commstack_store::{Outcome, StepKey, Store};
-use commstack_verify::elf::{self, ElfFile};
 use commstack_wheel::{Wheel, WheelBuilder};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use commstack_verify::elf::{self, ElfFile};
+use commstack_elf::{self as elf, ElfFile};
 use serde::{Deserialize, Serialize};
 
 /// The result of [`prove`]. `failures` empty means every check passed.

@@ -378,7 +378,7 @@ impl Stack {
         let json = serde_json::to_value(self.echo()).expect("a string map serialises");
         format!(
             "sha256:{}",
-            hex::encode(Sha256::digest(commstack_store::canonical_json(&json)))
+            hex::encode(Sha256::digest(commstack_digest::canonical_json(&json)))
         )
     }
 

@@ -119,7 +119,7 @@ pub fn fingerprint() -> String {
     });
     format!(
         "sha256:{}",
-        hex::encode(Sha256::digest(commstack_store::canonical_json(&params)))
+        hex::encode(Sha256::digest(commstack_digest::canonical_json(&params)))
     )
 }
 

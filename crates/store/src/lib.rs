@@ -17,7 +17,6 @@
 //! locks/<step>-<hash32>.lock
 //! ```
 
-mod canonical;
 mod gc;
 
 use std::fs::{self, File};
@@ -29,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use canonical::canonical_json;
+use commstack_digest::canonical_json;
 pub use gc::{GcOptions, GcReport};
 
 /// Name of the metadata file written into every complete step directory.

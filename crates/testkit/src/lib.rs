@@ -24,6 +24,7 @@
 //! headers only. Routes are keyed by path without the query string.
 
 mod http;
+pub mod native;
 pub mod pypi;
 mod server;
 

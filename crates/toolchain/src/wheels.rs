@@ -12,8 +12,7 @@
 //! toolchain.json                what is where, the versions read from the tools
 //! ```
 
-use std::fs::{self, File};
-use std::io;
+use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -21,12 +20,12 @@ use anyhow::{Context, Result, bail};
 use commstack_store::{Outcome, StepDir, StepKey, Store};
 use commstack_wheel::{InstallLayout, WheelFilename, install, normalize_name};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use xshell::{Shell, cmd};
 
 use crate::probe::{cmake_version, host_compilers, is_executable, ninja_version, nvcc_version};
 use crate::stub::make_libcuda_stub;
 use crate::{ToolVersions, Toolchain, ToolchainSource, WheelPin};
+use commstack_digest::sha256_file;
 
 /// The distributions a wheel toolchain is made of (PEP 503 names). All CUDA ones must be
 /// of one CUDA release (torch 2.11 pins cuda-toolkit 13.0.2: nvcc/crt/nvvm 13.0.88,
@@ -359,11 +358,4 @@ pub fn load_provisioned(step_dir: &Path) -> Result<Toolchain> {
             cxx: host.cxx_version,
         },
     })
-}
-
-fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut h = Sha256::new();
-    io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(hex::encode(h.finalize()))
 }

@@ -1,7 +1,6 @@
 //! The environment being verified, and the key its report is filed under: the Python
 //! interpreter, its site-packages, and a hash of the files that make up the stack.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -12,6 +11,7 @@ use sha2::{Digest, Sha256};
 use walkdir::WalkDir;
 
 use crate::process::{Exit, run_captured};
+use commstack_digest::sha256_file;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PythonEnv {
@@ -133,21 +133,4 @@ pub fn environment_key(env: &PythonEnv) -> Result<EnvironmentKey> {
     }
     let id = hex::encode(all.finalize())[..16].to_string();
     Ok(EnvironmentKey { id, files })
-}
-
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
 }

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::elf::{DottedVersion, NvshmemVersion};
+use commstack_elf::{DottedVersion, NvshmemVersion};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Expectations {

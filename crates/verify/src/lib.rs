@@ -1,6 +1,6 @@
 //! commstack-verify: proves that an environment holds the stack it should.
 //!
-//! - [`elf`]: static checks of libraries (also used by the NVSHMEM and DeepEP builds).
+//! - ELF reading is the `commstack-elf` crate's (the builds use it too).
 //! - [`static_level`]: those checks over every library of the stack in an environment.
 //! - [`runtime`]: what a Python process really maps after `import torch, deep_ep`.
 //! - [`runner`]: runs a Python test and applies the exit-clean gate to its teardown.
@@ -8,7 +8,6 @@
 //! - [`check`], [`report`]: passed / failed / not run with cause and fix; the report.
 //! - [`verify`]: the levels run against one Python environment.
 pub mod check;
-pub mod elf;
 pub mod environment;
 pub mod expect;
 pub mod process;

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::check::{Check, Status, overall};
-use crate::elf::{
+use crate::expect::Expectations;
+use commstack_elf::{
     DeviceCode, DottedVersion, ElfFile, LibraryTree, TreeLibrary, newest_glibc, newest_glibcxx,
     read_device_code, scan_tree,
 };
-use crate::expect::Expectations;
 
 /// The newest symbol versions one library needs.
 #[derive(Debug, Clone, Serialize)]

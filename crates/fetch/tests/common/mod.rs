@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use commstack_fetch::{Artifact, FetchOptions, sha256_file};
+use commstack_digest::sha256_file;
+use commstack_fetch::{Artifact, FetchOptions};
 use commstack_testkit::{Route, TestServer};
 use sha2::{Digest, Sha256};
 

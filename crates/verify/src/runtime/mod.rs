@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 pub use maps::{MappedFile, Role, mapped_files, role_of};
 
 use crate::check::{Check, Status, overall};
-use crate::elf::{ElfFile, NvshmemHostInfo};
 use crate::expect::{Expectations, NcclVersion};
 use crate::process::{Exit, run_captured};
+use commstack_elf::{ElfFile, NvshmemHostInfo};
 
 /// The probe script, run as `python -c PROBE_PY <modules>`.
 pub const PROBE_PY: &str = include_str!("probe.py");
@@ -382,7 +382,7 @@ fn nvshmem_nccl_off(m: &MappedNvshmem) -> Check {
     }
     let found = info
         .build_vars
-        .get(crate::elf::USE_NCCL)
+        .get(commstack_elf::USE_NCCL)
         .unwrap_or("absent");
     if is_nvidia_wheel(&m.path) {
         let dir = m.path.parent().and_then(Path::parent).unwrap_or(&m.path);

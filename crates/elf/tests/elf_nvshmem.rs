@@ -1,12 +1,10 @@
 //! The NVSHMEM proof on real ELF files: gcc-built libraries that embed a build-variable
 //! string of NVSHMEM's format, and NVIDIA's own NCCL-on library when unpacked.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
-use commstack_verify::elf::{ElfFile, NvshmemBuildVars, NvshmemVersion, find_build_vars};
+use commstack_elf::{ElfFile, NvshmemBuildVars, NvshmemVersion, find_build_vars};
+use commstack_testkit::native::*;
 
 fn expected(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

@@ -8,8 +8,8 @@ use commstack_stack::{Lock, Stack};
 use pep440_rs::Version;
 use serde::Serialize;
 
-use crate::python::{PythonEnv, normalize};
-use crate::venv::LockedWheel;
+use commstack_deepep::python::{PythonEnv, normalize};
+use commstack_deepep::venv::LockedWheel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]

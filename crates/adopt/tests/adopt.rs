@@ -7,13 +7,14 @@
 //! replaces it, fails on a second libnccl; `undo` puts the site-packages tree back byte
 //! for byte.
 
+#[path = "../../deepep/tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use commstack_deepep::adopt::{self, Ours, Severity};
+use commstack_adopt::{self as adopt, Ours, Severity};
 use commstack_deepep::python::PythonEnv;
 use commstack_verify::Status;
 use commstack_verify::runtime::RuntimeFindings;

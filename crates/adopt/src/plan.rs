@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 use commstack_wheel::{Wheel, parse_record};
 use serde::Serialize;
 
-use crate::python::{PythonEnv, normalize};
-use crate::venv::LockedWheel;
+use commstack_deepep::python::{PythonEnv, normalize};
+use commstack_deepep::venv::LockedWheel;
 
 /// One wheel to install.
 #[derive(Clone, Debug, Serialize)]

@@ -20,8 +20,8 @@ use commstack_wheel::{InstallLayout, install, record_hash};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::plan::{INSTALLER, Plan};
-use crate::python::PythonEnv;
+use crate::plan::{INSTALLER, Plan};
+use commstack_deepep::python::PythonEnv;
 
 pub const MANIFEST: &str = "manifest.json";
 
@@ -176,7 +176,7 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
         if meta.file_type().is_symlink() {
             m.symlink = Some(fs::read_link(&m.path)?);
         } else {
-            m.sha256 = Some(commstack_fetch::sha256_file(&m.path)?);
+            m.sha256 = Some(commstack_digest::sha256_file(&m.path)?);
             m.mode = Some(meta.permissions().mode() & 0o7777);
         }
     }
@@ -331,7 +331,7 @@ fn undo_generation(gen_dir: &Path) -> Result<()> {
             fs::set_permissions(&mv.path, fs::Permissions::from_mode(mode))?;
         }
         let ok = match (&mv.sha256, &mv.symlink) {
-            (Some(sha), _) => commstack_fetch::sha256_file(&mv.path).ok().as_ref() == Some(sha),
+            (Some(sha), _) => commstack_digest::sha256_file(&mv.path).ok().as_ref() == Some(sha),
             (None, Some(target)) => fs::read_link(&mv.path).ok().as_ref() == Some(target),
             (None, None) => true,
         };

@@ -2,13 +2,11 @@
 //! in `.nv_fatbin` / `__nv_relfatbin` sections of gcc-built objects and archives, and
 //! NVIDIA's libnvshmem_device.a / .bc / libnvshmem_host.so.3 when unpacked.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::*;
-use commstack_verify::elf::{DeviceCodeFormat, FatbinKind, parse_fatbin_section, read_device_code};
+use commstack_elf::{DeviceCodeFormat, FatbinKind, parse_fatbin_section, read_device_code};
+use commstack_testkit::native::*;
 
 /// One entry header (64 bytes) and a payload of `payload` bytes.
 fn entry(kind: u16, arch: u32, payload: usize) -> Vec<u8> {

@@ -1,15 +1,13 @@
 //! DT_NEEDED, SONAME, RPATH/RUNPATH, resolution, one copy per soname, symbol versions
 //! and manylinux tags, on libraries gcc builds here and on the system's own.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
-use commstack_verify::elf::{
+use commstack_elf::{
     DottedVersion, ElfFile, ManylinuxTag, NeededVersion, manylinux_tag, newest_glibc,
     newest_glibcxx, resolve_needed, scan_tree,
 };
+use commstack_testkit::native::*;
 
 const SYSTEM_DIRS: [&str; 2] = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"];
 

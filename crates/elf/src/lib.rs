@@ -1,8 +1,8 @@
-//! ELF checks of the stack's libraries, with goblin: the NVSHMEM build-variable string
-//! and version, byte scans (`libnccl`), dynamic linking (DT_NEEDED, SONAME, RPATH and
-//! RUNPATH, resolution), symbol versions and manylinux tags, and the CUDA fatbins in
+//! commstack-elf: reading the stack's ELF files with goblin: the NVSHMEM build-variable
+//! string and version, byte scans (`libnccl`), dynamic linking (DT_NEEDED, SONAME, RPATH
+//! and RUNPATH, resolution), symbol versions and manylinux tags, and the CUDA fatbins in
 //! libraries and static archives. The NVSHMEM and DeepEP builds prove their outputs with
-//! these; keep the API stable.
+//! it, and verify checks whole environments with it; it sits below both in the flow.
 
 mod dynamic;
 mod fatbin;

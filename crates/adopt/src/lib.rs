@@ -1,4 +1,4 @@
-//! Adopting an existing Python environment (an NGC container, a machine's own torch
+//! commstack-adopt: adopting an existing Python environment (an NGC container, a machine's own torch
 //! environment): compare it with the lock and the rules ([`compare`]), plan the
 //! installation of the stack's drop-in NVSHMEM and DeepEP ([`plan`]), apply it with a
 //! backup and undo it exactly ([`apply`]), then prove the result with the verify crate's
@@ -12,9 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use commstack_elf::NvshmemVersion;
 use commstack_stack::Lock;
 use commstack_verify::Expectations;
-use commstack_verify::elf::NvshmemVersion;
 use commstack_verify::runtime::{RuntimeFindings, check_runtime, run_probe};
 
 pub use apply::{MANIFEST, Manifest, Moved, State, apply, env_dir, generations, undo};
