@@ -7,8 +7,14 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 step() { printf '\n::: [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
 
-step "build and test every crate but the kernel crate (it needs nvcc: last step)"
+step "formatting (cargo fmt --check): run \`cargo fmt\` to fix"
+cargo fmt --all --check
+
+step "build and test every crate but the kernel crate (it needs nvcc: last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
 cargo test --locked --workspace --exclude commstack-kernels
+
+step "clippy, warnings as errors (the kernel crate's clippy runs with its build, last step)"
+cargo clippy --locked --workspace --exclude commstack-kernels --all-targets -- -D warnings
 
 step "the shipped locks match their manifests and the rules (offline)"
 cargo xtask lock --check
