@@ -1,19 +1,16 @@
 //! Options every command shares, and the paths derived from them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 #[derive(clap::Args)]
 pub struct GlobalArgs {
     /// The stack manifest to use; its lock is the file beside it with the `.lock` extension.
-    #[arg(
-        long,
-        global = true,
-        env = "COMMSTACK_STACK",
-        default_value = "stack.toml"
-    )]
-    pub stack: PathBuf,
+    /// Default: stack.toml in the current directory or the nearest parent that has one
+    /// (the way cargo finds Cargo.toml), so commands work from any subdirectory.
+    #[arg(long, global = true, env = "COMMSTACK_STACK")]
+    pub stack: Option<PathBuf>,
     /// Where commstack keeps its download cache and step store.
     /// Default: $XDG_CACHE_HOME/commstack (usually ~/.cache/commstack).
     #[arg(long, global = true, env = "COMMSTACK_HOME")]
@@ -41,8 +38,12 @@ impl Ctx {
         // directory a command was started from.
         let home =
             std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
+        let stack_path = match args.stack {
+            Some(path) => path,
+            None => find_stack_toml(&std::env::current_dir().context("the current directory")?)?,
+        };
         Ok(Ctx {
-            stack_path: args.stack,
+            stack_path,
             home,
             quiet: args.quiet,
         })
@@ -59,5 +60,45 @@ impl Ctx {
 
     pub fn cache_dir(&self) -> PathBuf {
         self.home.join("cache")
+    }
+}
+
+/// `stack.toml` in `cwd` or the nearest parent that has one, as a path relative to `cwd`
+/// (`stack.toml`, `../stack.toml`, ...) so messages stay as short as the file is near.
+fn find_stack_toml(cwd: &Path) -> Result<PathBuf> {
+    let mut relative = PathBuf::new();
+    for dir in cwd.ancestors() {
+        if dir.join("stack.toml").is_file() {
+            return Ok(relative.join("stack.toml"));
+        }
+        relative.push("..");
+    }
+    anyhow::bail!(
+        "no stack.toml in {} or any parent directory: run from a commstack checkout, or pass --stack FILE",
+        cwd.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_toml_is_found_in_the_nearest_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let deep = root.path().join("kernels/src");
+        std::fs::create_dir_all(&deep).unwrap();
+        assert!(find_stack_toml(&deep).is_err());
+        std::fs::write(root.path().join("stack.toml"), "").unwrap();
+        assert_eq!(
+            find_stack_toml(&deep).unwrap(),
+            Path::new("../../stack.toml")
+        );
+        assert_eq!(
+            find_stack_toml(root.path()).unwrap(),
+            Path::new("stack.toml")
+        );
+        std::fs::write(deep.join("stack.toml"), "").unwrap();
+        assert_eq!(find_stack_toml(&deep).unwrap(), Path::new("stack.toml"));
     }
 }
