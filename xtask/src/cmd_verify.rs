@@ -24,11 +24,8 @@ Exit status:
      expected value given): never reported as passed")]
 pub struct Args {
     /// The Python interpreter of the environment to verify.
-    #[arg(long, value_name = "PATH", required_unless_present = "image")]
-    python: Option<PathBuf>,
-    /// Verify a container image instead (not implemented yet).
-    #[arg(long, value_name = "TAG", conflicts_with = "python")]
-    image: Option<String>,
+    #[arg(long, value_name = "PATH")]
+    python: PathBuf,
     /// Levels to run, comma-separated.
     #[arg(
         long,
@@ -88,15 +85,7 @@ pub struct ExpectArgs {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    if let Some(tag) = &args.image {
-        bail!(
-            "`cargo xtask verify --image {tag}` is not implemented yet: run the image with the environment's python and verify with --python from inside it"
-        );
-    }
-    let python = args
-        .python
-        .clone()
-        .expect("clap requires --python without --image");
+    let python = args.python.clone();
     let expect = expectations(&args.expect)?;
     let report_dir = args
         .report
