@@ -90,6 +90,14 @@ fn the_h200_gpu_machine_flags_stream_memops_and_the_single_gpu() {
         finding(&report, "gpus")
             .starts_with("1 GPU (1× NVIDIA H200): DeepEP intranode tests need 2, 4 or 8 GPUs")
     );
+    // DeepEP's low-latency test runs on one H200 without RDMA (measured: 1 process, rc 0,
+    // after "init failed for transport: IBGDA"): doctor must not say it cannot.
+    let rdma = finding(&report, "rdma-devices");
+    assert!(
+        rdma.contains("low-latency across nodes")
+            && rdma.contains("on one node, intranode and low-latency kernels run over NVLink"),
+        "{rdma}"
+    );
     let memops = report.check("ibgda-stream-memops").unwrap();
     assert!(
         memops

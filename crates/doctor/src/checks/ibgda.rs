@@ -80,7 +80,7 @@ pub(crate) fn stream_memops(settings: &Settings) -> Check {
             ID,
             TITLE,
             Status::Warn,
-            format!("EnableStreamMemOPs: {v} — GPU-initiated IBGDA (DeepEP internode and low-latency kernels) cannot run; intranode is unaffected"),
+            format!("EnableStreamMemOPs: {v} — GPU-initiated IBGDA (DeepEP internode, low-latency across nodes) cannot run; on one node, intranode and low-latency kernels over NVLink are unaffected"),
         )
         .fix(DRIVER_FIX),
         None => Check::new(ID, TITLE, Status::Warn, "no EnableStreamMemOPs in /proc/driver/nvidia/params").fix(DRIVER_FIX),

@@ -52,7 +52,7 @@ pub(crate) fn check(fs: &HostFs, devices: &[RdmaDevice]) -> Check {
             ID,
             TITLE,
             Status::Warn,
-            "no RDMA devices (/sys/class/infiniband is empty or missing): DeepEP internode and low-latency kernels (NVSHMEM IBGDA) cannot run; intranode over NVLink can",
+            "no RDMA devices (/sys/class/infiniband is empty or missing): DeepEP internode kernels and low-latency across nodes (NVSHMEM IBGDA) cannot run; on one node, intranode and low-latency kernels run over NVLink (NVSHMEM logs \"init failed for transport: IBGDA\" and goes on)",
         )
         .fix("for multi-node runs: a host with ConnectX NICs and their driver (mlx5_ib), and /dev/infiniband passed into the container");
     }
