@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long = "test", value_name = "FILE[:FUNCTION]")]
     tests: Vec<String>,
     /// A DeepEP source tree: tests/test_intranode.py runs with 2, 4 and 8 ranks where
-    /// that many GPUs exist.
+    /// that many GPUs exist, tests/test_low_latency.py with one rank per GPU (up to 8).
     #[arg(long, value_name = "DIR")]
     deepep_source: Option<PathBuf>,
     /// The kernel crate's self-test binary (`cargo xtask build kernels`), for the selftest

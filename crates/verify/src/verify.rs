@@ -137,31 +137,55 @@ pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
     })
 }
 
+/// DeepEP's own tests from its source tree, for the ranks this machine can hold:
+/// test_intranode.py needs 2, 4 or 8 GPUs; test_low_latency.py runs on every GPU there is
+/// (one H200 is enough: without RDMA NVSHMEM skips IBGDA and goes over NVLink/P2P).
+fn deepep_tests(src: &Path, gpus: &Result<u32, String>) -> (Vec<TestSpec>, Vec<Check>) {
+    let mut runs: Vec<(String, &str, u32)> = [2u32, 4, 8]
+        .iter()
+        .map(|&r| {
+            (
+                format!("deepep-intranode-{r}"),
+                "tests/test_intranode.py",
+                r,
+            )
+        })
+        .collect();
+    let low_latency_ranks = gpus.as_ref().map_or(1, |&n| n.clamp(1, 8));
+    runs.push((
+        format!("deepep-low-latency-{low_latency_ranks}"),
+        "tests/test_low_latency.py",
+        low_latency_ranks,
+    ));
+    let (mut specs, mut not_run) = (Vec::new(), Vec::new());
+    for (name, script, ranks) in runs {
+        match gpus {
+            Ok(n) if *n >= ranks => {
+                let n = ranks.to_string();
+                let mut spec = TestSpec::script(&name, &src.join(script), &["--num-processes", &n]);
+                spec.cwd = Some(src.to_path_buf());
+                specs.push(spec);
+            }
+            Ok(n) => not_run.push(Check::not_run(
+                &format!("tests.{name}"),
+                format!("needs {ranks} GPUs; this machine has {n}"),
+            )),
+            Err(why) => not_run.push(Check::not_run(
+                &format!("tests.{name}"),
+                format!("cannot count GPUs: {why}"),
+            )),
+        }
+    }
+    (specs, not_run)
+}
+
 fn run_tests_levels(opts: &VerifyOptions, env_id: &str) -> (LevelReport, LevelReport) {
     let mut specs = opts.tests.clone();
     let mut not_run: Vec<Check> = Vec::new();
     if let Some(src) = &opts.deepep_source {
-        let script = src.join("tests/test_intranode.py");
-        let gpus = gpu_count(&opts.python);
-        for ranks in [2u32, 4, 8] {
-            let name = format!("deepep-intranode-{ranks}");
-            match &gpus {
-                Ok(n) if *n >= ranks => {
-                    let n = ranks.to_string();
-                    let mut spec = TestSpec::script(&name, &script, &["--num-processes", &n]);
-                    spec.cwd = Some(src.clone());
-                    specs.push(spec);
-                }
-                Ok(n) => not_run.push(Check::not_run(
-                    &format!("tests.{name}"),
-                    format!("needs {ranks} GPUs; this machine has {n}"),
-                )),
-                Err(why) => not_run.push(Check::not_run(
-                    &format!("tests.{name}"),
-                    format!("cannot count GPUs: {why}"),
-                )),
-            }
-        }
+        let (deepep, skipped) = deepep_tests(src, &gpu_count(&opts.python));
+        specs.extend(deepep);
+        not_run.extend(skipped);
     }
     if specs.is_empty() && not_run.is_empty() {
         let why = "no tests given: pass --test FILE[:FUNCTION] or --deepep-source DIR";
@@ -318,5 +342,51 @@ mod bandwidth_tests {
         assert_eq!(i.gbps.len(), 2);
         assert!(parse_deepep_bandwidth("[config] num_tokens=4096").is_none());
         assert!(parse_deepep_bandwidth("something 3 GB/s (NVL)").is_none());
+    }
+}
+
+#[cfg(test)]
+mod deepep_tests_tests {
+    use super::*;
+    use crate::runner::TestTarget;
+
+    fn names(specs: &[TestSpec]) -> Vec<&str> {
+        specs.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn one_gpu_runs_low_latency_with_one_rank_and_says_why_intranode_cannot() {
+        let (specs, not_run) = deepep_tests(Path::new("/src"), &Ok(1));
+        assert_eq!(names(&specs), ["deepep-low-latency-1"]);
+        let TestTarget::Script { file, args } = &specs[0].target else {
+            panic!("{:?}", specs[0].target)
+        };
+        assert_eq!(file, Path::new("/src/tests/test_low_latency.py"));
+        assert_eq!(args, &["--num-processes", "1"]);
+        assert_eq!(specs[0].cwd.as_deref(), Some(Path::new("/src")));
+        assert_eq!(not_run.len(), 3);
+        assert!(
+            not_run[0]
+                .detail
+                .contains("needs 2 GPUs; this machine has 1")
+        );
+    }
+
+    #[test]
+    fn eight_gpus_run_everything_and_no_gpu_count_runs_nothing() {
+        let (specs, not_run) = deepep_tests(Path::new("/src"), &Ok(8));
+        assert_eq!(
+            names(&specs),
+            [
+                "deepep-intranode-2",
+                "deepep-intranode-4",
+                "deepep-intranode-8",
+                "deepep-low-latency-8"
+            ]
+        );
+        assert!(not_run.is_empty());
+        let (specs, not_run) = deepep_tests(Path::new("/src"), &Err("no torch".into()));
+        assert!(specs.is_empty());
+        assert_eq!(not_run.len(), 4);
     }
 }
