@@ -29,6 +29,9 @@
 #   adopt         adopt: the drop-in too: the check must PASS (one libnvshmem_host, ours, NCCL off;
 #                 one libnccl = the lock's pin)
 #   verify        xtask verify --level static,runtime against the adopted environment
+#   tests         xtask verify --level tests,exit-clean --deepep-source: DeepEP's own tests
+#                 through the runner and the exit-clean gate (test_low_latency.py with one
+#                 rank per GPU; test_intranode.py needs 2+ GPUs and is reported as not run)
 #   undo          adopt --undo: the environment's NVSHMEM and DeepEP files as before `prepare`
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), CUDA_HOME (/usr/local/cuda),
@@ -36,13 +39,13 @@
 # several calls), KEEP_ADOPTED=1 (skip undo).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,37p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,40p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts prepare compare check-before build noop documented negative adopt verify undo)
+[ ${#steps[@]} -gt 0 ] || steps=(facts prepare compare check-before build noop documented negative adopt verify tests undo)
 
 mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
 work="${WORK:-/tmp/commstack-deepep}"
@@ -217,6 +220,12 @@ step_verify() {
         --target-glibc 2.39 --target-glibcxx 3.4.33 --report "$out/verify-adopted"
 }
 
+step_tests() {
+    local dir="$work/deepep-tests"
+    rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
+    "$X" verify --python "$PY" --level tests,exit-clean --deepep-source "$dir" --report "$out/verify-tests"
+}
+
 step_undo() {
     if [ "${KEEP_ADOPTED:-0}" = 1 ]; then echo "KEEP_ADOPTED=1: left adopted"; return 0; fi
     "$X" adopt --python "$PY" --undo || return
@@ -234,6 +243,8 @@ for s in "${steps[@]}"; do
         # Before: FAIL (torch maps NVIDIA's NVSHMEM), or "not run" (2) if torch alone maps none.
         check-before) step "$s" '1|2' ;;
         negative) step "$s" 1 ;;
+        # 2: everything that ran passed; the intranode tests need more GPUs than one.
+        tests) step "$s" '0|2' ;;
         *) step "$s" 0 ;;
     esac
 done
@@ -251,5 +262,7 @@ cp -r "$COMMSTACK_HOME"/adopt "$out/adopt-records" 2>/dev/null
     grep -h '^SECONDS' "$out/noop.log" 2>/dev/null | sed 's/^/no-op xtask build deepep: /'
     grep -h '^SECONDS' "$out/documented.log" 2>/dev/null | sed 's/^/documented python setup.py build: /'
     grep -h 'NEGATIVE CASE\|UNDO EXACT\|UNDO DIFFERS' "$out"/*.log 2>/dev/null
+    # DeepEP's tests and their exit-clean verdicts, as verify's table printed them.
+    grep -h 'deepep-' "$out/tests.log" 2>/dev/null | grep -v '^+' | sed 's/^/DeepEP test: /' 
     grep -h '=> ' "$out/check-before.log" "$out/negative.log" "$out/adopt.log" 2>/dev/null | sed 's/^ */runtime check: /'
 } | tee "$out/summary.txt"
