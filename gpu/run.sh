@@ -19,20 +19,25 @@
 #   dropin         install our drop-in nvidia-nvshmem wheel into the torch env
 #   verify-after   the same verify: torch must now map our libnvshmem_host
 #   selftest-ours  commstack-selftest against our NVSHMEM
+#   undo-dropin    put the torch env's own NVSHMEM back (the files `dropin` backed up),
+#                  and check them byte for byte against the listing taken before
 #
 # OUT receives results.tgz (every log and report) and, from the nvshmem step, the
-# install as nvshmem-install.tgz.NN parts (each < 16 MB). A summary table is printed.
+# install as nvshmem-install.tgz.NN parts (each < 16 MB). The summary table gives each
+# step's exit status, the status expected of it and the verdict: verify-before and the
+# gate are expected to FAIL (NVIDIA's NVSHMEM is built with NCCL on; test_dirty must fail
+# the gate), so their 1 reads "ok", and an unexpected 0 reads "UNEXPECTED".
 # Environment: PYTHON (default python3: the torch env), CUDA_HOME (default /usr/local/cuda),
 # JOBS (default: all cores).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,31p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia nvshmem verify-before dropin verify-after selftest-ours)
+[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -49,13 +54,14 @@ site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/
 summary="$work/summary.tsv"
 : >"$summary"
 
-step() { # step NAME: runs the function step_NAME, logs, times, records its status
-    local name="$1" t0 rc
+step() { # step NAME EXPECTED: runs step_NAME, logs, times, records its status and verdict
+    local name="$1" expected="$2" t0 rc verdict
     t0=$(date +%s.%N)
     echo "::: $name" >&2
     ( set -x; "step_${name//-/_}" ) >"$work/$name.log" 2>&1
     rc=$?
-    printf '%s\t%s\t%.1f\n' "$name" "$rc" "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" >>"$summary"
+    case "|$expected|" in *"|$rc|"*) verdict=ok ;; *) verdict=UNEXPECTED ;; esac
+    printf '%s\t%s\t%s\t%.1f\t%s\n' "$name" "$rc" "$expected" "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" "$verdict" >>"$summary"
     tail -n 15 "$work/$name.log" | sed "s/^/  [$name] /" >&2
 }
 
@@ -81,9 +87,9 @@ step_doctor() {
 step_gate() {
     "$X" verify --python "$PY" --level tests,exit-clean --report "$work/gate" \
         --test crates/verify/gpu/pg_exit.py:test_dirty --test crates/verify/gpu/pg_exit.py:test_clean
-    echo "verify exit status: $? (1 expected: test_dirty must fail the gate, test_clean pass)"
+    local rc=$? # 1 expected: test_dirty must fail the gate, test_clean pass
     for f in "$work"/gate/*.log; do echo "== logscan $f"; "$X" logscan "$f"; done
-    true
+    return $rc
 }
 
 selftest_with() { # selftest_with NAME LIBDIR
@@ -161,28 +167,56 @@ verify_env() { # verify_env NAME [extra args]
     "$X" verify --python "$PY" --level static,runtime --expect-nccl 2.28.9 --expect-nvshmem 3.4.5 \
         --nvshmem-option NVSHMEM_IBGDA_SUPPORT=ON --cuda-arch 90 --target-glibc 2.39 --target-glibcxx 3.4.33 \
         --report "$work/$name" "$@"
-    echo "verify exit status: $?"
 }
 
-step_verify_before() { verify_env verify-before --nvshmem-prefix "$site/nvidia/nvshmem"; true; }
+# Expected to FAIL: NVIDIA's NVSHMEM wheel is built with NVSHMEM_USE_NCCL=ON.
+step_verify_before() { verify_env verify-before --nvshmem-prefix "$site/nvidia/nvshmem"; }
 
 step_dropin() {
     local wheel
     wheel="$(ls "$work"/nvidia_nvshmem_cu*.whl | head -1)"
     [ -n "$wheel" ] || { echo "no drop-in wheel: the nvshmem step failed"; return 1; }
+    # The env's own NVSHMEM files (and their listing), for undo-dropin; once per machine.
+    if [ ! -f "$backup" ]; then
+        nvshmem_files >"$backup.list"
+        (cd "$site" && tar -czf "$backup" nvidia/nvshmem nvidia_nvshmem_cu*.dist-info) || return 1
+    fi
     "$PY" -m pip install --no-index --no-deps --force-reinstall "$wheel"
     "$PY" -m pip show nvidia-nvshmem-cu13
     "$PY" -m pip check || true
 }
 
-step_verify_after() { verify_env verify-after --nvshmem-prefix "$site/nvidia/nvshmem"; true; }
+step_verify_after() { verify_env verify-after --nvshmem-prefix "$site/nvidia/nvshmem"; }
+
+# Outside $work: a second run on the same machine must not back up our drop-in as "theirs".
+backup=/tmp/commstack-gpu-nvshmem-backup.tgz
+nvshmem_files() { # the env's NVSHMEM files with their sha256
+    (cd "$site" && find nvidia/nvshmem nvidia_nvshmem_cu*.dist-info -type f 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum)
+}
+
+step_undo_dropin() {
+    [ -f "$backup" ] || { echo "no backup at $backup: dropin did not run on this machine"; return 1; }
+    "$PY" -m pip uninstall -y nvidia-nvshmem-cu13 || return
+    (cd "$site" && tar -xzf "$backup") || return
+    "$PY" -m pip show nvidia-nvshmem-cu13 | head -3
+    if nvshmem_files | diff -u "$backup.list" -; then
+        echo "UNDO EXACT: the env's NVSHMEM files are as before dropin"; rm -f "$backup" "$backup.list"
+    else
+        echo "UNDO DIFFERS (see the diff above)"; return 1
+    fi
+}
 
 step_selftest_ours() { selftest_with selftest-ours "$site/nvidia/nvshmem/lib"; }
 
-for s in "${steps[@]}"; do step "$s"; done
+for s in "${steps[@]}"; do
+    case "$s" in
+        gate | verify-before) step "$s" 1 ;;
+        *) step "$s" 0 ;;
+    esac
+done
 
 tar -C "$work" --exclude=home --exclude=nvshmem-src --exclude='nvshmem-install.tgz' -czf "$out/results.tgz" .
 echo
-echo "step              rc   seconds"
-awk -F'\t' '{ printf "%-16s %3s %9s\n", $1, $2, $3 }' "$summary"
+echo "step              rc  expected   seconds  verdict"
+awk -F'\t' '{ printf "%-16s %3s %9s %9s  %s\n", $1, $2, $3, $4, $5 }' "$summary"
 ls -la "$out"
