@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
 use crate::cmd_fetch::locked_artifacts;
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
+use crate::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -10,8 +10,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, FetchOptions, Fetched, Mirror, Origin, SourceOverride, Summary};
 
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
+use crate::util::human;
 
 /// Where the artifacts come from and how to get them; shared by `fetch` and `mirror export`.
 #[derive(clap::Args, Clone, Debug)]

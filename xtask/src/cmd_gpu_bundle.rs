@@ -132,11 +132,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         dir.join("bundle.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
-    println!(
-        "bundle {}: {}",
-        dir.display(),
-        crate::cmd_store::human(total)
-    );
+    println!("bundle {}: {}", dir.display(), crate::util::human(total));
     if total > LIMIT {
         bail!(
             "the bundle is {} MiB, over the {} MiB a GPU run can carry",

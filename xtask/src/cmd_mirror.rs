@@ -7,8 +7,8 @@ use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all};
 
 use crate::cmd_fetch::{FetchFlags, artifacts_for, fetch_options};
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
+use crate::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

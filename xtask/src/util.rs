@@ -46,6 +46,12 @@ pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
     commstack_stack::Stack::parse(path, &text).map_err(|d| anyhow::anyhow!("{d}"))
 }
 
+/// Sizes in binary units ("1.50 GiB"), for every xtask command. A String, not
+/// `indicatif::HumanBytes` itself: its Display ignores width, and tables pad sizes.
+pub fn human(bytes: u64) -> String {
+    indicatif::HumanBytes(bytes).to_string()
+}
+
 /// The repository root (xtask lives one level below it).
 pub fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
