@@ -1,8 +1,5 @@
 //! `cargo xtask fetch`: every artifact of stack.lock into the verified download cache.
 
-// Called by `cargo xtask bench fetch` (cmd_bench).
-pub mod bench;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
