@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::ctx::Ctx;
+use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -81,12 +82,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             no_resume,
         } => {
             let part = match part.as_str() {
-                "wheels" => crate::cmd_fetch::Part::Wheels,
-                "toolchain" => crate::cmd_fetch::Part::Toolchain,
+                "wheels" => Part::Wheels,
+                "toolchain" => Part::Toolchain,
                 other => bail!("--part {other}: use wheels or toolchain"),
             };
-            let artifacts =
-                crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[part])?;
+            let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[part])?;
             let cold = fetch::cold(&artifacts, jobs, with_pip)?;
             println!("{}", cold.line());
             if !no_resume {

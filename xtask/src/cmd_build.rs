@@ -14,6 +14,8 @@ use commstack_store::{Outcome, Store};
 
 use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
+use crate::flow::fetch::base_options;
+use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 
 // `build deepep` lives in its own file (the DeepEP issue's module).
 #[path = "cmd_build_deepep.rs"]
@@ -281,7 +283,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
 
 /// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
 fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
-    let lock = crate::util::read_lock(ctx).ok()?;
+    let lock = read_lock(ctx).ok()?;
     lock.resolved
         .nvshmem_pin
         .split_once("==")
@@ -312,17 +314,15 @@ fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into
 /// a store step keyed by its tree hash. Returns the source directory and its tree hash.
 pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(PathBuf, String)> {
-    let lock = crate::util::read_lock(ctx)?;
-    let artifacts: Vec<_> =
-        crate::cmd_fetch::artifacts_of_parts(&lock, &[crate::cmd_fetch::Part::Sources])?
-            .into_iter()
-            .filter(|a| a.name == name)
-            .collect();
+    let lock = read_lock(ctx)?;
+    let artifacts: Vec<_> = artifacts_of_parts(&lock, &[Part::Sources])?
+        .into_iter()
+        .filter(|a| a.name == name)
+        .collect();
     if artifacts.is_empty() {
         bail!("{} has no source named {name}", ctx.lock_path().display());
     }
-    let options =
-        crate::cmd_fetch::base_options(ctx, &fetch.mirror, fetch.offline, fetch.accept_tree_match)?;
+    let options = base_options(ctx, &fetch.mirror, fetch.offline, fetch.accept_tree_match)?;
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     let f = &fetched[0];
     if let Some(d) = f.deviation() {

@@ -37,7 +37,7 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
             prefix: p,
         });
     }
-    let lock = crate::util::read_lock(ctx)?;
+    let lock = crate::flow::lock::read_lock(ctx)?;
     let wheel = lock
         .packages
         .iter()

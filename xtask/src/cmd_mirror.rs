@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all};
 
-use crate::cmd_fetch::{FetchFlags, artifacts_for, fetch_options};
 use crate::ctx::Ctx;
+use crate::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
 use crate::util::human;
 
 #[derive(clap::Subcommand)]

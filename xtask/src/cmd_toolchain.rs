@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use commstack_store::Store;
 use commstack_toolchain::{SystemOptions, Toolchain, WheelInput, provision_wheels, system};
 
 use crate::ctx::Ctx;
+use crate::flow::lock::read_lock;
 
 /// Where the build toolchain comes from (shared by `toolchain` and `build`).
 #[derive(clap::Args, Clone, Debug)]
@@ -90,18 +91,12 @@ pub fn resolve(ctx: &Ctx, args: &ToolchainArgs, force: bool) -> Result<Toolchain
 }
 
 fn wheels_from_lock(ctx: &Ctx) -> Result<Vec<WheelInput>> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "cannot read {} (run `cargo xtask lock`, or pass --wheels DIR or --system)",
-            path.display()
-        )
-    })?;
-    let lock = commstack_stack::Lock::parse(&path, &text).map_err(|d| anyhow!("{d}"))?;
+    let lock = read_lock(ctx)
+        .context("the toolchain comes from the lock, or from --wheels DIR or --system")?;
     if lock.toolchain.is_empty() {
         bail!(
             "{} lists no toolchain wheels: run `cargo xtask lock` again, or pass --wheels DIR or --system",
-            path.display()
+            ctx.lock_path().display()
         );
     }
     let cache = commstack_fetch::Cache::new(ctx.cache_dir());

@@ -16,6 +16,7 @@ mod cmd_store;
 mod cmd_toolchain;
 mod cmd_verify;
 mod ctx;
+mod flow;
 mod util;
 
 use std::process::ExitCode;

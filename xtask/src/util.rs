@@ -59,15 +59,3 @@ pub fn workspace_root() -> std::path::PathBuf {
         .expect("xtask has a parent")
         .to_path_buf()
 }
-
-/// The stack's lock, with an error that says how to make one.
-pub fn read_lock(ctx: &crate::ctx::Ctx) -> Result<commstack_stack::Lock> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
-            path.display()
-        )
-    })?;
-    Ok(commstack_stack::Lock::parse(&path, &text)?)
-}
