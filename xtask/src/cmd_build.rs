@@ -12,10 +12,10 @@ use commstack_nvshmem::{
 };
 use commstack_store::{Outcome, Store};
 
-use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use crate::flow::toolchain::{ToolchainArgs, resolve};
 
 // `build deepep` lives in its own file (the DeepEP issue's module).
 #[path = "cmd_build_deepep.rs"]

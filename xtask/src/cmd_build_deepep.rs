@@ -23,9 +23,9 @@ use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::cmd_build::Args;
-use crate::cmd_toolchain::resolve;
 use crate::ctx::Ctx;
 use crate::flow::lock::read_lock;
+use crate::flow::toolchain::resolve;
 
 /// The options only `build deepep` reads (flattened into `build`'s arguments).
 #[derive(clap::Args, Clone, Debug, Default)]

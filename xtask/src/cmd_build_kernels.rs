@@ -99,7 +99,7 @@ pub fn build_selftest(
 /// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.
 pub fn run(ctx: &Ctx, args: &crate::cmd_build::Args) -> Result<std::process::ExitCode> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
-    let tc = crate::cmd_toolchain::resolve(ctx, &args.toolchain, false)?;
+    let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
     let nvshmem = match args.nvshmem_from.as_str() {
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {

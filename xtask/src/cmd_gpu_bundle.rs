@@ -9,10 +9,10 @@ use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
 use crate::cmd_build_kernels::{build_selftest, nvshmem_prefix};
-use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use crate::flow::toolchain::{ToolchainArgs, resolve};
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
 const LIMIT: u64 = 60 * 1024 * 1024;

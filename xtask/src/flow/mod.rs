@@ -4,3 +4,4 @@
 
 pub mod fetch;
 pub mod lock;
+pub mod toolchain;
