@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::cmd_build_kernels::{build_selftest, nvshmem_prefix};
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
+use crate::flow::kernels::{build_selftest, nvshmem_prefix};
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 use crate::flow::toolchain::{ToolchainArgs, resolve};
 

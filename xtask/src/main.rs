@@ -4,7 +4,6 @@
 mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
-mod cmd_build_kernels;
 mod cmd_cache;
 mod cmd_doctor;
 mod cmd_fetch;

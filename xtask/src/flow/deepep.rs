@@ -22,8 +22,8 @@ use commstack_stack::{Lock, Stack};
 use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
-use crate::cmd_build::Args;
 use crate::ctx::Ctx;
+use crate::flow::build::Args;
 use crate::flow::lock::read_lock;
 use crate::flow::toolchain::resolve;
 
