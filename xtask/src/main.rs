@@ -1,5 +1,6 @@
 //! `cargo xtask`: the command line of commstack. Thin on purpose: it parses arguments,
-//! calls the crates under `crates/`, and prints. Each command lives in its own module.
+//! calls the crates under `crates/`, and prints. Each command lives in its own module
+//! (`cmd_*`); what several commands share lives in `flow`, never in another command.
 
 mod cmd_adopt;
 mod cmd_bench;
