@@ -15,8 +15,9 @@ use commstack_deepep::wheelhouse::Wheelhouse;
 use commstack_verify::Status;
 use commstack_verify::runtime::RuntimeFindings;
 
-use crate::cmd_build::deepep::{AdoptPointer, POINTER_FILE, read_lock};
 use crate::ctx::Ctx;
+use crate::flow::deepep::{AdoptPointer, POINTER_FILE};
+use crate::flow::lock::read_lock;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Only {

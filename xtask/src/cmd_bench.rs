@@ -1,6 +1,9 @@
 //! `cargo xtask bench ...`: benchmarks whose results go into docs/benchmarks.md (with the
 //! command, the machine and the date). Targets are checked here, not in unit tests.
 
+// `bench fetch`'s measurements (cold fetch beside pip, kill and resume).
+mod fetch;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -8,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::ctx::Ctx;
+use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -78,17 +82,15 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             no_resume,
         } => {
             let part = match part.as_str() {
-                "wheels" => crate::cmd_fetch::Part::Wheels,
-                "toolchain" => crate::cmd_fetch::Part::Toolchain,
+                "wheels" => Part::Wheels,
+                "toolchain" => Part::Toolchain,
                 other => bail!("--part {other}: use wheels or toolchain"),
             };
-            let artifacts =
-                crate::cmd_fetch::artifacts_of_parts(&crate::util::read_lock(ctx)?, &[part])?;
-            let cold = crate::cmd_fetch::bench::cold(&artifacts, jobs, with_pip)?;
+            let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[part])?;
+            let cold = fetch::cold(&artifacts, jobs, with_pip)?;
             println!("{}", cold.line());
             if !no_resume {
-                let resumed =
-                    crate::cmd_fetch::bench::resume(&artifacts, &std::env::current_exe()?, jobs)?;
+                let resumed = fetch::resume(&artifacts, &std::env::current_exe()?, jobs)?;
                 println!("{}", resumed.line());
             }
             Ok(ExitCode::SUCCESS)

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
-use crate::cmd_fetch::locked_artifacts;
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
+use crate::flow::lock::locked_artifacts;
+use crate::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -1,74 +1,14 @@
 //! `cargo xtask fetch`: every artifact of stack.lock into the verified download cache.
 
-// Called by `cargo xtask bench fetch` (cmd_bench).
-pub mod bench;
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use commstack_fetch::{Artifact, FetchOptions, Fetched, Mirror, Origin, SourceOverride, Summary};
+use anyhow::Result;
+use commstack_fetch::{Fetched, Origin, SourceOverride, Summary};
 
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
-
-/// Where the artifacts come from and how to get them; shared by `fetch` and `mirror export`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct FetchFlags {
-    /// A mirror tried before upstream: a directory of files named as upstream names them
-    /// (as `cargo xtask mirror export` writes), a file:// URL, or an http(s) base URL.
-    /// Repeat to give several; they are tried in order.
-    #[arg(long, value_name = "DIR|URL")]
-    pub mirror: Vec<String>,
-    /// Open no network connection: use only the cache and mirror directories, and fail
-    /// with the list of everything missing.
-    #[arg(long)]
-    pub offline: bool,
-    /// Downloads at once.
-    #[arg(long, short, value_name = "N", default_value_t = 4)]
-    pub jobs: usize,
-    /// Retries of one URL after failures that brought no bytes (5xx, 429, resets,
-    /// timeouts), with exponential backoff.
-    #[arg(long, value_name = "N", default_value_t = 5)]
-    pub retries: u32,
-    /// Accept a source archive whose sha256 differs from the lock when its unpacked tree
-    /// hash equals the lock's (the same release from another origin). Recorded in the
-    /// cache and reported by every run that uses it.
-    #[arg(long)]
-    pub accept_tree_match: bool,
-    /// Fetch the artifacts listed in this JSON file instead of the lock's: an array of
-    /// {"name", "filename", "urls": [..], "sha256", "size"?, "tree_sha256"?}.
-    /// For benchmarks and tests.
-    #[arg(long, value_name = "FILE")]
-    pub artifacts: Option<PathBuf>,
-    /// Only these parts of the lock (comma-separated): `sources` (NVSHMEM, DeepEP),
-    /// `toolchain` (CUDA compiler wheels, cmake, ninja), `wheels` (the target's Python
-    /// closure), `replaced` (wheels the stack replaces, kept for comparison). Default: all.
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "PART,...")]
-    pub only: Vec<Part>,
-}
-
-/// A part of the lock, by the role its artifacts play.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    Sources,
-    Toolchain,
-    Wheels,
-    Replaced,
-}
-
-impl Part {
-    fn of(role: commstack_stack::lock::Role) -> Part {
-        use commstack_stack::lock::Role;
-        match role {
-            Role::Source => Part::Sources,
-            Role::Toolchain => Part::Toolchain,
-            Role::Package => Part::Wheels,
-            Role::Replaced => Part::Replaced,
-        }
-    }
-}
+use crate::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
+use crate::util::human;
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -105,81 +45,6 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         print_fetched(&fetched, start.elapsed().as_secs_f64(), ctx.quiet);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The fetch options the flags ask for, with the cache under `ctx.home`.
-pub fn fetch_options(ctx: &Ctx, flags: &FetchFlags) -> Result<FetchOptions> {
-    let mut options = base_options(ctx, &flags.mirror, flags.offline, flags.accept_tree_match)?;
-    options.jobs = flags.jobs.max(1);
-    options.retries = flags.retries;
-    Ok(options)
-}
-
-/// Fetch options with the cache under `ctx.home`, the given mirrors and trust flags, and
-/// progress unless `--quiet`; every other field at its default. Shared by the commands
-/// that fetch on the way (build, gpu-bundle).
-pub fn base_options(
-    ctx: &Ctx,
-    mirrors: &[String],
-    offline: bool,
-    accept_tree_match: bool,
-) -> Result<FetchOptions> {
-    let mut options = FetchOptions::new(ctx.cache_dir());
-    options.mirrors = mirrors
-        .iter()
-        .map(|m| Mirror::parse(m).map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()
-        .context("--mirror")?;
-    options.offline = offline;
-    options.accept_tree_match = accept_tree_match;
-    options.progress = !ctx.quiet;
-    Ok(options)
-}
-
-/// The artifacts to fetch: those of `--artifacts FILE` if given, else the lock's parts
-/// that `--only` selects.
-pub fn artifacts_for(ctx: &Ctx, flags: &FetchFlags) -> Result<Vec<Artifact>> {
-    match flags.artifacts.as_deref() {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text)
-                .with_context(|| format!("{}: not a JSON list of artifacts", path.display()))
-        }
-        None => artifacts_of_parts(&crate::util::read_lock(ctx)?, &flags.only),
-    }
-}
-
-/// Every artifact of the stack's lock (sources, toolchain wheels, packages).
-pub fn locked_artifacts(ctx: &Ctx) -> Result<Vec<Artifact>> {
-    let lock = crate::util::read_lock(ctx)?;
-    artifacts_of_lock(&lock).with_context(|| format!("in {}", ctx.lock_path().display()))
-}
-
-/// The one mapping from the lock's model to what the fetcher needs.
-pub fn artifacts_of_lock(lock: &commstack_stack::Lock) -> Result<Vec<Artifact>> {
-    artifacts_of_parts(lock, &[])
-}
-
-/// The lock's artifacts of the given parts (all of them when `parts` is empty).
-pub fn artifacts_of_parts(lock: &commstack_stack::Lock, parts: &[Part]) -> Result<Vec<Artifact>> {
-    lock.artifacts()
-        .into_iter()
-        .filter(|a| parts.is_empty() || parts.contains(&Part::of(a.role)))
-        .map(|a| {
-            let artifact = Artifact {
-                name: a.name,
-                filename: a.filename,
-                urls: vec![a.url],
-                sha256: a.sha256,
-                size: a.size,
-                tree_sha256: a.tree,
-            };
-            // An unpinned entry is not an error here: the fetch reports it beside the others.
-            artifact.validate().map_err(anyhow::Error::msg)?;
-            Ok(artifact)
-        })
-        .collect()
 }
 
 fn print_fetched(fetched: &[Fetched], seconds: f64, quiet: bool) {

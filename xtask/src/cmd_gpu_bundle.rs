@@ -8,9 +8,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::cmd_build_kernels::{build_selftest, nvshmem_prefix};
-use crate::cmd_toolchain::{ToolchainArgs, resolve};
 use crate::ctx::Ctx;
+use crate::flow::fetch::base_options;
+use crate::flow::kernels::{build_selftest, nvshmem_prefix};
+use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use crate::flow::toolchain::{ToolchainArgs, resolve};
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
 const LIMIT: u64 = 60 * 1024 * 1024;
@@ -83,11 +85,8 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
 
     // The locked sources, named as the lock names them (what `--mirror DIR` reads).
-    let artifacts = crate::cmd_fetch::artifacts_of_parts(
-        &crate::util::read_lock(ctx)?,
-        &[crate::cmd_fetch::Part::Sources],
-    )?;
-    let options = crate::cmd_fetch::base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
+    let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[Part::Sources])?;
+    let options = base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     std::fs::create_dir_all(dir.join("mirror"))?;
     for f in &fetched {
@@ -132,11 +131,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         dir.join("bundle.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
-    println!(
-        "bundle {}: {}",
-        dir.display(),
-        crate::cmd_store::human(total)
-    );
+    println!("bundle {}: {}", dir.display(), crate::util::human(total));
     if total > LIMIT {
         bail!(
             "the bundle is {} MiB, over the {} MiB a GPU run can carry",

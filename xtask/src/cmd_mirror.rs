@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all};
 
-use crate::cmd_fetch::{FetchFlags, artifacts_for, fetch_options};
-use crate::cmd_store::human;
 use crate::ctx::Ctx;
+use crate::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
+use crate::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

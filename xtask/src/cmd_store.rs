@@ -7,6 +7,7 @@ use anyhow::Result;
 use commstack_store::{GcOptions, Store};
 
 use crate::ctx::Ctx;
+use crate::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -113,11 +114,6 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
         store.root().display()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Sizes in binary units ("1.50 GiB"), for every xtask command.
-pub fn human(bytes: u64) -> String {
-    indicatif::HumanBytes(bytes).to_string()
 }
 
 fn ago(secs: u64) -> String {

@@ -1,10 +1,10 @@
 //! `cargo xtask`: the command line of commstack. Thin on purpose: it parses arguments,
-//! calls the crates under `crates/`, and prints. Each command lives in its own module.
+//! calls the crates under `crates/`, and prints. Each command lives in its own module
+//! (`cmd_*`); what several commands share lives in `flow`, never in another command.
 
 mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
-mod cmd_build_kernels;
 mod cmd_cache;
 mod cmd_doctor;
 mod cmd_fetch;
@@ -16,6 +16,7 @@ mod cmd_store;
 mod cmd_toolchain;
 mod cmd_verify;
 mod ctx;
+mod flow;
 mod util;
 
 use std::process::ExitCode;

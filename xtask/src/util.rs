@@ -46,22 +46,16 @@ pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
     commstack_stack::Stack::parse(path, &text).map_err(|d| anyhow::anyhow!("{d}"))
 }
 
+/// Sizes in binary units ("1.50 GiB"), for every xtask command. A String, not
+/// `indicatif::HumanBytes` itself: its Display ignores width, and tables pad sizes.
+pub fn human(bytes: u64) -> String {
+    indicatif::HumanBytes(bytes).to_string()
+}
+
 /// The repository root (xtask lives one level below it).
 pub fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask has a parent")
         .to_path_buf()
-}
-
-/// The stack's lock, with an error that says how to make one.
-pub fn read_lock(ctx: &crate::ctx::Ctx) -> Result<commstack_stack::Lock> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "reading the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
-            path.display()
-        )
-    })?;
-    Ok(commstack_stack::Lock::parse(&path, &text)?)
 }

@@ -37,7 +37,7 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
             prefix: p,
         });
     }
-    let lock = crate::util::read_lock(ctx)?;
+    let lock = crate::flow::lock::read_lock(ctx)?;
     let wheel = lock
         .packages
         .iter()
@@ -97,13 +97,13 @@ pub fn build_selftest(
 }
 
 /// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.
-pub fn run(ctx: &Ctx, args: &crate::cmd_build::Args) -> Result<std::process::ExitCode> {
+pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::ExitCode> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
-    let tc = crate::cmd_toolchain::resolve(ctx, &args.toolchain, false)?;
+    let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
     let nvshmem = match args.nvshmem_from.as_str() {
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {
-            let (code, prefix) = crate::cmd_build::nvshmem_build(ctx, args)?;
+            let (code, prefix) = crate::flow::nvshmem::nvshmem_build(ctx, args)?;
             if code != std::process::ExitCode::SUCCESS {
                 bail!("the stack's NVSHMEM build did not pass its checks");
             }

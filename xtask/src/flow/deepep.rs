@@ -22,9 +22,10 @@ use commstack_stack::{Lock, Stack};
 use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
-use crate::cmd_build::Args;
-use crate::cmd_toolchain::resolve;
 use crate::ctx::Ctx;
+use crate::flow::build::Args;
+use crate::flow::lock::read_lock;
+use crate::flow::toolchain::resolve;
 
 /// The options only `build deepep` reads (flattened into `build`'s arguments).
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -75,12 +76,6 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     let d = &args.deepep;
     let stack = crate::util::read_stack(&ctx.stack_path)?;
     let lock = read_lock(ctx)?;
-    for why in lock.staleness(&stack) {
-        eprintln!(
-            "warning: {} is stale: {why} (run `cargo xtask lock`)",
-            ctx.lock_path().display()
-        );
-    }
     let api = stack.deepep.api;
     let archs = if args.cuda_archs.is_empty() {
         stack.nvshmem.cuda_archs.clone()
@@ -228,17 +223,6 @@ fn report_step(say: &dyn Fn(&str), what: &str, outcome: &Outcome) {
             path.display()
         )),
     }
-}
-
-pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
-    let path = ctx.lock_path();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "cannot read the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
-            path.display()
-        )
-    })?;
-    Ok(Lock::parse(&path, &text)?)
 }
 
 /// `cp312` -> `3.12`.

@@ -1,0 +1,117 @@
+//! The arguments of `cargo xtask build`: one set of flags for its three targets, read by
+//! the flows beside this module (nvshmem, kernels, deepep): `build kernels` builds NVSHMEM
+//! on the way, so the targets cannot have separate flags until build gets subcommands.
+
+use std::path::PathBuf;
+
+use crate::flow::deepep::DeepepArgs;
+use crate::flow::toolchain::ToolchainArgs;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Target {
+    /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
+    Nvshmem,
+    /// The CUDA kernel crate (not yet).
+    Kernels,
+    /// DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to adopt).
+    Deepep,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// What to build.
+    #[arg(value_enum)]
+    pub target: Target,
+    /// Build again even if the store has the result.
+    #[arg(long)]
+    pub force: bool,
+    /// Parallel compile jobs (default: the CPU count).
+    #[arg(long, short)]
+    pub jobs: Option<usize>,
+    /// An unpacked source tree to build instead of the locked one (development only: its
+    /// tree hash keys the build, and the output says it is an override).
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
+    /// Where the locked source comes from when it is not in the cache yet.
+    #[command(flatten)]
+    pub fetch: SourceFetchArgs,
+    /// The install prefix of a package an enabled transport builds against, e.g.
+    /// `--with ucx=/opt/ucx` (for nvshmem.ucx = true in stack.toml). Repeatable.
+    #[arg(long, value_name = "KEY=PREFIX", value_parser = parse_with)]
+    pub with: Vec<(String, PathBuf)>,
+    #[command(flatten)]
+    pub toolchain: ToolchainArgs,
+    /// CMAKE_CUDA_ARCHITECTURES entries, overriding stack.toml's nvshmem.cuda-archs.
+    #[arg(long, value_delimiter = ',', value_name = "ARCH,...")]
+    pub cuda_archs: Vec<String>,
+    /// Build without IBGDA, overriding stack.toml (no rdma-core needed; no internode
+    /// DeepEP kernels).
+    #[arg(long)]
+    pub no_ibgda: bool,
+    /// Also build libnvshmem.a, nvshmem-info and the CMake package with NVSHMEM's own
+    /// install rules, overriding stack.toml's nvshmem.static-lib (about a third more
+    /// compile work; NVIDIA's wheel ships none of them).
+    #[arg(long)]
+    pub static_lib: bool,
+    /// Where rdma-core's headers and libmlx5 are (`/`, or a `dpkg -x` tree of
+    /// libibverbs-dev + ibverbs-providers). Default: this system.
+    #[arg(long, value_name = "DIR")]
+    pub rdma_core: Option<PathBuf>,
+    /// An environment variable to keep for the build (e.g. NVSHMEM_DISABLE_NVLS);
+    /// variables NVSHMEM's CMake reads as option defaults are refused.
+    #[arg(long = "keep-env", value_name = "NAME")]
+    pub keep_env: Vec<String>,
+    /// The NVSHMEM version torch pins (default: from stack.lock, else the source's).
+    #[arg(long)]
+    pub torch_pin: Option<String>,
+    /// Ship another NVSHMEM version under torch's pinned version (see the error it lifts).
+    #[arg(long)]
+    pub allow_version_mismatch: bool,
+    /// NVIDIA's wheel of the same version: compare ours with it file by file; fail on
+    /// unexplained differences.
+    #[arg(long, value_name = "WHEEL")]
+    pub compare_with: Option<PathBuf>,
+    /// kernels: the NVSHMEM to compile against: `stack` (the stack's own build, made or
+    /// found in the store), `nvidia-wheel` (NVIDIA's wheel of torch's pin, from the cache:
+    /// enough to compile and test on a CPU machine), or an install PREFIX.
+    #[arg(
+        long,
+        value_name = "stack|nvidia-wheel|PREFIX",
+        default_value = "stack"
+    )]
+    pub nvshmem_from: String,
+    /// kernels: run the crate's tests (debug build) with that environment instead of
+    /// building the release binary.
+    #[arg(long)]
+    pub test: bool,
+    /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).
+    #[arg(long)]
+    pub python3: Option<PathBuf>,
+    /// Only run CMake's configure step in DIR (not the store) and print the NVSHMEM
+    /// options CMake ended up with: checks the option mapping against a source in seconds.
+    #[arg(long, value_name = "DIR")]
+    pub configure_only: Option<PathBuf>,
+    #[command(flatten)]
+    pub deepep: DeepepArgs,
+}
+
+/// Mirrors and trust flags for fetching a locked source (see `cargo xtask fetch --help`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SourceFetchArgs {
+    /// A mirror directory or URL tried before upstream. Repeatable.
+    #[arg(long, value_name = "DIR|URL")]
+    pub mirror: Vec<String>,
+    /// Open no network connection.
+    #[arg(long)]
+    pub offline: bool,
+    /// Accept an archive whose tree hash equals the lock's although its sha256 differs.
+    #[arg(long)]
+    pub accept_tree_match: bool,
+}
+
+fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=PREFIX"))?;
+    Ok((k.to_string(), PathBuf::from(v)))
+}

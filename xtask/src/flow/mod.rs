@@ -1,0 +1,11 @@
+//! The flow layer: what several commands share, between the command modules (`cmd_*`,
+//! which parse arguments and print) and the crates under `crates/`. It never names a
+//! command module (tests/tidy.rs checks), so it can move into a crate of its own.
+
+pub mod build;
+pub mod deepep;
+pub mod fetch;
+pub mod kernels;
+pub mod lock;
+pub mod nvshmem;
+pub mod toolchain;

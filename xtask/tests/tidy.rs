@@ -1,0 +1,489 @@
+//! Tidy checks: rules of the repository's layout that the compiler does not enforce.
+//! Each check is a function over a file's path and text, so that the unit tests at the
+//! bottom can show it catches a bad input; the `#[test]`s above them run it over the tree.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The workspace root (xtask lives one level below it).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
+}
+
+/// Every `.rs` file under `dir` (relative to the root): its path relative to `dir`, with
+/// `/` separators, and its text. Build outputs (`target/`) are skipped.
+fn rust_files(dir: &str) -> Vec<(String, String)> {
+    let base = root().join(dir);
+    let mut out = Vec::new();
+    for entry in walkdir::WalkDir::new(&base)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| e.file_name() != "target")
+    {
+        let entry = entry.unwrap();
+        if entry.file_type().is_file() && entry.path().extension().is_some_and(|e| e == "rs") {
+            let rel = entry.path().strip_prefix(&base).unwrap();
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(entry.path()).unwrap();
+            out.push((rel, text));
+        }
+    }
+    out
+}
+
+fn fail_if_any(what: &str, problems: Vec<String>) {
+    assert!(problems.is_empty(), "{what}:\n  {}", problems.join("\n  "));
+}
+
+/// The identifier at the start of `s` (letters, digits, `_`).
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    text[..byte].matches('\n').count() + 1
+}
+
+// ---- (a) command modules do not import each other -------------------------------------
+
+/// The command modules each name only themselves; only main.rs names them all. `path` is
+/// relative to xtask/src (`cmd_bench.rs`, `cmd_bench/fetch.rs`, `flow/lock.rs`): a file
+/// belongs to the module of its first component. So the flow layer and the other shared
+/// modules name no command module either.
+fn command_imports(path: &str, text: &str) -> Vec<String> {
+    let first = path.split('/').next().unwrap_or(path);
+    let own = first.strip_suffix(".rs").unwrap_or(first);
+    if own == "main" {
+        return Vec::new();
+    }
+    let mut named = Vec::new(); // (byte offset, module)
+    for prefix in ["crate::", "super::"] {
+        for (at, _) in text.match_indices(prefix) {
+            let rest = &text[at + prefix.len()..];
+            if rest.starts_with("cmd_") {
+                named.push((at, ident(rest)));
+            } else if let Some(group) = rest.strip_prefix('{') {
+                // `use crate::{ctx::Ctx, cmd_x};`: the top level of the group.
+                let mut depth = 0;
+                let mut start = true;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        _ if depth == 0 && start && group[i..].starts_with("cmd_") => {
+                            named.push((at, ident(&group[i..])));
+                        }
+                        _ => {}
+                    }
+                    start = c == ',' || c == '{' || c.is_whitespace();
+                }
+            }
+        }
+    }
+    // `#[path = "cmd_x.rs"] mod y;` pulls another command's file in under a new name.
+    for (at, _) in text.match_indices("#[path") {
+        let attr = &text[at..text[at..].find(']').map_or(text.len(), |e| at + e)];
+        if let Some(i) = attr.find("cmd_") {
+            named.push((at, ident(&attr[i..])));
+        }
+    }
+    named
+        .into_iter()
+        .filter(|(_, module)| !(own.starts_with("cmd_") && *module == own))
+        .map(|(at, module)| {
+            format!(
+                "xtask/src/{path}:{}: names the command module {module}",
+                line_of(text, at)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn command_modules_do_not_import_each_other() {
+    let problems = rust_files("xtask/src")
+        .iter()
+        .flat_map(|(path, text)| command_imports(path, text))
+        .collect();
+    fail_if_any(
+        "a command module (or a shared one) names another command module: move what they share into xtask/src/flow",
+        problems,
+    );
+}
+
+// ---- (b) no tar or cp subprocesses ------------------------------------------------------
+
+/// `Command::new("tar")`, `Command::new("cp")` and xshell's `cmd!(sh, "tar ...")` /
+/// `cmd!(sh, "cp ...")`: archives and copies go through Rust code, which behaves the same
+/// on every host and reports errors by path.
+fn shell_outs(path: &str, text: &str) -> Vec<String> {
+    let banned = |program: &str| {
+        let name = program.rsplit('/').next().unwrap_or(program);
+        name == "tar" || name == "cp"
+    };
+    // The first string literal after `at`: its contents.
+    let literal = |at: usize| -> Option<&str> {
+        let open = at + text[at..].find('"')?;
+        let body = &text[open + 1..];
+        Some(&body[..body.find('"')?])
+    };
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("Command::new(") {
+        let after = text[at + "Command::new(".len()..].trim_start();
+        if after.starts_with('"')
+            && let Some(program) = literal(at)
+            && banned(program)
+        {
+            out.push(format!(
+                "{path}:{}: runs {program} as a subprocess",
+                line_of(text, at)
+            ));
+        }
+    }
+    for (at, _) in text.match_indices("cmd!(") {
+        if let Some(command) = literal(at)
+            && banned(command.split_whitespace().next().unwrap_or(""))
+        {
+            out.push(format!(
+                "{path}:{}: runs `{command}` as a subprocess",
+                line_of(text, at)
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "enabled once the archive crate lands"]
+fn no_tar_or_cp_subprocesses() {
+    let mut problems = Vec::new();
+    for dir in ["crates", "xtask", "kernels"] {
+        for (path, text) in rust_files(dir) {
+            // This file holds the bad examples its own unit tests feed the check.
+            if dir == "xtask" && path == "tests/tidy.rs" {
+                continue;
+            }
+            problems.extend(shell_outs(&format!("{dir}/{path}"), &text));
+        }
+    }
+    fail_if_any(
+        "tar or cp run as a subprocess: use the archive crate",
+        problems,
+    );
+}
+
+// ---- (c) doc comments -------------------------------------------------------------------
+
+/// A crate root or module that does not open with a `//!` doc comment.
+fn missing_doc(path: &str, text: &str) -> Option<String> {
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    (!first.starts_with("//!")).then(|| format!("{path}: does not start with a //! doc comment"))
+}
+
+#[test]
+fn every_crate_and_xtask_module_has_a_doc_comment() {
+    let mut roots = vec!["kernels/src/lib.rs".to_string()];
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.join("Cargo.toml").is_file() {
+            let name = dir.file_name().unwrap().to_string_lossy().to_string();
+            let lib = format!("crates/{name}/src/lib.rs");
+            let main = format!("crates/{name}/src/main.rs");
+            roots.push(if root().join(&lib).is_file() {
+                lib
+            } else {
+                main
+            });
+        }
+    }
+    let mut problems: Vec<String> = roots
+        .iter()
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(root().join(path))
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            missing_doc(path, &text)
+        })
+        .collect();
+    // xtask/src/main.rs and every module of xtask.
+    for (path, text) in rust_files("xtask/src") {
+        problems.extend(missing_doc(&format!("xtask/src/{path}"), &text));
+    }
+    fail_if_any("missing crate or module documentation", problems);
+}
+
+// ---- (d) every command is in the README's table -----------------------------------------
+
+/// The entries of a clap help text's `Commands:` section, without `help`.
+fn help_commands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim_end() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l[2..].starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// The possible values of a positional argument (`build <TARGET>`: nvshmem, kernels,
+/// deepep), from the long help's `Arguments:` section: targets that read as subcommands.
+fn help_targets(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim_end() != "Arguments:")
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with(' '))
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .map(|v| v.split(':').next().unwrap_or(v).trim().to_string())
+        .collect()
+}
+
+/// Every command of the CLI: `lock`, ..., and `cache ls`, `build deepep` for those with
+/// subcommands or targets. `help` runs the CLI with the given arguments.
+fn cli_commands(help: impl Fn(&[&str]) -> String) -> Vec<String> {
+    let mut out = Vec::new();
+    for command in help_commands(&help(&["--help"])) {
+        let text = help(&[&command, "--help"]);
+        let subs: Vec<String> = help_commands(&text)
+            .into_iter()
+            .chain(help_targets(&text))
+            .collect();
+        if subs.is_empty() {
+            out.push(command);
+        } else {
+            out.extend(subs.iter().map(|s| format!("{command} {s}")));
+        }
+    }
+    out
+}
+
+/// The commands (`cache ls`, `adopt`) the table under the README's "## The flow" lacks. A
+/// row `cargo xtask cache ls\|verify` covers `cache ls` and `cache verify`; `bench ...`
+/// covers every bench subcommand.
+fn missing_from_readme(readme: &str, commands: &[String]) -> Vec<String> {
+    let rows: Vec<Vec<String>> = readme
+        .lines()
+        .skip_while(|l| l.trim() != "## The flow")
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("| `cargo xtask "))
+        .map(|cell| {
+            let cell = cell.split('`').next().unwrap_or("").replace("\\|", "|");
+            cell.split_whitespace().map(str::to_string).collect()
+        })
+        .collect();
+    commands
+        .iter()
+        .filter(|command| {
+            let mut words = command.split(' ');
+            let (top, sub) = (words.next().unwrap_or(""), words.next());
+            !rows.iter().any(|row| {
+                row.first().is_some_and(|c| c == top)
+                    && sub.is_none_or(|s| {
+                        row.get(1)
+                            .is_some_and(|alts| alts.split('|').any(|a| a == s || a == "..."))
+                    })
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_command_is_in_the_readme_table() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .args(args)
+            .env_remove("COMMSTACK_STACK")
+            .env_remove("COMMSTACK_HOME")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "xtask {args:?} failed");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let commands = cli_commands(help);
+    assert!(
+        commands.iter().any(|c| c == "build nvshmem"),
+        "{commands:?}"
+    );
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    fail_if_any(
+        "commands missing from the table under \"## The flow\" in README.md",
+        missing_from_readme(&readme, &commands),
+    );
+}
+
+// ---- each check fails on a bad input ----------------------------------------------------
+
+#[test]
+fn command_imports_catches_one_command_naming_another() {
+    let bad = "use crate::cmd_build::deepep::{AdoptPointer, POINTER_FILE};\n";
+    assert_eq!(
+        command_imports("cmd_adopt.rs", bad),
+        ["xtask/src/cmd_adopt.rs:1: names the command module cmd_build"]
+    );
+    let grouped = "use crate::ctx::Ctx;\nuse crate::{\n    ctx,\n    cmd_store::human,\n};\n";
+    assert_eq!(command_imports("cmd_fetch.rs", grouped).len(), 1);
+    let path_attr = "#[path = \"cmd_build_deepep.rs\"]\npub mod deepep;\n";
+    assert_eq!(command_imports("cmd_build.rs", path_attr).len(), 1);
+    let from_super = "fn f() { super::cmd_toolchain::resolve() }";
+    assert_eq!(command_imports("cmd_gpu_bundle.rs", from_super).len(), 1);
+    // The flow layer names no command module either.
+    let flow = "let p = crate::cmd_fetch::Part::Sources;";
+    assert_eq!(command_imports("flow/nvshmem.rs", flow).len(), 1);
+    // Its own submodules, main.rs, and other shared modules are fine.
+    assert!(command_imports("cmd_bench.rs", "crate::cmd_bench::fetch::cold()").is_empty());
+    assert!(command_imports("cmd_bench/fetch.rs", "crate::cmd_bench::Which").is_empty());
+    assert!(command_imports("main.rs", "cmd_build::run(&ctx, *args)").is_empty());
+    assert!(command_imports("main.rs", "crate::cmd_lock::Args").is_empty());
+    assert!(command_imports("cmd_fetch.rs", "use crate::flow::fetch::FetchFlags;").is_empty());
+}
+
+#[test]
+fn shell_outs_catches_tar_and_cp() {
+    let bad = [
+        "let s = Command::new(\"tar\").arg(\"-xzf\").status();",
+        "std::process::Command::new( \"cp\" )",
+        "xshell::cmd!(sh, \"tar -xzf {archive} -C {src} --strip-components=1\")",
+        "cmd!(\n    sh,\n    \"cp -a {rdma} {dir}/rdma-core\"\n)\n.run()?;",
+        "Command::new(\"/bin/tar\")",
+    ];
+    for text in bad {
+        assert_eq!(shell_outs("x.rs", text).len(), 1, "{text}");
+    }
+    assert_eq!(
+        shell_outs("x.rs", "\n\ncmd!(sh, \"cp a b\")")[0],
+        "x.rs:3: runs `cp a b` as a subprocess"
+    );
+    let fine = [
+        "cmd!(sh, \"cargo build --release --locked -p xtask\")",
+        "cmd!(sh, \"strip {to}\")",
+        "Command::new(\"tarball-tool\")",
+        "Command::new(&exe).args([\"cp\"])",
+        "let t = \"tar\";",
+    ];
+    for text in fine {
+        assert!(shell_outs("x.rs", text).is_empty(), "{text}");
+    }
+}
+
+#[test]
+fn missing_doc_catches_an_undocumented_file() {
+    assert!(missing_doc("a/lib.rs", "use std::path::Path;\n").is_some());
+    assert!(missing_doc("a/lib.rs", "// a plain comment\n//! late\n").is_some());
+    assert!(missing_doc("a/lib.rs", "/// an item doc\nfn f() {}\n").is_some());
+    assert!(missing_doc("a/lib.rs", "").is_some());
+    assert!(missing_doc("a/lib.rs", "\n//! The crate.\n").is_none());
+}
+
+const TOP_HELP: &str = "\
+Usage: cargo xtask [OPTIONS] <COMMAND>
+
+Commands:
+  lock        Resolve stack.toml into stack.lock
+  cache       Inspect, verify or prune the download cache
+  build       Build one part of the stack (nvshmem, kernels, deepep) into the store
+  adopt       Bring an existing Python environment onto the stack: compare with the lock, install
+              the drop-in NVSHMEM and DeepEP with a backup
+  bench       Run a benchmark
+  help        Print this message or the help of the given subcommand(s)
+
+Options:
+  -q, --quiet
+          Print less
+";
+
+const BUILD_HELP: &str = "\
+Usage: cargo xtask build [OPTIONS] <TARGET>
+
+Arguments:
+  <TARGET>
+          What to build
+
+          Possible values:
+          - nvshmem: NVSHMEM from source
+          - kernels: The CUDA kernel crate
+          - deepep:  DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to
+            adopt)
+
+Options:
+      --only <PART,...>
+          Possible values:
+          - sources
+";
+
+const CACHE_HELP: &str = "\
+Commands:
+  ls      List the cached files
+  hash    Print the sha256
+  help    Print this message or the help of the given subcommand(s)
+";
+
+const BENCH_HELP: &str = "Commands:\n  lock  Time lock\n  fetch  Time fetch\n";
+
+#[test]
+fn cli_commands_reads_commands_subcommands_and_targets() {
+    let commands = cli_commands(|args: &[&str]| match args[0] {
+        "--help" => TOP_HELP.into(),
+        "build" => BUILD_HELP.into(),
+        "cache" => CACHE_HELP.into(),
+        "bench" => BENCH_HELP.into(),
+        _ => "Usage: cargo xtask x\n".into(),
+    });
+    assert_eq!(
+        commands,
+        [
+            "lock",
+            "cache ls",
+            "cache hash",
+            "build nvshmem",
+            "build kernels",
+            "build deepep",
+            "adopt",
+            "bench lock",
+            "bench fetch"
+        ]
+    );
+}
+
+#[test]
+fn missing_from_readme_names_the_missing_commands() {
+    let readme = "\
+# x
+
+## The flow
+
+| command | what it does |
+| --- | --- |
+| `cargo xtask lock [--check]` | resolve |
+| `cargo xtask cache ls\\|verify` | the cache |
+| `cargo xtask build nvshmem` | NVSHMEM, `nvshmem.static-lib = true` |
+| `cargo xtask bench ...` | benchmarks |
+
+## Layout
+
+| `cargo xtask adopt` | not the flow's table |
+";
+    let commands: Vec<String> = [
+        "lock",
+        "cache ls",
+        "cache hash",
+        "build nvshmem",
+        "build deepep",
+        "adopt",
+        "bench fetch",
+    ]
+    .map(String::from)
+    .to_vec();
+    assert_eq!(
+        missing_from_readme(readme, &commands),
+        ["cache hash", "build deepep", "adopt"]
+    );
+}
