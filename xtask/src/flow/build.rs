@@ -11,7 +11,7 @@ use crate::flow::toolchain::ToolchainArgs;
 pub enum Target {
     /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
     Nvshmem,
-    /// The CUDA kernel crate (not yet).
+    /// The NVSHMEM self-test (commstack-selftest), compiled with the toolchain's nvcc.
     Kernels,
     /// DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to adopt).
     Deepep,
