@@ -51,17 +51,73 @@ pub struct Args {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let root = crate::util::workspace_root();
-    let dir = if args.dir.is_absolute() {
-        args.dir.clone()
-    } else {
-        std::env::current_dir()?.join(&args.dir)
+    let dir = std::path::absolute(&args.dir)?;
+    // Every input is checked (and the sources fetched) before the long release builds, so a
+    // missing one fails in seconds: the sources, the rdma-core tree, and for the self-test
+    // the toolchain and NVIDIA's NVSHMEM wheel (`fetch --only sources,toolchain,replaced`).
+    if let Some(rdma) = &args.rdma_core
+        && !rdma.join("usr/include/infiniband/mlx5dv.h").is_file()
+    {
+        bail!(
+            "--rdma-core {} has no usr/include/infiniband/mlx5dv.h: give a `dpkg -x` tree of libibverbs-dev and ibverbs-providers (see gpu/README.md)",
+            rdma.display()
+        );
+    }
+    let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[Part::Sources])?;
+    let options = base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
+    let fetched = commstack_fetch::fetch_all(&artifacts, &options).context(
+        "the locked sources: give the mirror that holds them (--mirror DIR --accept-tree-match, see gpu/README.md)",
+    )?;
+    let selftest_inputs = match args.no_selftest {
+        true => None,
+        false => {
+            let stack = crate::util::read_stack(&ctx.stack_path)?;
+            let tc = resolve(ctx, &args.toolchain, false)?;
+            let nvshmem = nvshmem_prefix(ctx, args.nvshmem.as_deref())?;
+            Some((stack, tc, nvshmem))
+        }
     };
+
+    // Written beside DIR and renamed over it at the end: a failure leaves no half bundle.
+    let name = dir
+        .file_name()
+        .context("the bundle directory has no name")?;
+    let temp = dir.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = write_bundle(ctx, &root, &temp, &args, &fetched, selftest_inputs);
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&temp);
+        return Err(e);
+    }
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("cannot empty {}", dir.display()))?;
     }
+    std::fs::rename(&temp, &dir)
+        .with_context(|| format!("renaming {} to {}", temp.display(), dir.display()))?;
+    println!("bundle {} ready", dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+type SelftestInputs = (
+    commstack_stack::Stack,
+    commstack_toolchain::Toolchain,
+    crate::flow::kernels::NvshmemForKernels,
+);
+
+fn write_bundle(
+    ctx: &Ctx,
+    root: &Path,
+    dir: &Path,
+    args: &Args,
+    fetched: &[commstack_fetch::Fetched],
+    selftest: Option<SelftestInputs>,
+) -> Result<()> {
     std::fs::create_dir_all(dir.join("bin"))?;
     let sh = Shell::new()?;
-    sh.change_dir(&root);
+    sh.change_dir(root);
     let mut manifest = serde_json::Map::new();
 
     eprintln!("building xtask (release)");
@@ -74,10 +130,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         &dir.join("bin/xtask"),
     )?;
 
-    if !args.no_selftest {
-        let stack = crate::util::read_stack(&ctx.stack_path)?;
-        let tc = resolve(ctx, &args.toolchain, false)?;
-        let nvshmem = nvshmem_prefix(ctx, args.nvshmem.as_deref())?;
+    if let Some((stack, tc, nvshmem)) = selftest {
         let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &stack.nvshmem.cuda_archs)?;
         copy_stripped(&sh, &bin, &dir.join("bin/commstack-selftest"))?;
         manifest.insert("selftest-nvshmem".into(), nvshmem.describe.clone().into());
@@ -85,43 +138,32 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
 
     // The locked sources, named as the lock names them (what `--mirror DIR` reads).
-    let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[Part::Sources])?;
-    let options = base_options(ctx, &args.mirror, false, args.accept_tree_match)?;
-    let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     std::fs::create_dir_all(dir.join("mirror"))?;
-    for f in &fetched {
+    for f in fetched {
         if let Some(d) = f.deviation() {
             println!("WARNING {d}");
         }
         std::fs::copy(&f.path, dir.join("mirror").join(&f.filename))
             .with_context(|| format!("copying {}", f.path.display()))?;
     }
-    manifest.insert("sources".into(), serde_json::to_value(&fetched)?);
+    manifest.insert("sources".into(), serde_json::to_value(fetched)?);
 
     if let Some(rdma) = &args.rdma_core {
-        if !rdma.join("usr/include/infiniband/mlx5dv.h").is_file() {
-            bail!(
-                "{} has no usr/include/infiniband/mlx5dv.h: give a `dpkg -x` tree of libibverbs-dev",
-                rdma.display()
-            );
-        }
         cmd!(sh, "cp -a {rdma} {dir}/rdma-core").run()?;
     }
 
     let mut total = 0u64;
     let mut files = serde_json::Map::new();
-    for entry in walkdir::WalkDir::new(&dir)
+    for entry in walkdir::WalkDir::new(dir)
         .into_iter()
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_file())
     {
         total += entry.metadata()?.len();
         if entry.path().starts_with(dir.join("bin")) {
-            let bytes = std::fs::read(entry.path())?;
-            use sha2::Digest;
             files.insert(
-                entry.path().strip_prefix(&dir)?.display().to_string(),
-                hex::encode(sha2::Sha256::digest(&bytes)).into(),
+                entry.path().strip_prefix(dir)?.display().to_string(),
+                commstack_digest::sha256_file(entry.path())?.into(),
             );
         }
     }
@@ -131,7 +173,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         dir.join("bundle.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
-    println!("bundle {}: {}", dir.display(), crate::util::human(total));
+    println!("bundle: {}", crate::util::human(total));
     if total > LIMIT {
         bail!(
             "the bundle is {} MiB, over the {} MiB a GPU run can carry",
@@ -139,7 +181,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             LIMIT >> 20
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn copy_stripped(sh: &Shell, from: &Path, to: &Path) -> Result<()> {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all};
+use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all, preflight};
 
 use crate::ctx::Ctx;
 use crate::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
@@ -35,6 +35,8 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
         Command::Export { dir, flags } => {
             let artifacts = artifacts_for(ctx, &flags)?;
             let options = fetch_options(ctx, &flags)?;
+            // Every artifact must be reachable before gigabytes of the others are fetched.
+            preflight(&artifacts, &options)?;
             let fetched = fetch_all(&artifacts, &options)?;
             let report = export_mirror(&fetched, &dir)?;
             for item in &fetched {
