@@ -73,7 +73,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         for p in problems {
             eprintln!("  - {p}");
         }
-        eprintln!("run `cargo xtask lock{}` to update it", stack_flag(ctx));
+        eprintln!("run `cargo xtask lock{}` to update it", ctx.stack_flag());
         return Ok(ExitCode::FAILURE);
     }
 
@@ -144,12 +144,4 @@ pub fn requirements_path(ctx: &Ctx) -> PathBuf {
         format!("{stem}.requirements.lock")
     };
     ctx.stack_path.with_file_name(name)
-}
-
-fn stack_flag(ctx: &Ctx) -> String {
-    if ctx.stack_path == std::path::Path::new("stack.toml") {
-        String::new()
-    } else {
-        format!(" --stack {}", ctx.stack_path.display())
-    }
 }

@@ -22,6 +22,8 @@ pub struct GlobalArgs {
 
 pub struct Ctx {
     pub stack_path: PathBuf,
+    /// `--stack` (or COMMSTACK_STACK) was given, rather than stack.toml found by walking up.
+    pub stack_given: bool,
     pub home: PathBuf,
     pub quiet: bool,
 }
@@ -38,12 +40,14 @@ impl Ctx {
         // directory a command was started from.
         let home =
             std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
+        let stack_given = args.stack.is_some();
         let stack_path = match args.stack {
             Some(path) => path,
             None => find_stack_toml(&std::env::current_dir().context("the current directory")?)?,
         };
         Ok(Ctx {
             stack_path,
+            stack_given,
             home,
             quiet: args.quiet,
         })
@@ -52,6 +56,15 @@ impl Ctx {
     /// `stack.toml` -> `stack.lock`, `stacks/bookworm.toml` -> `stacks/bookworm.lock`.
     pub fn lock_path(&self) -> PathBuf {
         self.stack_path.with_extension("lock")
+    }
+
+    /// ` --stack FILE` when the stack was given, for the commands a message tells the user
+    /// to run; empty when stack.toml is found by default.
+    pub fn stack_flag(&self) -> String {
+        match self.stack_given {
+            true => format!(" --stack {}", self.stack_path.display()),
+            false => String::new(),
+        }
     }
 
     pub fn store_dir(&self) -> PathBuf {

@@ -1,47 +1,37 @@
 //! The one reader of the stack's lock, and the one mapping from the lock's model to the
 //! artifacts the fetcher downloads.
 
-use std::sync::Once;
-
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use commstack_fetch::Artifact;
 use commstack_stack::Lock;
 
 use crate::ctx::Ctx;
 
-/// The stack's lock, with an error that says how to make one. Every command reads it here.
-/// A lock that no longer matches its manifest is still used, with a warning.
+/// The stack's lock, checked against its manifest first. Every command reads it here, and
+/// none uses a stale one: a manifest asking for another torch beside an old lock would
+/// otherwise build the old stack without a word.
 pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
     let path = ctx.lock_path();
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
-            "cannot read the lock {}: run `cargo xtask lock` first (or pass --stack FILE)",
-            path.display()
+            "cannot read the lock {}: run `cargo xtask lock{}` first",
+            path.display(),
+            ctx.stack_flag()
         )
     })?;
     let lock = Lock::parse(&path, &text)?;
-    warn_if_stale(ctx, &lock);
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let stale = lock.staleness(&stack);
+    if !stale.is_empty() {
+        bail!(
+            "{} is stale, it no longer matches {}:\n  {}\nrun `cargo xtask lock{}` to resolve it again",
+            path.display(),
+            ctx.stack_path.display(),
+            stale.join("\n  "),
+            ctx.stack_flag()
+        );
+    }
     Ok(lock)
-}
-
-/// Stale-lock warnings on stderr, once per process (one command reads the lock in several
-/// steps). Refusing a stale lock is for a later issue.
-fn warn_if_stale(ctx: &Ctx, lock: &Lock) {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| match crate::util::read_stack(&ctx.stack_path) {
-        Ok(stack) => {
-            for why in lock.staleness(&stack) {
-                eprintln!(
-                    "warning: {} is stale: {why} (run `cargo xtask lock`)",
-                    ctx.lock_path().display()
-                );
-            }
-        }
-        Err(err) => eprintln!(
-            "warning: cannot check {} against its manifest: {err:#}",
-            ctx.lock_path().display()
-        ),
-    });
 }
 
 /// A part of the lock, by the role its artifacts play.
