@@ -228,13 +228,14 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
     });
 
     // NCCL: exactly torch's pin.
-    if let Some((name, want)) = r.nccl.split_once("==") {
+    {
+        let (name, want) = (&r.nccl.name, r.nccl.version.to_string());
         let have = env.dist(name).map(|d| d.version.clone());
-        let ok = have.as_deref().and_then(parse) == parse(want);
+        let ok = have.as_deref().and_then(parse).as_ref() == Some(&r.nccl.version);
         rows.push(Row {
-            what: name.into(),
+            what: name.clone(),
             env: have.clone().unwrap_or_else(|| "absent".into()),
-            stack: want.into(),
+            stack: want.clone(),
             severity: if ok { Severity::Ok } else { Severity::Error },
             note: if ok {
                 String::new()
@@ -245,7 +246,8 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
     }
 
     // NVSHMEM: replaced by the drop-in.
-    if let Some((name, want)) = r.nvshmem_pin.split_once("==") {
+    if let Some(pin) = &r.nvshmem_pin {
+        let (name, want) = (&pin.name, &pin.version);
         let have = env.dist(name).map(|d| d.version.clone());
         let stack_v = ours
             .dropin
@@ -261,7 +263,7 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
             (None, _) => (Severity::Change, "absent: the drop-in is installed".into()),
         };
         rows.push(Row {
-            what: name.into(),
+            what: name.clone(),
             env: have.unwrap_or_else(|| "absent".into()),
             stack: stack_v,
             severity: sev,
@@ -271,10 +273,13 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
 
     // DeepEP.
     let have = env.dist("deep-ep").map(|d| d.version.clone());
-    let want = ours
-        .deepep
-        .map(|d| d.version.clone())
-        .unwrap_or_else(|| format!("{} ({})", r.deepep_rev.get(..7).unwrap_or(""), r.deepep_api));
+    let want = ours.deepep.map(|d| d.version.clone()).unwrap_or_else(|| {
+        format!(
+            "{} ({})",
+            r.deepep_rev.get(..7).unwrap_or(""),
+            r.deepep_api.as_str()
+        )
+    });
     let (sev, note) = match (&have, ours.deepep) {
         (Some(h), Some(d)) if parse(h) == parse(&d.version) && deepep_record_matches(env, d) => {
             (Severity::Ok, "the stack's build is installed".to_string())

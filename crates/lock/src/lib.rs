@@ -19,7 +19,7 @@ use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel};
 use commstack_stack::manifest::NvshmemVersion;
 use commstack_stack::rules::{self, Facts, Status};
-use commstack_stack::{Lock, Stack, known};
+use commstack_stack::{Lock, Pin, Stack, known};
 use pep440_rs::Version;
 use pep508_rs::Requirement;
 
@@ -159,17 +159,15 @@ pub async fn lock(
             platform: target.platform_tag(),
             torch: stack.torch.version.to_string(),
             cuda: cuda.to_string(),
-            nccl: format!("{nccl_name}=={nccl}"),
-            nvshmem_pin: nvshmem_pin
-                .map(|(n, v)| format!("{n}=={v}"))
-                .unwrap_or_default(),
+            nccl: Pin::new(nccl_name, nccl),
+            nvshmem_pin: nvshmem_pin.map(|(n, v)| Pin::new(n, v)),
             nvshmem: nvshmem_version.to_string(),
             deepep_rev: sources
                 .iter()
                 .find(|s| s.name == "deepep")
                 .and_then(|s| s.rev.clone())
                 .unwrap_or_default(),
-            deepep_api: stack.deepep.api.as_str().into(),
+            deepep_api: stack.deepep.api,
         },
         manifest: stack.echo(),
         rules: outcomes
