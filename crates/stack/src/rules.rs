@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::diag::Diagnostic;
 use crate::manifest::{DeepEpApi, Stack};
+use crate::pin::Pin;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum RuleId {
@@ -156,10 +157,10 @@ pub struct Facts {
     /// CUDA version torch's wheels are built for (from its `cuda-toolkit==X` pin or the
     /// `-cuXX` suffix of its NVIDIA dependencies).
     pub torch_cuda: Option<Version>,
-    /// `nvidia-nccl-cuXX` pin of torch: (package name, version).
-    pub torch_nccl: Option<(String, Version)>,
+    /// `nvidia-nccl-cuXX` pin of torch.
+    pub torch_nccl: Option<Pin>,
     /// `nvidia-nvshmem-cuXX` pin of torch.
-    pub torch_nvshmem: Option<(String, Version)>,
+    pub torch_nvshmem: Option<Pin>,
     /// The NVSHMEM version the stack builds.
     pub nvshmem_build: Option<Version>,
     /// Whether the DeepEP sources force RDC (see [`deepep_v1_has_rdc_fix`]); None when the
@@ -264,7 +265,8 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
     // NVSHMEM family and version vs torch's pin.
     let major = stack.torch.cuda_major;
     match &facts.torch_nvshmem {
-        Some((name, pin)) => {
+        Some(pin) => {
+            let name = &pin.name;
             let family_ok = name.ends_with(&format!("-cu{major}"));
             out.push(if family_ok {
                 ok(
@@ -276,24 +278,22 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
                     stack,
                     RuleId::NvshmemCudaFamily,
                     "torch.cuda",
-                    format!(
-                        "torch {torch} pins {name}=={pin}, not the cu{major} family of the stack"
-                    ),
+                    format!("torch {torch} pins {pin}, not the cu{major} family of the stack"),
                     None,
                     format!("set torch.cuda to match {name}, or choose another torch"),
                 )
             });
             let build = facts.nvshmem_build.as_ref();
             out.push(match build {
-                Some(b) if b.release() == pin.release() => {
-                    ok(RuleId::NvshmemMatchesTorch, format!("NVSHMEM {b} is torch's pin {name}=={pin}"))
+                Some(b) if b.release() == pin.version.release() => {
+                    ok(RuleId::NvshmemMatchesTorch, format!("NVSHMEM {b} is torch's pin {pin}"))
                 }
                 Some(b) => violation(
                     stack,
                     RuleId::NvshmemMatchesTorch,
                     "nvshmem.version",
                     format!(
-                        "nvshmem.version is {b} but torch {torch} pins {name}=={pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
+                        "nvshmem.version is {b} but torch {torch} pins {pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
                     ),
                     Some(("torch.version", format!("torch {torch} is chosen here"))),
                     format!(
@@ -332,8 +332,8 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
     let min_nccl: Version = DEEPEP_V2_MIN_NCCL.parse().unwrap();
     out.push(match (&facts.torch_nccl, v2) {
         (_, false) => not_applicable(RuleId::DeepEpV2Nccl, "DeepEP V1 does not use NCCL's device API".into()),
-        (Some((name, nccl)), true) if *nccl >= min_nccl => {
-            ok(RuleId::DeepEpV2Nccl, format!("torch pins {name}=={nccl} >= {min_nccl}"))
+        (Some(nccl), true) if nccl.version >= min_nccl => {
+            ok(RuleId::DeepEpV2Nccl, format!("torch pins {nccl} >= {min_nccl}"))
         }
         (nccl, true) => violation(
             stack,
@@ -341,7 +341,7 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
             "deepep.api",
             format!(
                 "DeepEP V2 needs NCCL >= {min_nccl} but torch {torch} pins {}",
-                nccl.as_ref().map(|(n, v)| format!("{n}=={v}")).unwrap_or_else(|| "no NCCL".into())
+                nccl.as_ref().map(|p| p.to_string()).unwrap_or_else(|| "no NCCL".into())
             ),
             Some(("torch.version", format!("torch {torch} is chosen here"))),
             format!(
