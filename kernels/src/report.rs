@@ -402,7 +402,62 @@ fn ok_mark(wrong: u64) -> String {
 /// The human-readable summary printed by `commstack-selftest`.
 pub fn render_table(report: &Report) -> String {
     let mut out = String::new();
-    let w = &mut out;
+    let transfers = Transfers::of(report);
+    write_ranks(&mut out, report);
+    write_self_sweep(&mut out, report, &transfers);
+    write_pairs(&mut out, report, &transfers);
+    write_dispatch(&mut out, report);
+    write_pingpong(&mut out, report);
+    write_summary(&mut out, report);
+    out
+}
+
+/// Every rank's results and checks, by the transfer each is about.
+struct Transfers<'a> {
+    checks: BTreeMap<Transfer, &'a PutCheck>,
+    /// Data moving src -> dst by get: what rank dst read from src.
+    get_checks: BTreeMap<Transfer, &'a PutCheck>,
+    gets: BTreeMap<Transfer, &'a PutResult>,
+}
+
+impl<'a> Transfers<'a> {
+    fn of(report: &'a Report) -> Self {
+        Transfers {
+            checks: by_transfer(report, |r| &r.put_checks, PutCheck::transfer),
+            get_checks: by_transfer(report, |r| &r.get_checks, PutCheck::transfer),
+            gets: by_transfer(report, |r| &r.get, PutResult::transfer),
+        }
+    }
+
+    /// The get bandwidth of the same transfer as `p`.
+    fn get_gbps(&self, p: &PutResult) -> f64 {
+        self.gets.get(&p.transfer()).map_or(f64::NAN, |g| g.gbps)
+    }
+
+    /// Wrong bytes of the put and get checks of the same transfer as `p`; None if unchecked.
+    fn wrong_bytes(&self, p: &PutResult) -> Option<u64> {
+        let key = p.transfer();
+        let put = self.checks.get(&key).map(|c| c.wrong_bytes);
+        let get = self.get_checks.get(&key).map(|c| c.wrong_bytes);
+        match (put, get) {
+            (None, None) => None,
+            (p, g) => Some(p.unwrap_or(0) + g.unwrap_or(0)),
+        }
+    }
+
+    /// Wrong bytes of every check from `src` to `dst`, at all sizes.
+    fn wrong_bytes_between(&self, src: usize, dst: usize) -> u64 {
+        self.checks
+            .values()
+            .chain(self.get_checks.values())
+            .filter(|c| c.src_pe == src && c.dst_pe == dst)
+            .map(|c| c.wrong_bytes)
+            .sum()
+    }
+}
+
+/// The title line and one line per rank: its GPU and the NVSHMEM it loaded.
+fn write_ranks(w: &mut String, report: &Report) {
     let _ = writeln!(
         w,
         "commstack-selftest {}: {} GPU(s), seed {}",
@@ -423,23 +478,10 @@ pub fn render_table(report: &Report) -> String {
             r.nvshmem.loaded_library.as_deref().unwrap_or("?")
         );
     }
+}
 
-    let checks = by_transfer(report, |r| &r.put_checks, PutCheck::transfer);
-    // Data moving src -> dst by get: what rank dst read from src.
-    let get_checks = by_transfer(report, |r| &r.get_checks, PutCheck::transfer);
-    let gets = by_transfer(report, |r| &r.get, PutResult::transfer);
-    let get_of = |p: &PutResult| gets.get(&p.transfer()).map_or(f64::NAN, |g| g.gbps);
-    let check_of = |p: &PutResult| {
-        let key = p.transfer();
-        let put = checks.get(&key).map(|c| c.wrong_bytes);
-        let get = get_checks.get(&key).map(|c| c.wrong_bytes);
-        match (put, get) {
-            (None, None) => None,
-            (p, g) => Some(p.unwrap_or(0) + g.unwrap_or(0)),
-        }
-    };
-
-    // Sweep: every GPU's put to itself next to its copy baseline.
+/// Sweep: every GPU's put to itself next to its copy baseline.
+fn write_self_sweep(w: &mut String, report: &Report, transfers: &Transfers<'_>) {
     for r in &report.ranks {
         let selfs: Vec<&PutResult> = r.put.iter().filter(|p| p.dst_pe == r.rank).collect();
         if selfs.is_empty() && r.copy.is_empty() {
@@ -458,13 +500,13 @@ pub fn render_table(report: &Report) -> String {
         for p in selfs {
             let copy = r.copy.iter().find(|c| c.bytes == p.bytes);
             let copy_gbps = copy.map_or(f64::NAN, |c| c.gbps);
-            let wrong = check_of(p).unwrap_or(0) + copy.map_or(0, |c| c.wrong_bytes);
+            let wrong = transfers.wrong_bytes(p).unwrap_or(0) + copy.map_or(0, |c| c.wrong_bytes);
             let _ = writeln!(
                 w,
                 "  {:>8} {:>10.1} {:>10.1} {:>10.1} {:>6.1}% {:>6}  {}",
                 human_bytes(p.bytes),
                 p.gbps,
-                get_of(p),
+                transfers.get_gbps(p),
                 copy_gbps,
                 100.0 * p.gbps / copy_gbps,
                 p.iters,
@@ -472,123 +514,124 @@ pub fn render_table(report: &Report) -> String {
             );
         }
     }
+}
 
-    // Pairs: every measured (src, dst) at the largest size, plus its worst check.
+/// Pairs: every measured (src, dst) at the largest size, plus its worst check.
+fn write_pairs(w: &mut String, report: &Report, transfers: &Transfers<'_>) {
     let remote: Vec<&PutResult> = report
         .ranks
         .iter()
         .flat_map(|r| &r.put)
         .filter(|p| p.src_pe != p.dst_pe)
         .collect();
-    if let Some(max) = remote.iter().map(|p| p.bytes).max() {
+    let Some(max) = remote.iter().map(|p| p.bytes).max() else {
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "\nput and get between GPUs at {} (GB/s, median; get = dst reading src)",
+        human_bytes(max)
+    );
+    let _ = writeln!(
+        w,
+        "  {:>9} {:>10} {:>10} {:>10}  check (all sizes)",
+        "src->dst", "put", "put best", "get"
+    );
+    for p in remote.iter().filter(|p| p.bytes == max) {
         let _ = writeln!(
             w,
-            "\nput and get between GPUs at {} (GB/s, median; get = dst reading src)",
-            human_bytes(max)
+            "  {:>9} {:>10.1} {:>10.1} {:>10.1}  {}",
+            format!("{}->{}", p.src_pe, p.dst_pe),
+            p.gbps,
+            p.gbps_best,
+            transfers.get_gbps(p),
+            ok_mark(transfers.wrong_bytes_between(p.src_pe, p.dst_pe))
         );
-        let _ = writeln!(
-            w,
-            "  {:>9} {:>10} {:>10} {:>10}  check (all sizes)",
-            "src->dst", "put", "put best", "get"
-        );
-        for p in remote.iter().filter(|p| p.bytes == max) {
-            let wrong: u64 = checks
-                .values()
-                .chain(get_checks.values())
-                .filter(|c| c.src_pe == p.src_pe && c.dst_pe == p.dst_pe)
-                .map(|c| c.wrong_bytes)
-                .sum();
-            let _ = writeln!(
-                w,
-                "  {:>9} {:>10.1} {:>10.1} {:>10.1}  {}",
-                format!("{}->{}", p.src_pe, p.dst_pe),
-                p.gbps,
-                p.gbps_best,
-                get_of(p),
-                ok_mark(wrong)
-            );
-        }
     }
+}
 
+/// The MoE dispatch, one line per rank.
+fn write_dispatch(w: &mut String, report: &Report) {
     let dispatches: Vec<(usize, &DispatchResult)> = report
         .ranks
         .iter()
         .filter_map(|r| r.dispatch.as_ref().map(|d| (r.rank, d)))
         .collect();
-    if let Some((_, d0)) = dispatches.first() {
+    let Some((_, d0)) = dispatches.first() else {
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "\nMoE dispatch: {} tokens x {} bytes per GPU, top-{} of {} experts",
+        d0.tokens, d0.token_bytes, d0.topk, d0.experts
+    );
+    let _ = writeln!(
+        w,
+        "  {:>5} {:>8} {:>10} {:>9} {:>10}  check",
+        "rank", "sent", "MB sent", "received", "GB/s"
+    );
+    for (rank, d) in &dispatches {
+        let wrong = d.wrong_bytes + d.poison_overwritten_bytes;
         let _ = writeln!(
             w,
-            "\nMoE dispatch: {} tokens x {} bytes per GPU, top-{} of {} experts",
-            d0.tokens, d0.token_bytes, d0.topk, d0.experts
+            "  {:>5} {:>8} {:>10.1} {:>9} {:>10.1}  {}{}",
+            rank,
+            d.items_sent,
+            d.bytes_sent as f64 / 1e6,
+            d.tokens_received,
+            d.gbps,
+            ok_mark(wrong),
+            d.first_error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
         );
-        let _ = writeln!(
-            w,
-            "  {:>5} {:>8} {:>10} {:>9} {:>10}  check",
-            "rank", "sent", "MB sent", "received", "GB/s"
-        );
-        for (rank, d) in &dispatches {
-            let wrong = d.wrong_bytes + d.poison_overwritten_bytes;
-            let _ = writeln!(
-                w,
-                "  {:>5} {:>8} {:>10.1} {:>9} {:>10.1}  {}{}",
-                rank,
-                d.items_sent,
-                d.bytes_sent as f64 / 1e6,
-                d.tokens_received,
-                d.gbps,
-                ok_mark(wrong),
-                d.first_error
-                    .as_deref()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            );
-        }
     }
+}
 
-    let pings: Vec<&PingPongResult> = report
-        .ranks
-        .iter()
-        .flat_map(|r| &r.pingpong)
-        .filter(|p| p.role == Role::Initiator)
-        .collect();
-    if !pings.is_empty() {
-        let _ = writeln!(w, "\nsignal ping-pong, round trip (us)");
+/// The signal ping-pong, one line per pair (timed by the initiator, checked on both sides).
+fn write_pingpong(w: &mut String, report: &Report) {
+    let all = || report.ranks.iter().flat_map(|r| &r.pingpong);
+    let pings: Vec<&PingPongResult> = all().filter(|p| p.role == Role::Initiator).collect();
+    if pings.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\nsignal ping-pong, round trip (us)");
+    let _ = writeln!(
+        w,
+        "  {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  signals",
+        "pair", "p50", "p99", "mean", "min", "rounds"
+    );
+    for p in pings {
+        let responder_ok = all()
+            .filter(|q| {
+                q.role == Role::Responder
+                    && q.initiator == p.initiator
+                    && q.responder == p.responder
+            })
+            .all(|q| q.signal_ok);
+        let s = p.round_trip.as_ref();
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let _ = writeln!(
             w,
-            "  {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  signals",
-            "pair", "p50", "p99", "mean", "min", "rounds"
+            "  {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
+            format!("{}<->{}", p.initiator, p.responder),
+            f(s.map(|s| s.p50_us)),
+            f(s.map(|s| s.p99_us)),
+            f(s.map(|s| s.mean_us)),
+            f(s.map(|s| s.min_us)),
+            p.rounds,
+            if p.signal_ok && responder_ok {
+                "ok"
+            } else {
+                "WRONG"
+            }
         );
-        for p in pings {
-            let responder_ok = report
-                .ranks
-                .iter()
-                .flat_map(|r| &r.pingpong)
-                .filter(|q| {
-                    q.role == Role::Responder
-                        && q.initiator == p.initiator
-                        && q.responder == p.responder
-                })
-                .all(|q| q.signal_ok);
-            let s = p.round_trip.as_ref();
-            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-            let _ = writeln!(
-                w,
-                "  {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
-                format!("{}<->{}", p.initiator, p.responder),
-                f(s.map(|s| s.p50_us)),
-                f(s.map(|s| s.p99_us)),
-                f(s.map(|s| s.mean_us)),
-                f(s.map(|s| s.min_us)),
-                p.rounds,
-                if p.signal_ok && responder_ok {
-                    "ok"
-                } else {
-                    "WRONG"
-                }
-            );
-        }
     }
+}
 
+/// The put/copy ratios, the errors, and the correctness line.
+fn write_summary(w: &mut String, report: &Report) {
     let ratios = report.put_copy_ratios();
     if !ratios.is_empty() {
         let _ = writeln!(w);
@@ -618,5 +661,4 @@ pub fn render_table(report: &Report) -> String {
             format!("{wrong} wrong bytes, {bad_signals} wrong signals")
         }
     );
-    out
 }

@@ -152,152 +152,279 @@ fn put_sweep(
     opts: &TestOptions,
     report: &mut RankReport,
 ) -> anyhow::Result<()> {
-    let (rank, world) = (shmem.rank(), shmem.world());
     let max = usize::try_from(opts.max_bytes).context("--max-bytes")?;
-    let src = shmem.alloc(max)?;
-    let dst = shmem.alloc(max + PUT_GUARD)?;
-    let mut host = vec![0u8; max + PUT_GUARD];
-    put_source(opts.seed, rank).fill(0, &mut host[..max]);
-    upload(stream, &src, &host[..max])?;
-    let peer = |k: usize| (rank + k) % world;
-
+    let mut sweep = PutSweep::new(shmem, stream, opts.seed, max)?;
     for bytes in opts.put_sizes() {
-        let bytes = bytes as usize;
-        let grid = PutGrid::new(bytes, report.put_grid_blocks);
-        let iters = (BATCH_BYTES / bytes as u64).clamp(10, 1000) as u32;
-
-        // Warm-up: one of each, untimed.
-        for k in 0..world {
-            sync_barrier(shmem, stream)?;
-            launch::rma(Rma::Put, stream, &dst, &src, bytes, peer(k), grid)?;
-        }
-        sync_barrier(shmem, stream)?;
-        copy_dtod(stream, &dst, &src, bytes)?;
-
-        // Timed: trials interleave every offset, both directions and the copy, so drift
-        // hits all alike. Nobody writes `src`, so gets read what was uploaded.
-        let mut put_ms = vec![Vec::new(); world];
-        let mut get_ms = vec![Vec::new(); world];
-        let mut copy_ms = Vec::new();
-        for _ in 0..opts.trials {
-            for (op, ms) in [(Rma::Put, &mut put_ms), (Rma::Get, &mut get_ms)] {
-                for (k, samples) in ms.iter_mut().enumerate() {
-                    sync_barrier(shmem, stream)?;
-                    samples.push(timed(stream, || {
-                        (0..iters).try_for_each(|_| {
-                            launch::rma(op, stream, &dst, &src, bytes, peer(k), grid)
-                        })
-                    })?);
-                }
-            }
-            sync_barrier(shmem, stream)?;
-            copy_ms.push(timed(stream, || {
-                (0..iters).try_for_each(|_| copy_dtod(stream, &dst, &src, bytes))
-            })?);
-        }
-
-        // Checks: poison everywhere, one put, then what arrived from (rank - k).
-        for k in 0..world {
-            let from = (rank + world - k) % world;
-            sync_barrier(shmem, stream)?;
-            poison(stream, &dst, bytes + PUT_GUARD)?;
-            sync_barrier(shmem, stream)?;
-            launch::rma(Rma::Put, stream, &dst, &src, bytes, peer(k), grid)?;
-            sync_barrier(shmem, stream)?;
-            download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
-            let mut m = put_source(opts.seed, from).compare(0, &host[..bytes]);
-            m.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
-            report.put_checks.push(PutCheck {
-                bytes: bytes as u64,
-                src_pe: from,
-                dst_pe: rank,
-                wrong_bytes: m.wrong_bytes,
-                first_wrong_offset: m.first_offset,
-            });
-        }
-        // Get checks: poison the local buffer, fetch from peer(k), compare with its bytes.
-        for k in 0..world {
-            sync_barrier(shmem, stream)?;
-            poison(stream, &dst, bytes + PUT_GUARD)?;
-            launch::rma(Rma::Get, stream, &dst, &src, bytes, peer(k), grid)?;
-            download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
-            let mut m = put_source(opts.seed, peer(k)).compare(0, &host[..bytes]);
-            m.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
-            report.get_checks.push(PutCheck {
-                bytes: bytes as u64,
-                src_pe: peer(k),
-                dst_pe: rank,
-                wrong_bytes: m.wrong_bytes,
-                first_wrong_offset: m.first_offset,
-            });
-        }
-        sync_barrier(shmem, stream)?;
-        poison(stream, &dst, bytes + PUT_GUARD)?;
-        copy_dtod(stream, &dst, &src, bytes)?;
-        download(stream, &dst, &mut host[..bytes + PUT_GUARD])?;
-        let mut copy_check = put_source(opts.seed, rank).compare(0, &host[..bytes]);
-        copy_check.add_fill_check(bytes as u64, POISON, &host[bytes..bytes + PUT_GUARD]);
-
-        // Data moves from the owner of `src` to the owner of `dst`: for put that is this
-        // rank to peer(k), for get peer(k) to this rank.
-        for (op, ms, results) in [
-            (Rma::Put, &put_ms, &mut report.put),
-            (Rma::Get, &get_ms, &mut report.get),
-        ] {
-            for (k, samples) in ms.iter().enumerate() {
-                let (src_pe, dst_pe) = match op {
-                    Rma::Put => (rank, peer(k)),
-                    Rma::Get => (peer(k), rank),
-                };
-                results.push(PutResult {
-                    bytes: bytes as u64,
-                    src_pe,
-                    dst_pe,
-                    iters,
-                    gbps: gbps(bytes, iters, median(samples)),
-                    gbps_best: gbps(bytes, iters, min(samples)),
-                });
-            }
-        }
-        let copy = CopyResult {
-            bytes: bytes as u64,
-            iters,
-            gbps: gbps(bytes, iters, median(&copy_ms)),
-            gbps_best: gbps(bytes, iters, min(&copy_ms)),
-            wrong_bytes: copy_check.wrong_bytes,
-        };
-        let self_put = report
-            .put
-            .iter()
-            .rev()
-            .find(|p| p.dst_pe == rank)
-            .map_or(f64::NAN, |p| p.gbps);
-        let self_get = report
-            .get
-            .iter()
-            .rev()
-            .find(|p| p.src_pe == rank)
-            .map_or(f64::NAN, |p| p.gbps);
-        let wrong: u64 = report
-            .put_checks
-            .iter()
-            .chain(&report.get_checks)
-            .filter(|c| c.bytes == bytes as u64)
-            .map(|c| c.wrong_bytes)
-            .sum();
-        log!(
-            rank,
-            "put/get {bytes:>10} B: self put {self_put:8.1} GB/s, get {self_get:8.1} GB/s, copy {:8.1} GB/s, {} blocks, wrong bytes {}",
-            copy.gbps,
-            grid.nblocks,
-            wrong + copy.wrong_bytes
-        );
+        let step = Step::new(bytes as usize, report.put_grid_blocks);
+        sweep.warm_up(step)?;
+        let timings = sweep.time(step, opts.trials)?;
+        let put_checks = sweep.check_puts(step)?;
+        report.put_checks.extend(put_checks);
+        let get_checks = sweep.check_gets(step)?;
+        report.get_checks.extend(get_checks);
+        let copy_wrong = sweep.check_copy(step)?;
+        sweep.record_bandwidths(step, &timings, report);
+        let copy = timings.copy_result(step, copy_wrong);
+        log_put_step(report, step, &copy);
         report.copy.push(copy);
     }
     sync_barrier(shmem, stream)?;
-    dst.free();
-    src.free();
+    sweep.free();
     Ok(())
+}
+
+/// One size of the put sweep.
+#[derive(Clone, Copy)]
+struct Step {
+    bytes: usize,
+    grid: PutGrid,
+    /// Transfers per timed batch.
+    iters: u32,
+}
+
+impl Step {
+    fn new(bytes: usize, grid_blocks: u32) -> Self {
+        Step {
+            bytes,
+            grid: PutGrid::new(bytes, grid_blocks),
+            iters: (BATCH_BYTES / bytes as u64).clamp(10, 1000) as u32,
+        }
+    }
+}
+
+/// Milliseconds per batch of one size, one list of trials per peer offset k.
+struct Timings {
+    put_ms: Vec<Vec<f64>>,
+    get_ms: Vec<Vec<f64>>,
+    copy_ms: Vec<f64>,
+}
+
+impl Timings {
+    fn copy_result(&self, step: Step, wrong_bytes: u64) -> CopyResult {
+        CopyResult {
+            bytes: step.bytes as u64,
+            iters: step.iters,
+            gbps: gbps(step.bytes, step.iters, median(&self.copy_ms)),
+            gbps_best: gbps(step.bytes, step.iters, min(&self.copy_ms)),
+            wrong_bytes,
+        }
+    }
+}
+
+/// What every size of the sweep shares: `src` holds this rank's put source, `dst`
+/// receives (with [`PUT_GUARD`] bytes after the largest message), `host` stages checks.
+struct PutSweep<'s> {
+    shmem: &'s Nvshmem,
+    stream: &'s Arc<CudaStream>,
+    seed: u64,
+    src: SymmetricBuffer<'s>,
+    dst: SymmetricBuffer<'s>,
+    host: Vec<u8>,
+}
+
+impl<'s> PutSweep<'s> {
+    fn new(
+        shmem: &'s Nvshmem,
+        stream: &'s Arc<CudaStream>,
+        seed: u64,
+        max: usize,
+    ) -> anyhow::Result<Self> {
+        let src = shmem.alloc(max)?;
+        let dst = shmem.alloc(max + PUT_GUARD)?;
+        let mut host = vec![0u8; max + PUT_GUARD];
+        put_source(seed, shmem.rank()).fill(0, &mut host[..max]);
+        upload(stream, &src, &host[..max])?;
+        Ok(PutSweep {
+            shmem,
+            stream,
+            seed,
+            src,
+            dst,
+            host,
+        })
+    }
+
+    /// Collective, like the allocations.
+    fn free(self) {
+        self.dst.free();
+        self.src.free();
+    }
+
+    /// The PE at offset `k` from this rank.
+    fn peer(&self, k: usize) -> usize {
+        (self.shmem.rank() + k) % self.shmem.world()
+    }
+
+    fn barrier(&self) -> anyhow::Result<()> {
+        sync_barrier(self.shmem, self.stream)
+    }
+
+    fn rma(&self, op: Rma, step: Step, k: usize) -> anyhow::Result<()> {
+        let (dst, src) = (&self.dst, &self.src);
+        launch::rma(
+            op,
+            self.stream,
+            dst,
+            src,
+            step.bytes,
+            self.peer(k),
+            step.grid,
+        )
+    }
+
+    fn copy(&self, step: Step) -> anyhow::Result<()> {
+        copy_dtod(self.stream, &self.dst, &self.src, step.bytes)
+    }
+
+    fn poison(&self, step: Step) -> anyhow::Result<()> {
+        poison(self.stream, &self.dst, step.bytes + PUT_GUARD)
+    }
+
+    /// Warm-up: one of each, untimed.
+    fn warm_up(&self, step: Step) -> anyhow::Result<()> {
+        for k in 0..self.shmem.world() {
+            self.barrier()?;
+            self.rma(Rma::Put, step, k)?;
+        }
+        self.barrier()?;
+        self.copy(step)
+    }
+
+    /// Timed: trials interleave every offset, both directions and the copy, so drift
+    /// hits all alike. Nobody writes `src`, so gets read what was uploaded.
+    fn time(&self, step: Step, trials: u32) -> anyhow::Result<Timings> {
+        let world = self.shmem.world();
+        let mut put_ms = vec![Vec::new(); world];
+        let mut get_ms = vec![Vec::new(); world];
+        let mut copy_ms = Vec::new();
+        for _ in 0..trials {
+            for (op, ms) in [(Rma::Put, &mut put_ms), (Rma::Get, &mut get_ms)] {
+                for (k, samples) in ms.iter_mut().enumerate() {
+                    self.barrier()?;
+                    samples.push(timed(self.stream, || {
+                        (0..step.iters).try_for_each(|_| self.rma(op, step, k))
+                    })?);
+                }
+            }
+            self.barrier()?;
+            copy_ms.push(timed(self.stream, || {
+                (0..step.iters).try_for_each(|_| self.copy(step))
+            })?);
+        }
+        Ok(Timings {
+            put_ms,
+            get_ms,
+            copy_ms,
+        })
+    }
+
+    /// Checks: poison everywhere, one put, then what arrived from (rank - k).
+    fn check_puts(&mut self, step: Step) -> anyhow::Result<Vec<PutCheck>> {
+        let (rank, world) = (self.shmem.rank(), self.shmem.world());
+        let mut checks = Vec::new();
+        for k in 0..world {
+            let from = (rank + world - k) % world;
+            self.barrier()?;
+            self.poison(step)?;
+            self.barrier()?;
+            self.rma(Rma::Put, step, k)?;
+            self.barrier()?;
+            checks.push(self.received(step, from)?);
+        }
+        Ok(checks)
+    }
+
+    /// Get checks: poison the local buffer, fetch from peer(k), compare with its bytes.
+    fn check_gets(&mut self, step: Step) -> anyhow::Result<Vec<PutCheck>> {
+        let mut checks = Vec::new();
+        for k in 0..self.shmem.world() {
+            self.barrier()?;
+            self.poison(step)?;
+            self.rma(Rma::Get, step, k)?;
+            checks.push(self.received(step, self.peer(k))?);
+        }
+        Ok(checks)
+    }
+
+    /// The copy baseline's wrong bytes: this rank's own bytes, copied on the GPU.
+    fn check_copy(&mut self, step: Step) -> anyhow::Result<u64> {
+        self.barrier()?;
+        self.poison(step)?;
+        self.copy(step)?;
+        Ok(self.received(step, self.shmem.rank())?.wrong_bytes)
+    }
+
+    /// `dst` against what PE `from` sends, and its guard against the poison.
+    fn received(&mut self, step: Step, from: usize) -> anyhow::Result<PutCheck> {
+        let bytes = step.bytes;
+        let host = &mut self.host[..bytes + PUT_GUARD];
+        download(self.stream, &self.dst, host)?;
+        let mut m = put_source(self.seed, from).compare(0, &host[..bytes]);
+        m.add_fill_check(bytes as u64, POISON, &host[bytes..]);
+        Ok(PutCheck {
+            bytes: bytes as u64,
+            src_pe: from,
+            dst_pe: self.shmem.rank(),
+            wrong_bytes: m.wrong_bytes,
+            first_wrong_offset: m.first_offset,
+        })
+    }
+
+    /// Data moves from the owner of `src` to the owner of `dst`: for put that is this
+    /// rank to peer(k), for get peer(k) to this rank.
+    fn record_bandwidths(&self, step: Step, timings: &Timings, report: &mut RankReport) {
+        let rank = self.shmem.rank();
+        for (op, ms, results) in [
+            (Rma::Put, &timings.put_ms, &mut report.put),
+            (Rma::Get, &timings.get_ms, &mut report.get),
+        ] {
+            for (k, samples) in ms.iter().enumerate() {
+                let (src_pe, dst_pe) = match op {
+                    Rma::Put => (rank, self.peer(k)),
+                    Rma::Get => (self.peer(k), rank),
+                };
+                results.push(PutResult {
+                    bytes: step.bytes as u64,
+                    src_pe,
+                    dst_pe,
+                    iters: step.iters,
+                    gbps: gbps(step.bytes, step.iters, median(samples)),
+                    gbps_best: gbps(step.bytes, step.iters, min(samples)),
+                });
+            }
+        }
+    }
+}
+
+/// One line per size: this rank's put and get to itself, the copy, and the wrong bytes.
+fn log_put_step(report: &RankReport, step: Step, copy: &CopyResult) {
+    let (rank, bytes) = (report.rank, step.bytes);
+    let self_put = report
+        .put
+        .iter()
+        .rev()
+        .find(|p| p.dst_pe == rank)
+        .map_or(f64::NAN, |p| p.gbps);
+    let self_get = report
+        .get
+        .iter()
+        .rev()
+        .find(|p| p.src_pe == rank)
+        .map_or(f64::NAN, |p| p.gbps);
+    let wrong: u64 = report
+        .put_checks
+        .iter()
+        .chain(&report.get_checks)
+        .filter(|c| c.bytes == bytes as u64)
+        .map(|c| c.wrong_bytes)
+        .sum();
+    log!(
+        rank,
+        "put/get {bytes:>10} B: self put {self_put:8.1} GB/s, get {self_get:8.1} GB/s, copy {:8.1} GB/s, {} blocks, wrong bytes {}",
+        copy.gbps,
+        step.grid.nblocks,
+        wrong + copy.wrong_bytes
+    );
 }
 
 fn dispatch_test(

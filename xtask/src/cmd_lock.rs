@@ -118,13 +118,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     println!(
         "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
         r.nvshmem,
-        if r.nvshmem_pin.is_empty() {
-            "nothing"
-        } else {
-            &r.nvshmem_pin
-        },
+        r.nvshmem_pin
+            .as_ref()
+            .map_or("nothing".to_string(), |p| p.to_string()),
         &r.deepep_rev[..r.deepep_rev.len().min(12)],
-        r.deepep_api
+        r.deepep_api.as_str()
     );
     println!("  wrote {} and {}", lock_path.display(), req_path.display());
     Ok(ExitCode::SUCCESS)

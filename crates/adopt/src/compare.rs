@@ -3,8 +3,9 @@
 
 use std::str::FromStr;
 
+use commstack_stack::lock::Resolved;
 use commstack_stack::rules::{Facts, Status, check_resolved};
-use commstack_stack::{Lock, Stack};
+use commstack_stack::{Lock, Pin, Stack};
 use pep440_rs::Version;
 use serde::Serialize;
 
@@ -151,11 +152,37 @@ fn same_release(a: &str, b: &str) -> Option<bool> {
 /// Compare `env` with `lock` (and `stack`'s rules, given the environment's facts).
 pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<'_>) -> Comparison {
     let r = &lock.resolved;
-    let mut rows = Vec::new();
+    let mut rows = vec![
+        python_row(env, r),
+        torch_row(env, r),
+        cuda_row(env, r),
+        nccl_row(env, &r.nccl),
+    ];
+    rows.extend(
+        r.nvshmem_pin
+            .as_ref()
+            .map(|pin| nvshmem_row(env, pin, ours)),
+    );
+    rows.push(deepep_row(env, r, ours));
+    let (others_same, others_differ) = other_packages(env, lock, &rows);
+    let rules = match stack {
+        Some(stack) => check_rules(env, stack, ours, &mut rows),
+        None => Vec::new(),
+    };
+    Comparison {
+        python: env.python.display().to_string(),
+        site_packages: env.site_packages().display().to_string(),
+        rows,
+        others_same,
+        others_differ,
+        rules,
+    }
+}
 
-    // Python.
+/// The interpreter: the stack's wheels are built for one CPython.
+fn python_row(env: &PythonEnv, r: &Resolved) -> Row {
     let want_tag = &r.python_tag;
-    rows.push(Row {
+    Row {
         what: "python".into(),
         env: env.version.clone(),
         stack: want_tag.clone(),
@@ -172,9 +199,11 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
                 env.python_tag()
             )
         },
-    });
+    }
+}
 
-    // torch.
+/// torch: the locked version, or the same release from another index.
+fn torch_row(env: &PythonEnv, r: &Resolved) -> Row {
     let torch = env.torch_version().unwrap_or("absent").to_string();
     let (sev, note) = match (torch.as_str(), same_release(&torch, &r.torch)) {
         ("absent", _) => (
@@ -198,20 +227,22 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
             ),
         ),
     };
-    rows.push(Row {
+    Row {
         what: "torch".into(),
         env: torch,
         stack: r.torch.clone(),
         severity: sev,
         note,
-    });
+    }
+}
 
-    // CUDA torch is built for.
+/// The CUDA torch is built for: major and minor must be the stack's.
+fn cuda_row(env: &PythonEnv, r: &Resolved) -> Row {
     let cuda = env.torch_cuda().unwrap_or("none").to_string();
     let cuda_ok = parse(&cuda)
         .zip(parse(&r.cuda))
         .is_some_and(|(a, b)| a.release().get(..2) == b.release().get(..2));
-    rows.push(Row {
+    Row {
         what: "torch.version.cuda".into(),
         env: cuda.clone(),
         stack: r.cuda.clone(),
@@ -225,56 +256,64 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
         } else {
             "torch's CUDA must be the stack's (nvcc, NVSHMEM and DeepEP use it)".into()
         },
-    });
-
-    // NCCL: exactly torch's pin.
-    if let Some((name, want)) = r.nccl.split_once("==") {
-        let have = env.dist(name).map(|d| d.version.clone());
-        let ok = have.as_deref().and_then(parse) == parse(want);
-        rows.push(Row {
-            what: name.into(),
-            env: have.clone().unwrap_or_else(|| "absent".into()),
-            stack: want.into(),
-            severity: if ok { Severity::Ok } else { Severity::Error },
-            note: if ok {
-                String::new()
-            } else {
-                format!("the runtime check requires ncclGetVersion == {want} (torch's pin); adopt does not change NCCL")
-            },
-        });
     }
+}
 
-    // NVSHMEM: replaced by the drop-in.
-    if let Some((name, want)) = r.nvshmem_pin.split_once("==") {
-        let have = env.dist(name).map(|d| d.version.clone());
-        let stack_v = ours
-            .dropin
-            .map(|d| d.version.clone())
-            .unwrap_or_else(|| format!("{want}+commstack.* (drop-in)"));
-        let (sev, note) = match (&have, ours.dropin) {
-            (Some(h), Some(d)) if parse(h) == parse(&d.version) => (Severity::Ok, "the stack's drop-in is installed".to_string()),
-            (Some(h), _) if !h.contains("+commstack") => (
-                Severity::Change,
-                "NVIDIA's wheel (NVSHMEM_USE_NCCL=ON; torch maps it first): replaced by the stack's drop-in".into(),
-            ),
-            (Some(_), _) => (Severity::Change, "another commstack build: replaced by this stack's drop-in".into()),
-            (None, _) => (Severity::Change, "absent: the drop-in is installed".into()),
-        };
-        rows.push(Row {
-            what: name.into(),
-            env: have.unwrap_or_else(|| "absent".into()),
-            stack: stack_v,
-            severity: sev,
-            note,
-        });
+/// NCCL: exactly torch's pin.
+fn nccl_row(env: &PythonEnv, nccl: &Pin) -> Row {
+    let want = nccl.version.to_string();
+    let have = env.dist(&nccl.name).map(|d| d.version.clone());
+    let ok = have.as_deref().and_then(parse).as_ref() == Some(&nccl.version);
+    Row {
+        what: nccl.name.clone(),
+        env: have.clone().unwrap_or_else(|| "absent".into()),
+        stack: want.clone(),
+        severity: if ok { Severity::Ok } else { Severity::Error },
+        note: if ok {
+            String::new()
+        } else {
+            format!(
+                "the runtime check requires ncclGetVersion == {want} (torch's pin); adopt does not change NCCL"
+            )
+        },
     }
+}
 
-    // DeepEP.
-    let have = env.dist("deep-ep").map(|d| d.version.clone());
-    let want = ours
-        .deepep
+/// NVSHMEM: replaced by the drop-in.
+fn nvshmem_row(env: &PythonEnv, pin: &Pin, ours: &Ours<'_>) -> Row {
+    let have = env.dist(&pin.name).map(|d| d.version.clone());
+    let stack_v = ours
+        .dropin
         .map(|d| d.version.clone())
-        .unwrap_or_else(|| format!("{} ({})", r.deepep_rev.get(..7).unwrap_or(""), r.deepep_api));
+        .unwrap_or_else(|| format!("{}+commstack.* (drop-in)", pin.version));
+    let (sev, note) = match (&have, ours.dropin) {
+        (Some(h), Some(d)) if parse(h) == parse(&d.version) => (Severity::Ok, "the stack's drop-in is installed".to_string()),
+        (Some(h), _) if !h.contains("+commstack") => (
+            Severity::Change,
+            "NVIDIA's wheel (NVSHMEM_USE_NCCL=ON; torch maps it first): replaced by the stack's drop-in".into(),
+        ),
+        (Some(_), _) => (Severity::Change, "another commstack build: replaced by this stack's drop-in".into()),
+        (None, _) => (Severity::Change, "absent: the drop-in is installed".into()),
+    };
+    Row {
+        what: pin.name.clone(),
+        env: have.unwrap_or_else(|| "absent".into()),
+        stack: stack_v,
+        severity: sev,
+        note,
+    }
+}
+
+/// DeepEP: the stack's build, when there is one.
+fn deepep_row(env: &PythonEnv, r: &Resolved, ours: &Ours<'_>) -> Row {
+    let have = env.dist("deep-ep").map(|d| d.version.clone());
+    let want = ours.deepep.map(|d| d.version.clone()).unwrap_or_else(|| {
+        format!(
+            "{} ({})",
+            r.deepep_rev.get(..7).unwrap_or(""),
+            r.deepep_api.as_str()
+        )
+    });
     let (sev, note) = match (&have, ours.deepep) {
         (Some(h), Some(d)) if parse(h) == parse(&d.version) && deepep_record_matches(env, d) => {
             (Severity::Ok, "the stack's build is installed".to_string())
@@ -289,15 +328,18 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
             "not built yet: run `cargo xtask build deepep --python <this python>`".into(),
         ),
     };
-    rows.push(Row {
+    Row {
         what: "deep-ep".into(),
         env: have.unwrap_or_else(|| "absent".into()),
         stack: want,
         severity: sev,
         note,
-    });
+    }
+}
 
-    // The lock's other packages: reported, never changed.
+/// The lock's packages that `rows` does not cover: reported, never changed. Returns how
+/// many are at the locked version and a row for each of the others.
+fn other_packages(env: &PythonEnv, lock: &Lock, rows: &[Row]) -> (usize, Vec<Row>) {
     let mut others_same = 0;
     let mut others_differ = Vec::new();
     let named: Vec<String> = rows.iter().map(|r| normalize(&r.what)).collect();
@@ -324,51 +366,47 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
             }),
         }
     }
+    (others_same, others_differ)
+}
 
-    let rules = match stack {
-        Some(stack) => {
-            let facts = Facts {
-                torch_cuda: env.torch_cuda().and_then(parse),
-                torch_nccl: env.torch_pin("nvidia-nccl-cu"),
-                torch_nvshmem: env.torch_pin("nvidia-nvshmem-cu"),
-                nvshmem_build: ours.nvshmem_version.and_then(parse),
-                deepep_rdc_fix: ours.rdc_fix,
-            };
-            let outcomes = check_resolved(stack, &facts);
-            for o in &outcomes {
-                if o.status == Status::Violated {
-                    rows.push(Row {
-                        what: format!("rule {}", o.rule.as_str()),
-                        env: "violated".into(),
-                        stack: "ok".into(),
-                        severity: Severity::Error,
-                        note: o.detail.clone(),
-                    });
-                }
-            }
-            outcomes
-                .iter()
-                .map(|o| RuleLine {
-                    id: o.rule.as_str().into(),
-                    status: serde_json::to_value(&o.status)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default(),
-                    detail: o.detail.clone(),
-                })
-                .collect()
-        }
-        None => Vec::new(),
+/// The stack's rules against the environment's facts; each violation also becomes an
+/// error row.
+fn check_rules(
+    env: &PythonEnv,
+    stack: &Stack,
+    ours: &Ours<'_>,
+    rows: &mut Vec<Row>,
+) -> Vec<RuleLine> {
+    let facts = Facts {
+        torch_cuda: env.torch_cuda().and_then(parse),
+        torch_nccl: env.torch_pin("nvidia-nccl-cu"),
+        torch_nvshmem: env.torch_pin("nvidia-nvshmem-cu"),
+        nvshmem_build: ours.nvshmem_version.and_then(parse),
+        deepep_rdc_fix: ours.rdc_fix,
     };
-
-    Comparison {
-        python: env.python.display().to_string(),
-        site_packages: env.site_packages().display().to_string(),
-        rows,
-        others_same,
-        others_differ,
-        rules,
+    let outcomes = check_resolved(stack, &facts);
+    for o in &outcomes {
+        if o.status == Status::Violated {
+            rows.push(Row {
+                what: format!("rule {}", o.rule.as_str()),
+                env: "violated".into(),
+                stack: "ok".into(),
+                severity: Severity::Error,
+                note: o.detail.clone(),
+            });
+        }
     }
+    outcomes
+        .iter()
+        .map(|o| RuleLine {
+            id: o.rule.as_str().into(),
+            status: serde_json::to_value(&o.status)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            detail: o.detail.clone(),
+        })
+        .collect()
 }
 
 /// Whether the installed deep-ep's RECORD lists the same files and hashes as the wheel's.

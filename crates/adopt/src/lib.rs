@@ -26,14 +26,14 @@ pub use plan::{INSTALLER, Plan, PlanStep, clean, plan, record_files, targets_of}
 /// the drop-in puts it), torch and deep_ep imported.
 pub fn expectations(lock: &Lock, site_packages: &Path) -> Result<Expectations> {
     let mut e = Expectations::new();
-    if let Some((_, v)) = lock.resolved.nccl.split_once("==") {
-        e.nccl_version = Some(
-            v.trim()
-                .parse()
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("the lock's NCCL pin {:?}", lock.resolved.nccl))?,
-        );
-    }
+    let nccl = &lock.resolved.nccl;
+    e.nccl_version = Some(
+        nccl.version
+            .to_string()
+            .parse()
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("the lock's NCCL pin {:?}", nccl.to_string()))?,
+    );
     if !lock.resolved.nvshmem.is_empty() {
         e.nvshmem_version = Some(
             lock.resolved

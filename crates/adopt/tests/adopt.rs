@@ -69,7 +69,7 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     assert_eq!(env.torch_version(), Some("2.11.0"));
     assert_eq!(env.torch_cuda(), Some("13.0"));
     assert_eq!(
-        env.torch_pin("nvidia-nccl-cu").unwrap().1.to_string(),
+        env.torch_pin("nvidia-nccl-cu").unwrap().version.to_string(),
         "2.28.9"
     );
     let site = env.site_packages().to_path_buf();

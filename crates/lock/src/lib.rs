@@ -19,7 +19,7 @@ use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel};
 use commstack_stack::manifest::NvshmemVersion;
 use commstack_stack::rules::{self, Facts, Status};
-use commstack_stack::{Lock, Stack, known};
+use commstack_stack::{Lock, Pin, Stack, known};
 use pep440_rs::Version;
 use pep508_rs::Requirement;
 
@@ -132,14 +132,14 @@ pub async fn lock(
             let mut w = wheel(p);
             if nvshmem_pin
                 .as_ref()
-                .is_some_and(|(name, _)| p.name.as_ref() == name)
+                .is_some_and(|pin| p.name.as_ref() == pin.name)
             {
                 w.replaced_by = Some("nvshmem".into());
             }
             w
         })
         .collect();
-    let (nccl_name, nccl) = facts.torch_nccl.clone().ok_or_else(|| {
+    let nccl = facts.torch_nccl.clone().ok_or_else(|| {
         anyhow!(
             "torch {} pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin",
             stack.torch.version
@@ -159,17 +159,15 @@ pub async fn lock(
             platform: target.platform_tag(),
             torch: stack.torch.version.to_string(),
             cuda: cuda.to_string(),
-            nccl: format!("{nccl_name}=={nccl}"),
-            nvshmem_pin: nvshmem_pin
-                .map(|(n, v)| format!("{n}=={v}"))
-                .unwrap_or_default(),
+            nccl,
+            nvshmem_pin,
             nvshmem: nvshmem_version.to_string(),
             deepep_rev: sources
                 .iter()
                 .find(|s| s.name == "deepep")
                 .and_then(|s| s.rev.clone())
                 .unwrap_or_default(),
-            deepep_api: stack.deepep.api.as_str().into(),
+            deepep_api: stack.deepep.api,
         },
         manifest: stack.echo(),
         rules: outcomes
@@ -255,19 +253,19 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
             .packages
             .iter()
             .find(|p| p.name.as_ref().starts_with(prefix))
-            .map(|p| (p.name.to_string(), p.version.clone()))
+            .map(|p| Pin::new(p.name.to_string(), p.version.clone()))
     };
     let torch_cuda = closure
         .get("cuda-toolkit")
         .map(|p| p.version.clone())
         // torch < 2.11 pins the runtime directly (nvidia-cuda-runtime-cu12==12.8.90).
-        .or_else(|| find_prefix("nvidia-cuda-runtime").map(|(_, v)| v));
+        .or_else(|| find_prefix("nvidia-cuda-runtime").map(|p| p.version));
     let torch_nccl = find_prefix("nvidia-nccl-cu");
     let torch_nvshmem = find_prefix("nvidia-nvshmem-cu");
     let nvshmem_build = match &stack.nvshmem.version {
         NvshmemVersion::Exact(v) => v.clone(),
         NvshmemVersion::MatchTorch => match &torch_nvshmem {
-            Some((_, v)) => v.clone(),
+            Some(pin) => pin.version.clone(),
             None => {
                 // Reported properly by rule nvshmem-version-matches-torch.
                 let facts = Facts {

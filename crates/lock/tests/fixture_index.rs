@@ -222,12 +222,15 @@ async fn locks_the_fixture_stack() {
 
     let r = &lock.resolved;
     assert_eq!(
-        (r.cuda.as_str(), r.nccl.as_str()),
+        (r.cuda.as_str(), r.nccl.to_string().as_str()),
         ("13.0.2", "nvidia-nccl-cu13==2.28.9")
     );
     assert_eq!(
-        (r.nvshmem.as_str(), r.nvshmem_pin.as_str()),
-        ("3.4.5", "nvidia-nvshmem-cu13==3.4.5")
+        (
+            r.nvshmem.as_str(),
+            r.nvshmem_pin.as_ref().map(|p| p.to_string()).as_deref()
+        ),
+        ("3.4.5", Some("nvidia-nvshmem-cu13==3.4.5"))
     );
     assert_eq!(r.deepep_rev, "567632dd59810d77b3cc05553df953cc0f779799");
 

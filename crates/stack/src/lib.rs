@@ -8,8 +8,10 @@ pub mod diag;
 pub mod known;
 pub mod lock;
 pub mod manifest;
+pub mod pin;
 pub mod rules;
 
 pub use diag::{Diagnostic, Location};
 pub use lock::Lock;
 pub use manifest::Stack;
+pub use pin::Pin;

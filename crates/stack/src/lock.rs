@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use toml_edit::{DocumentMut, Item, Table};
 
 use crate::diag::Diagnostic;
-use crate::manifest::Stack;
+use crate::manifest::{DeepEpApi, Stack};
+use crate::pin::Pin;
 
 pub const LOCK_VERSION: u32 = 1;
 
@@ -79,13 +80,14 @@ pub struct Resolved {
     /// CUDA version of torch's wheels (its cuda-toolkit pin).
     pub cuda: String,
     /// torch's NCCL pin, e.g. "nvidia-nccl-cu13==2.28.9".
-    pub nccl: String,
-    /// torch's NVSHMEM pin, e.g. "nvidia-nvshmem-cu13==3.4.5" (empty if none).
-    pub nvshmem_pin: String,
+    pub nccl: Pin,
+    /// torch's NVSHMEM pin, e.g. "nvidia-nvshmem-cu13==3.4.5" (written empty if none).
+    #[serde(with = "crate::pin::or_empty")]
+    pub nvshmem_pin: Option<Pin>,
     /// The NVSHMEM version the stack builds from source.
     pub nvshmem: String,
     pub deepep_rev: String,
-    pub deepep_api: String,
+    pub deepep_api: DeepEpApi,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -377,11 +379,11 @@ mod tests {
                 platform: "manylinux_2_39_x86_64".into(),
                 torch: "2.11.0".into(),
                 cuda: "13.0.2".into(),
-                nccl: "nvidia-nccl-cu13==2.28.9".into(),
-                nvshmem_pin: "nvidia-nvshmem-cu13==3.4.5".into(),
+                nccl: "nvidia-nccl-cu13==2.28.9".parse().unwrap(),
+                nvshmem_pin: Some("nvidia-nvshmem-cu13==3.4.5".parse().unwrap()),
                 nvshmem: "3.4.5".into(),
                 deepep_rev: "567632dd59810d77b3cc05553df953cc0f779799".into(),
-                deepep_api: "v1".into(),
+                deepep_api: DeepEpApi::V1,
             },
             manifest: [("torch.version".to_string(), "2.11.0".to_string())].into(),
             rules: vec![],

@@ -125,7 +125,9 @@ pub enum NvshmemVersion {
     Exact(Version),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Serialized as `as_str` spells it: the lock's `deepep-api`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeepEpApi {
     /// NVSHMEM-based (DeepEP <= the last V1 commit, 567632d).
     V1,

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::diag::Diagnostic;
 use crate::manifest::{DeepEpApi, Stack};
+use crate::pin::Pin;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum RuleId {
@@ -60,37 +61,19 @@ impl RuleId {
 
     /// Bumped whenever a rule's meaning changes.
     pub fn revision(self) -> u32 {
-        1
+        self.rule().revision
     }
 
     pub fn reason(self) -> &'static str {
-        match self {
-            RuleId::PythonMatchesBase => {
-                "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library"
-            }
-            RuleId::GlibcWithinBase => {
-                "a wheel needing a newer glibc than the base image has fails to load there"
-            }
-            RuleId::TorchCudaMajor => {
-                "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same"
-            }
-            RuleId::NvshmemCudaFamily => {
-                "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins"
-            }
-            RuleId::NvshmemMatchesTorch => {
-                "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`"
-            }
-            RuleId::DeepEpV2Nccl => {
-                "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)"
-            }
-            RuleId::DeepEpV2Torch => "DeepEP V2 needs torch >= 2.10",
-            RuleId::DeepEpV1RdcFix => {
-                "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`"
-            }
-            RuleId::DeepEpV1Cccl => {
-                "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)"
-            }
-        }
+        self.rule().reason
+    }
+
+    /// This rule's entry in [`RULES`].
+    pub fn rule(self) -> &'static Rule {
+        RULES
+            .iter()
+            .find(|r| r.id == self)
+            .expect("every RuleId has an entry in RULES")
     }
 }
 
@@ -104,9 +87,9 @@ impl FromStr for RuleId {
 /// The fingerprint of the rule set and the known-source table, stored in the lock: a lock
 /// made under other rules or other known hashes is stale.
 pub fn fingerprint() -> String {
-    let rules: Vec<serde_json::Value> = RuleId::ALL
+    let rules: Vec<serde_json::Value> = RULES
         .iter()
-        .map(|r| serde_json::json!({"id": r.as_str(), "revision": r.revision()}))
+        .map(|r| serde_json::json!({"id": r.id.as_str(), "revision": r.revision}))
         .collect();
     let params = serde_json::json!({
         "rules": rules,
@@ -156,10 +139,10 @@ pub struct Facts {
     /// CUDA version torch's wheels are built for (from its `cuda-toolkit==X` pin or the
     /// `-cuXX` suffix of its NVIDIA dependencies).
     pub torch_cuda: Option<Version>,
-    /// `nvidia-nccl-cuXX` pin of torch: (package name, version).
-    pub torch_nccl: Option<(String, Version)>,
+    /// `nvidia-nccl-cuXX` pin of torch.
+    pub torch_nccl: Option<Pin>,
     /// `nvidia-nvshmem-cuXX` pin of torch.
-    pub torch_nvshmem: Option<(String, Version)>,
+    pub torch_nvshmem: Option<Pin>,
     /// The NVSHMEM version the stack builds.
     pub nvshmem_build: Option<Version>,
     /// Whether the DeepEP sources force RDC (see [`deepep_v1_has_rdc_fix`]); None when the
@@ -167,73 +150,178 @@ pub struct Facts {
     pub deepep_rdc_fix: Option<bool>,
 }
 
+/// One compatibility rule, all of it in one place: adding a rule is a [`RuleId`] and one
+/// entry in [`RULES`].
+pub struct Rule {
+    pub id: RuleId,
+    /// Bumped whenever the rule's meaning changes (part of [`fingerprint`]).
+    pub revision: u32,
+    /// Why the rule exists; every violation's hint ends with it.
+    pub reason: &'static str,
+    /// Needs only the manifest: also run at parse time, by [`check_manifest`].
+    pub manifest_only: bool,
+    pub check: fn(&Stack, &Facts) -> Outcome,
+}
+
+/// Every rule, in [`RuleId::ALL`]'s order: the order of the outcomes (and of the lock's
+/// `[[rule]]` entries) and of the fingerprint.
+pub const RULES: &[Rule] = &[
+    Rule {
+        id: RuleId::PythonMatchesBase,
+        revision: 1,
+        reason: "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library",
+        manifest_only: true,
+        check: python_matches_base,
+    },
+    Rule {
+        id: RuleId::GlibcWithinBase,
+        revision: 1,
+        reason: "a wheel needing a newer glibc than the base image has fails to load there",
+        manifest_only: true,
+        check: glibc_within_base,
+    },
+    Rule {
+        id: RuleId::TorchCudaMajor,
+        revision: 1,
+        reason: "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same",
+        manifest_only: false,
+        check: torch_cuda_major,
+    },
+    Rule {
+        id: RuleId::NvshmemCudaFamily,
+        revision: 1,
+        reason: "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins",
+        manifest_only: false,
+        check: nvshmem_cuda_family,
+    },
+    Rule {
+        id: RuleId::NvshmemMatchesTorch,
+        revision: 1,
+        reason: "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`",
+        manifest_only: false,
+        check: nvshmem_matches_torch,
+    },
+    Rule {
+        id: RuleId::DeepEpV2Nccl,
+        revision: 1,
+        reason: "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)",
+        manifest_only: false,
+        check: deepep_v2_nccl,
+    },
+    Rule {
+        id: RuleId::DeepEpV2Torch,
+        revision: 1,
+        reason: "DeepEP V2 needs torch >= 2.10",
+        manifest_only: false,
+        check: deepep_v2_torch,
+    },
+    Rule {
+        id: RuleId::DeepEpV1RdcFix,
+        revision: 1,
+        reason: "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`",
+        manifest_only: false,
+        check: deepep_v1_rdc_fix,
+    },
+    Rule {
+        id: RuleId::DeepEpV1Cccl,
+        revision: 1,
+        reason: "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)",
+        manifest_only: false,
+        check: deepep_v1_cccl,
+    },
+];
+
 /// The static rules (manifest only). Run at parse time by `lock` and `lock --check`.
 pub fn check_manifest(stack: &Stack) -> Vec<Outcome> {
-    let mut out = Vec::new();
+    RULES
+        .iter()
+        .filter(|r| r.manifest_only)
+        .map(|r| (r.check)(stack, &Facts::default()))
+        .collect()
+}
+
+/// Every rule, given what resolution found.
+pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
+    let mut out: Vec<Outcome> = RULES.iter().map(|r| (r.check)(stack, facts)).collect();
+    // Apply resolve.allow: a violation the user allowed is recorded as such, not hidden.
+    for o in &mut out {
+        if o.status == Status::Violated && stack.is_allowed(o.rule) {
+            o.status = Status::Allowed;
+            o.detail = format!("allowed by resolve.allow: {}", o.detail);
+        }
+    }
+    out
+}
+
+fn python_matches_base(stack: &Stack, _: &Facts) -> Outcome {
     let t = &stack.target;
     let base_py = (t.base.python.0, t.base.python.1);
-    out.push(if base_py == t.python {
-        ok(RuleId::PythonMatchesBase, format!("python {}.{} is {}'s python", t.python.0, t.python.1, t.base.name))
-    } else {
-        violation(
-            stack,
+    if base_py == t.python {
+        return ok(
             RuleId::PythonMatchesBase,
-            "target.python",
             format!(
-                "target.python is {}.{} but the base image {} has Python {}.{}",
-                t.python.0, t.python.1, t.base.name, base_py.0, base_py.1
+                "python {}.{} is {}'s python",
+                t.python.0, t.python.1, t.base.name
             ),
-            Some(("target.base", format!("{} is chosen here", t.base.name))),
-            format!(
-                "set target.python = \"{}.{}\", or pick a base whose Python is {}.{} ({}), or allow rule {}",
-                base_py.0,
-                base_py.1,
-                t.python.0,
-                t.python.1,
-                crate::bases::BASES
-                    .iter()
-                    .filter(|b| (b.python.0, b.python.1) == t.python)
-                    .map(|b| b.name)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                RuleId::PythonMatchesBase.as_str()
-            ),
-        )
-    });
-    out.push(if t.glibc <= t.base.glibc {
-        ok(
+        );
+    }
+    violation(
+        stack,
+        RuleId::PythonMatchesBase,
+        "target.python",
+        format!(
+            "target.python is {}.{} but the base image {} has Python {}.{}",
+            t.python.0, t.python.1, t.base.name, base_py.0, base_py.1
+        ),
+        Some(("target.base", format!("{} is chosen here", t.base.name))),
+        format!(
+            "set target.python = \"{}.{}\", or pick a base whose Python is {}.{} ({}), or allow rule {}",
+            base_py.0,
+            base_py.1,
+            t.python.0,
+            t.python.1,
+            crate::bases::BASES
+                .iter()
+                .filter(|b| (b.python.0, b.python.1) == t.python)
+                .map(|b| b.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+            RuleId::PythonMatchesBase.as_str()
+        ),
+    )
+}
+
+fn glibc_within_base(stack: &Stack, _: &Facts) -> Outcome {
+    let t = &stack.target;
+    if t.glibc <= t.base.glibc {
+        return ok(
             RuleId::GlibcWithinBase,
             format!(
                 "glibc {}.{} <= {}'s {}.{}",
                 t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
             ),
-        )
-    } else {
-        violation(
-            stack,
-            RuleId::GlibcWithinBase,
-            "target.glibc",
-            format!(
-                "target.glibc is {}.{} but the base image {} has glibc {}.{}",
-                t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
-            ),
-            Some(("target.base", format!("{} is chosen here", t.base.name))),
-            format!(
-                "lower target.glibc to {}.{} or below, or pick a newer base",
-                t.base.glibc.0, t.base.glibc.1
-            ),
-        )
-    });
-    out
+        );
+    }
+    violation(
+        stack,
+        RuleId::GlibcWithinBase,
+        "target.glibc",
+        format!(
+            "target.glibc is {}.{} but the base image {} has glibc {}.{}",
+            t.glibc.0, t.glibc.1, t.base.name, t.base.glibc.0, t.base.glibc.1
+        ),
+        Some(("target.base", format!("{} is chosen here", t.base.name))),
+        format!(
+            "lower target.glibc to {}.{} or below, or pick a newer base",
+            t.base.glibc.0, t.base.glibc.1
+        ),
+    )
 }
 
-/// The rules that need resolved facts.
-pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
-    let mut out = check_manifest(stack);
+/// torch's CUDA major vs the stack's.
+fn torch_cuda_major(stack: &Stack, facts: &Facts) -> Outcome {
     let torch = &stack.torch.version;
-
-    // torch's CUDA major vs the stack's.
-    out.push(match &facts.torch_cuda {
+    match &facts.torch_cuda {
         Some(cuda) if cuda.release()[0] == stack.torch.cuda_major => {
             ok(RuleId::TorchCudaMajor, format!("torch {torch} is built for CUDA {cuda}"))
         }
@@ -259,89 +347,99 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
                     .with_hint("commstack needs a CUDA build of torch; check resolve.index-url"),
             ),
         },
-    });
-
-    // NVSHMEM family and version vs torch's pin.
-    let major = stack.torch.cuda_major;
-    match &facts.torch_nvshmem {
-        Some((name, pin)) => {
-            let family_ok = name.ends_with(&format!("-cu{major}"));
-            out.push(if family_ok {
-                ok(
-                    RuleId::NvshmemCudaFamily,
-                    format!("torch pins {name}, CUDA {major}"),
-                )
-            } else {
-                violation(
-                    stack,
-                    RuleId::NvshmemCudaFamily,
-                    "torch.cuda",
-                    format!(
-                        "torch {torch} pins {name}=={pin}, not the cu{major} family of the stack"
-                    ),
-                    None,
-                    format!("set torch.cuda to match {name}, or choose another torch"),
-                )
-            });
-            let build = facts.nvshmem_build.as_ref();
-            out.push(match build {
-                Some(b) if b.release() == pin.release() => {
-                    ok(RuleId::NvshmemMatchesTorch, format!("NVSHMEM {b} is torch's pin {name}=={pin}"))
-                }
-                Some(b) => violation(
-                    stack,
-                    RuleId::NvshmemMatchesTorch,
-                    "nvshmem.version",
-                    format!(
-                        "nvshmem.version is {b} but torch {torch} pins {name}=={pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
-                    ),
-                    Some(("torch.version", format!("torch {torch} is chosen here"))),
-                    format!(
-                        "use nvshmem.version = \"match-torch\", or a torch that pins {b}, or allow rule {} if you accept what it breaks",
-                        RuleId::NvshmemMatchesTorch.as_str()
-                    ),
-                ),
-                None => deferred(RuleId::NvshmemMatchesTorch, "no NVSHMEM version decided"),
-            });
-        }
-        None => {
-            out.push(not_applicable(
-                RuleId::NvshmemCudaFamily,
-                format!("torch {torch} pins no NVSHMEM wheel"),
-            ));
-            out.push(match &stack.nvshmem.version {
-                crate::manifest::NvshmemVersion::MatchTorch => Outcome {
-                    rule: RuleId::NvshmemMatchesTorch,
-                    status: Status::Violated,
-                    detail: format!("torch {torch} pins no NVSHMEM"),
-                    diagnostic: Some(
-                        stack
-                            .diag("nvshmem.version", format!("nvshmem.version is \"match-torch\" but torch {torch} pins no nvidia-nvshmem wheel"))
-                            .with_hint("torch pins NVSHMEM from 2.9 on; for older torch set nvshmem.version to an exact version"),
-                    ),
-                },
-                crate::manifest::NvshmemVersion::Exact(v) => {
-                    ok(RuleId::NvshmemMatchesTorch, format!("torch pins no NVSHMEM; building {v}"))
-                }
-            });
-        }
     }
+}
 
-    // DeepEP V2: NCCL and torch floors.
-    let v2 = stack.deepep.api == DeepEpApi::V2;
+/// The NVSHMEM family torch pins vs the stack's CUDA major.
+fn nvshmem_cuda_family(stack: &Stack, facts: &Facts) -> Outcome {
+    let (torch, major) = (&stack.torch.version, stack.torch.cuda_major);
+    let Some(pin) = &facts.torch_nvshmem else {
+        return not_applicable(
+            RuleId::NvshmemCudaFamily,
+            format!("torch {torch} pins no NVSHMEM wheel"),
+        );
+    };
+    let name = &pin.name;
+    if name.ends_with(&format!("-cu{major}")) {
+        return ok(
+            RuleId::NvshmemCudaFamily,
+            format!("torch pins {name}, CUDA {major}"),
+        );
+    }
+    violation(
+        stack,
+        RuleId::NvshmemCudaFamily,
+        "torch.cuda",
+        format!("torch {torch} pins {pin}, not the cu{major} family of the stack"),
+        None,
+        format!("set torch.cuda to match {name}, or choose another torch"),
+    )
+}
+
+/// The NVSHMEM version the stack builds vs torch's pin.
+fn nvshmem_matches_torch(stack: &Stack, facts: &Facts) -> Outcome {
+    let torch = &stack.torch.version;
+    let Some(pin) = &facts.torch_nvshmem else {
+        return match &stack.nvshmem.version {
+            crate::manifest::NvshmemVersion::MatchTorch => Outcome {
+                rule: RuleId::NvshmemMatchesTorch,
+                status: Status::Violated,
+                detail: format!("torch {torch} pins no NVSHMEM"),
+                diagnostic: Some(
+                    stack
+                        .diag("nvshmem.version", format!("nvshmem.version is \"match-torch\" but torch {torch} pins no nvidia-nvshmem wheel"))
+                        .with_hint("torch pins NVSHMEM from 2.9 on; for older torch set nvshmem.version to an exact version"),
+                ),
+            },
+            crate::manifest::NvshmemVersion::Exact(v) => {
+                ok(RuleId::NvshmemMatchesTorch, format!("torch pins no NVSHMEM; building {v}"))
+            }
+        };
+    };
+    match facts.nvshmem_build.as_ref() {
+        Some(b) if b.release() == pin.version.release() => ok(
+            RuleId::NvshmemMatchesTorch,
+            format!("NVSHMEM {b} is torch's pin {pin}"),
+        ),
+        Some(b) => violation(
+            stack,
+            RuleId::NvshmemMatchesTorch,
+            "nvshmem.version",
+            format!(
+                "nvshmem.version is {b} but torch {torch} pins {pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
+            ),
+            Some(("torch.version", format!("torch {torch} is chosen here"))),
+            format!(
+                "use nvshmem.version = \"match-torch\", or a torch that pins {b}, or allow rule {} if you accept what it breaks",
+                RuleId::NvshmemMatchesTorch.as_str()
+            ),
+        ),
+        None => deferred(RuleId::NvshmemMatchesTorch, "no NVSHMEM version decided"),
+    }
+}
+
+/// DeepEP V2's NCCL floor vs torch's NCCL pin.
+fn deepep_v2_nccl(stack: &Stack, facts: &Facts) -> Outcome {
+    let torch = &stack.torch.version;
     let min_nccl: Version = DEEPEP_V2_MIN_NCCL.parse().unwrap();
-    out.push(match (&facts.torch_nccl, v2) {
-        (_, false) => not_applicable(RuleId::DeepEpV2Nccl, "DeepEP V1 does not use NCCL's device API".into()),
-        (Some((name, nccl)), true) if *nccl >= min_nccl => {
-            ok(RuleId::DeepEpV2Nccl, format!("torch pins {name}=={nccl} >= {min_nccl}"))
-        }
+    match (&facts.torch_nccl, stack.deepep.api == DeepEpApi::V2) {
+        (_, false) => not_applicable(
+            RuleId::DeepEpV2Nccl,
+            "DeepEP V1 does not use NCCL's device API".into(),
+        ),
+        (Some(nccl), true) if nccl.version >= min_nccl => ok(
+            RuleId::DeepEpV2Nccl,
+            format!("torch pins {nccl} >= {min_nccl}"),
+        ),
         (nccl, true) => violation(
             stack,
             RuleId::DeepEpV2Nccl,
             "deepep.api",
             format!(
                 "DeepEP V2 needs NCCL >= {min_nccl} but torch {torch} pins {}",
-                nccl.as_ref().map(|(n, v)| format!("{n}=={v}")).unwrap_or_else(|| "no NCCL".into())
+                nccl.as_ref()
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "no NCCL".into())
             ),
             Some(("torch.version", format!("torch {torch} is chosen here"))),
             format!(
@@ -349,9 +447,14 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
                 RuleId::DeepEpV2Nccl.as_str()
             ),
         ),
-    });
+    }
+}
+
+/// DeepEP V2's torch floor.
+fn deepep_v2_torch(stack: &Stack, _: &Facts) -> Outcome {
+    let torch = &stack.torch.version;
     let min_torch: Version = DEEPEP_V2_MIN_TORCH.parse().unwrap();
-    out.push(if !v2 {
+    if stack.deepep.api != DeepEpApi::V2 {
         not_applicable(RuleId::DeepEpV2Torch, "DeepEP V1".into())
     } else if *torch >= min_torch {
         ok(
@@ -367,16 +470,23 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
             Some(("torch.version", format!("torch {torch} is chosen here"))),
             "use torch >= 2.10 or deepep.api = \"v1\"".into(),
         )
-    });
+    }
+}
 
-    // DeepEP V1 against NVSHMEM >= 3.3.20 needs the RDC fix, decided from the sources.
+/// DeepEP V1 against NVSHMEM >= 3.3.20 needs the RDC fix, decided from the sources.
+fn deepep_v1_rdc_fix(stack: &Stack, facts: &Facts) -> Outcome {
+    let v2 = stack.deepep.api == DeepEpApi::V2;
     let sensitive: Version = NVSHMEM_RDC_SENSITIVE.parse().unwrap();
-    out.push(match (v2, facts.nvshmem_build.as_ref(), facts.deepep_rdc_fix) {
+    match (v2, facts.nvshmem_build.as_ref(), facts.deepep_rdc_fix) {
         (true, _, _) => not_applicable(RuleId::DeepEpV1RdcFix, "DeepEP V2".into()),
-        (false, Some(nv), _) if *nv < sensitive => {
-            ok(RuleId::DeepEpV1RdcFix, format!("NVSHMEM {nv} < {sensitive} does not define the IBGDA state itself"))
-        }
-        (false, _, Some(true)) => ok(RuleId::DeepEpV1RdcFix, "DeepEP sources force RDC (csrc/kernels/configs.cuh)".into()),
+        (false, Some(nv), _) if *nv < sensitive => ok(
+            RuleId::DeepEpV1RdcFix,
+            format!("NVSHMEM {nv} < {sensitive} does not define the IBGDA state itself"),
+        ),
+        (false, _, Some(true)) => ok(
+            RuleId::DeepEpV1RdcFix,
+            "DeepEP sources force RDC (csrc/kernels/configs.cuh)".into(),
+        ),
         (false, nv, Some(false)) => violation(
             stack,
             RuleId::DeepEpV1RdcFix,
@@ -384,18 +494,28 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
             format!(
                 "DeepEP {} does not force RDC in csrc/kernels/configs.cuh, and NVSHMEM {} defines nvshmemi_ibgda_device_state_d: the link fails with `multiple definition of nvshmemi_ibgda_device_state_d`",
                 stack.deepep.rev,
-                nv.map(|v| v.to_string()).unwrap_or_else(|| "(unknown)".into())
+                nv.map(|v| v.to_string())
+                    .unwrap_or_else(|| "(unknown)".into())
             ),
-            Some(("nvshmem.version", "the NVSHMEM version is chosen here".into())),
+            Some((
+                "nvshmem.version",
+                "the NVSHMEM version is chosen here".into(),
+            )),
             format!(
                 "use DeepEP 567632d (the last V1 commit, includes the fix of 29d31c0), or NVSHMEM < {sensitive}, or allow rule {}",
                 RuleId::DeepEpV1RdcFix.as_str()
             ),
         ),
-        (false, _, None) => deferred(RuleId::DeepEpV1RdcFix, "DeepEP sources not available yet: decided when they are fetched"),
-    });
+        (false, _, None) => deferred(
+            RuleId::DeepEpV1RdcFix,
+            "DeepEP sources not available yet: decided when they are fetched",
+        ),
+    }
+}
 
-    out.push(if !v2 && major >= 13 {
+/// DeepEP V1 on CUDA 13 needs libcu++'s new include directory; recorded for the build.
+fn deepep_v1_cccl(stack: &Stack, _: &Facts) -> Outcome {
+    if stack.deepep.api != DeepEpApi::V2 && stack.torch.cuda_major >= 13 {
         Outcome {
             rule: RuleId::DeepEpV1Cccl,
             status: Status::Applies,
@@ -404,16 +524,7 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
         }
     } else {
         not_applicable(RuleId::DeepEpV1Cccl, "not DeepEP V1 on CUDA 13".into())
-    });
-
-    // Apply resolve.allow: a violation the user allowed is recorded as such, not hidden.
-    for o in &mut out {
-        if o.status == Status::Violated && stack.is_allowed(o.rule) {
-            o.status = Status::Allowed;
-            o.detail = format!("allowed by resolve.allow: {}", o.detail);
-        }
     }
-    out
 }
 
 /// Does a DeepEP V1 source tree force RDC, so that NVSHMEM's device symbols are declared
@@ -520,5 +631,11 @@ mod tests {
         }
         assert_eq!(fingerprint(), fingerprint());
         assert!(fingerprint().starts_with("sha256:"));
+    }
+
+    #[test]
+    fn the_table_has_every_rule_once_in_id_order() {
+        let ids: Vec<RuleId> = RULES.iter().map(|r| r.id).collect();
+        assert_eq!(ids, RuleId::ALL);
     }
 }

@@ -289,14 +289,9 @@ fn dropin_wheel(
     let pin = lock
         .resolved
         .nvshmem_pin
-        .split_once("==")
-        .map(|(_, v)| v.trim().to_string())
-        .with_context(|| {
-            format!(
-                "the lock pins no NVSHMEM wheel for torch ({:?})",
-                lock.resolved.nvshmem_pin
-            )
-        })?;
+        .as_ref()
+        .map(|p| p.version.to_string())
+        .context("the lock pins no NVSHMEM wheel for torch (\"\")")?;
     let distribution = dropin_distribution(stack.torch.cuda_major as u32);
     let wheel = match explicit {
         Some(p) => LockedWheel::from_file(p)?,

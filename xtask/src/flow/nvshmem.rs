@@ -181,10 +181,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
 /// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
 fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
     let lock = read_lock(ctx).ok()?;
-    lock.resolved
-        .nvshmem_pin
-        .split_once("==")
-        .map(|(_, v)| v.trim().to_string())
+    lock.resolved.nvshmem_pin.map(|p| p.version.to_string())
 }
 
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into

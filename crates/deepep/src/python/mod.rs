@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{Context, Result, bail};
-use pep440_rs::{Operator, Version};
+use commstack_stack::Pin;
+use pep440_rs::Operator;
 use pep508_rs::{Requirement, VersionOrUrl};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -165,7 +166,7 @@ impl PythonEnv {
 
     /// torch's exact pin (`==X`) of a distribution whose name starts with `prefix`
     /// (`nvidia-nccl-cu`), from its Requires-Dist.
-    pub fn torch_pin(&self, prefix: &str) -> Option<(String, Version)> {
+    pub fn torch_pin(&self, prefix: &str) -> Option<Pin> {
         let torch = self.dist("torch")?;
         torch.requires.iter().find_map(|r| exact_pin(r, prefix))
     }
@@ -189,9 +190,9 @@ impl PythonEnv {
     }
 }
 
-/// `nvidia-nccl-cu13==2.28.9; platform_system == "Linux"` -> (`nvidia-nccl-cu13`, 2.28.9)
+/// `nvidia-nccl-cu13==2.28.9; platform_system == "Linux"` -> `nvidia-nccl-cu13==2.28.9`
 /// when the name starts with `prefix` and the requirement is one `==` pin.
-pub fn exact_pin(requirement: &str, prefix: &str) -> Option<(String, Version)> {
+pub fn exact_pin(requirement: &str, prefix: &str) -> Option<Pin> {
     let req: Requirement = Requirement::from_str(requirement).ok()?;
     let name = req.name.to_string();
     if !name.starts_with(prefix) {
@@ -205,7 +206,7 @@ pub fn exact_pin(requirement: &str, prefix: &str) -> Option<(String, Version)> {
     if it.next().is_some() || *spec.operator() != Operator::Equal {
         return None;
     }
-    Some((name, spec.version().clone()))
+    Some(Pin::new(name, spec.version().clone()))
 }
 
 #[cfg(test)]
@@ -214,13 +215,13 @@ mod tests {
 
     #[test]
     fn torch_pins_are_read_from_requires_dist() {
-        let (n, v) = exact_pin(
+        let pin = exact_pin(
             r#"nvidia-nccl-cu13==2.28.9; platform_system == "Linux""#,
             "nvidia-nccl-cu",
         )
         .unwrap();
         assert_eq!(
-            (n.as_str(), v.to_string().as_str()),
+            (pin.name.as_str(), pin.version.to_string().as_str()),
             ("nvidia-nccl-cu13", "2.28.9")
         );
         assert!(exact_pin("nvidia-nccl-cu13>=2.28", "nvidia-nccl-cu").is_none());
