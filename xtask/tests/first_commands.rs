@@ -29,7 +29,11 @@ fn workspace() -> &'static Path {
 #[test]
 fn commands_find_stack_toml_from_a_subdirectory() {
     let home = tempfile::tempdir().unwrap();
-    let out = xtask(&workspace().join("kernels/src"), home.path(), &["lock", "--check"]);
+    let out = xtask(
+        &workspace().join("kernels/src"),
+        home.path(),
+        &["lock", "--check"],
+    );
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("../../stack.lock matches ../../stack.toml"),
@@ -49,7 +53,11 @@ fn a_stale_lock_is_refused_by_every_command_that_reads_it() {
         manifest.replace("version = \"2.11.0\"", "version = \"2.99.0\""),
     )
     .unwrap();
-    std::fs::copy(workspace().join("stack.lock"), dir.path().join("stack.lock")).unwrap();
+    std::fs::copy(
+        workspace().join("stack.lock"),
+        dir.path().join("stack.lock"),
+    )
+    .unwrap();
     for args in [
         &["fetch", "--offline"][..],
         &["build", "nvshmem", "--offline"],
@@ -77,5 +85,9 @@ fn a_stale_lock_is_refused_by_every_command_that_reads_it() {
             "--offline",
         ],
     );
-    assert!(text(&out).contains("run `cargo xtask lock --stack /"), "{}", text(&out));
+    assert!(
+        text(&out).contains("run `cargo xtask lock --stack /"),
+        "{}",
+        text(&out)
+    );
 }

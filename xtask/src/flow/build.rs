@@ -80,8 +80,8 @@ pub struct Args {
         default_value = "stack"
     )]
     pub nvshmem_from: String,
-    /// kernels: run the crate's tests (debug build) with that environment instead of
-    /// building the release binary.
+    /// kernels: run the crate's tests (debug build) and clippy (warnings as errors) with
+    /// that environment instead of building the release binary.
     #[arg(long)]
     pub test: bool,
     /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).

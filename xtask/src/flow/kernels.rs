@@ -127,16 +127,25 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
             nvshmem.describe
         );
     } else {
-        // The tests build the crate (debug profile) with the same environment.
+        // The tests build the crate (debug profile) with the same environment; clippy
+        // needs it too (the build script compiles the .cu files), so it runs here as well.
         let sh = Shell::new()?;
         sh.change_dir(crate::util::workspace_root());
         let archs = archs.join(";");
+        let _env = [
+            sh.push_env("COMMSTACK_NVCC", &tc.nvcc),
+            sh.push_env("NVSHMEM_HOME", &nvshmem.prefix),
+            sh.push_env("COMMSTACK_CUDA_ARCHS", &archs),
+        ];
         cmd!(sh, "cargo test --locked -p commstack-kernels")
-            .env("COMMSTACK_NVCC", &tc.nvcc)
-            .env("NVSHMEM_HOME", &nvshmem.prefix)
-            .env("COMMSTACK_CUDA_ARCHS", &archs)
             .run()
             .context("the kernel crate's tests failed")?;
+        cmd!(
+            sh,
+            "cargo clippy --locked -p commstack-kernels --all-targets -- -D warnings"
+        )
+        .run()
+        .context("clippy found warnings in the kernel crate")?;
     }
     Ok(std::process::ExitCode::SUCCESS)
 }
