@@ -106,7 +106,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 rdma.display()
             );
         }
-        cmd!(sh, "cp -a {rdma} {dir}/rdma-core").run()?;
+        commstack_archive::copy_tree(rdma, &dir.join("rdma-core"))?;
     }
 
     let mut total = 0u64;
