@@ -126,7 +126,7 @@ fn write_bundle(
         .context("building xtask")?;
     copy_stripped(
         &sh,
-        &root.join("target/release/xtask"),
+        &crate::util::cargo_target_dir().join("release/xtask"),
         &dir.join("bin/xtask"),
     )?;
 
@@ -149,7 +149,7 @@ fn write_bundle(
     manifest.insert("sources".into(), serde_json::to_value(fetched)?);
 
     if let Some(rdma) = &args.rdma_core {
-        cmd!(sh, "cp -a {rdma} {dir}/rdma-core").run()?;
+        commstack_archive::copy_tree(rdma, &dir.join("rdma-core"))?;
     }
 
     let mut total = 0u64;

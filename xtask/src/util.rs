@@ -59,3 +59,12 @@ pub fn workspace_root() -> std::path::PathBuf {
         .expect("xtask has a parent")
         .to_path_buf()
 }
+
+/// Where cargo puts what it builds for this workspace: CARGO_TARGET_DIR when set (relative
+/// to the workspace root, as cargo reads it), else `<workspace>/target`.
+pub fn cargo_target_dir() -> std::path::PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => workspace_root().join(dir),
+        None => workspace_root().join("target"),
+    }
+}

@@ -2,9 +2,8 @@
 //! `--source` override), a private copy to build in, and what it says about itself (the
 //! API it implements, the RDC fix), read from the real files at build time.
 
-use std::fs::{self, File};
-use std::io::BufReader;
-use std::path::{Component, Path, PathBuf};
+use std::fs;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use commstack_stack::manifest::DeepEpApi;
@@ -51,148 +50,23 @@ impl SourceInput {
         self.provenance == "locked"
     }
 
-    /// Copy (directory) or unpack (archive) into `dest`, which must not exist.
+    /// Copy (directory, without `.git`) or unpack (archive, through commstack-archive)
+    /// into `dest`, which must not exist. An archive's single top directory (GitHub's,
+    /// `git archive --prefix`'s) is dropped by the rule the tree hash uses, so what is
+    /// unpacked hashes like the archive.
     pub fn materialize(&self, dest: &Path) -> Result<()> {
         if self.path.is_dir() {
-            commstack_nvshmem::copy_tree(&self.path, dest)
+            commstack_archive::copy_tree_except(&self.path, dest, |rel| {
+                rel.file_name() == Some(".git".as_ref())
+            })
         } else {
-            unpack_archive(&self.path, dest)
+            let options =
+                commstack_archive::Options::strip(commstack_archive::Strip::TopDirIfSingle);
+            commstack_archive::unpack(&self.path, dest, &options)
+                .map(|_| ())
+                .with_context(|| format!("cannot unpack the DeepEP source {}", self.path.display()))
         }
     }
-}
-
-/// Unpack a source archive into `dest`, dropping the single top-level directory GitHub
-/// and `git archive --prefix` put around the tree. Refuses entries that would land
-/// outside `dest`.
-pub fn unpack_archive(archive: &Path, dest: &Path) -> Result<()> {
-    let name = archive
-        .file_name()
-        .map(|n| n.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    let open = || -> Result<tar::Archive<Box<dyn std::io::Read>>> {
-        let file = BufReader::new(
-            File::open(archive).with_context(|| format!("cannot open {}", archive.display()))?,
-        );
-        let reader: Box<dyn std::io::Read> = if name.ends_with(".tar.gz") || name.ends_with(".tgz")
-        {
-            Box::new(flate2::read::GzDecoder::new(file))
-        } else if name.ends_with(".tar") {
-            Box::new(file)
-        } else {
-            bail!("{}: not a .tar.gz, .tgz or .tar archive", archive.display());
-        };
-        Ok(tar::Archive::new(reader))
-    };
-    // First pass: is everything under one top directory?
-    let mut top: Option<Option<String>> = None;
-    for entry in open()?.entries()? {
-        let entry = entry?;
-        let path = entry.path()?.into_owned();
-        let mut comps = path
-            .components()
-            .filter(|c| !matches!(c, Component::CurDir));
-        let first = comps
-            .next()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned());
-        let is_global_header = matches!(entry.header().entry_type(), tar::EntryType::XGlobalHeader);
-        if is_global_header {
-            continue;
-        }
-        let deeper = comps.next().is_some() || entry.header().entry_type().is_dir();
-        top = match (top, first, deeper) {
-            (None, Some(f), true) => Some(Some(f)),
-            (Some(Some(t)), Some(f), true) if t == f => Some(Some(t)),
-            _ => Some(None),
-        };
-    }
-    let strip = top.flatten();
-    fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    for entry in open()?.entries()? {
-        let mut entry = entry?;
-        let kind = entry.header().entry_type();
-        if matches!(
-            kind,
-            tar::EntryType::XGlobalHeader | tar::EntryType::XHeader
-        ) {
-            continue;
-        }
-        let path = entry.path()?.into_owned();
-        let mut rel = PathBuf::new();
-        for (i, c) in path
-            .components()
-            .filter(|c| !matches!(c, Component::CurDir))
-            .enumerate()
-        {
-            match c {
-                Component::Normal(part) => {
-                    if i == 0 && strip.as_deref() == Some(&*part.to_string_lossy()) {
-                        continue;
-                    }
-                    rel.push(part)
-                }
-                _ => bail!(
-                    "{}: entry {} leaves the archive's directory",
-                    archive.display(),
-                    path.display()
-                ),
-            }
-        }
-        if rel.as_os_str().is_empty() {
-            continue;
-        }
-        let target = dest.join(&rel);
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        if kind.is_symlink() {
-            let link = entry
-                .link_name()?
-                .context("symlink without target")?
-                .into_owned();
-            if link.is_absolute()
-                || (link.components().any(|c| matches!(c, Component::ParentDir))
-                    && escapes(&rel, &link))
-            {
-                bail!(
-                    "{}: symlink {} -> {} leaves the tree",
-                    archive.display(),
-                    rel.display(),
-                    link.display()
-                );
-            }
-            std::os::unix::fs::symlink(&link, &target)
-                .with_context(|| format!("cannot link {}", target.display()))?;
-        } else if kind.is_dir() {
-            fs::create_dir_all(&target)?;
-        } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            entry.unpack(&target).with_context(|| {
-                format!("cannot unpack {} from {}", rel.display(), archive.display())
-            })?;
-        } else {
-            bail!(
-                "{}: entry {} is neither file, directory nor symlink",
-                archive.display(),
-                path.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Whether a relative symlink at `at` pointing to `target` climbs above the tree root.
-fn escapes(at: &Path, target: &Path) -> bool {
-    let mut depth = at.components().count() as i64 - 1;
-    for c in target.components() {
-        match c {
-            Component::ParentDir => depth -= 1,
-            Component::Normal(_) => depth += 1,
-            _ => {}
-        }
-        if depth < 0 {
-            return true;
-        }
-    }
-    false
 }
 
 /// The API a DeepEP tree implements, from its layout: V1 has `csrc/deep_ep.cpp` and
@@ -256,6 +130,7 @@ pub fn declared_version(src: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     fn tar_gz(dir: &Path, entries: &[(&str, &[u8])]) -> PathBuf {
         let path = dir.join("src.tar.gz");
@@ -286,13 +161,13 @@ mod tests {
             ],
         );
         let out = d.path().join("out");
-        unpack_archive(&a, &out).unwrap();
+        let from_archive = SourceInput::from_path(&a, None, "567632d").unwrap();
+        from_archive.materialize(&out).unwrap();
         assert!(out.join("setup.py").is_file() && out.join("csrc/deep_ep.cpp").is_file());
         assert_eq!(detect_api(&out).unwrap(), DeepEpApi::V1);
         assert_eq!(declared_version(&out).as_deref(), Some("1.2.1"));
         // The tree hash of the archive and of what it unpacked to agree (so --source
         // accepts either).
-        let from_archive = SourceInput::from_path(&a, None, "567632d").unwrap();
         let from_dir =
             SourceInput::from_path(&out, Some(&from_archive.tree_sha256), "567632d").unwrap();
         assert!(from_dir.is_locked());
@@ -312,10 +187,10 @@ mod tests {
         h.set_cksum();
         b.append(&h, &b"x"[..]).unwrap();
         b.finish().unwrap();
-        let err = unpack_archive(&path, &d.path().join("out"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("leaves"), "{err}");
+        let src = SourceInput::from_path(&path, None, "567632d").unwrap();
+        let err = format!("{:#}", src.materialize(&d.path().join("out")).unwrap_err());
+        assert!(err.contains("leaves") && err.contains("../x.txt"), "{err}");
+        assert!(!d.path().join("out").exists() && !d.path().join("x.txt").exists());
     }
 
     #[test]

@@ -454,7 +454,7 @@ async fn resolve_overrides(
             } else {
                 None
             };
-            let tree = if path.is_dir() || tree::ArchiveKind::of(&name).is_some() {
+            let tree = if path.is_dir() || tree::ArchiveKind::from_name(&name).is_some() {
                 Some(tree::tree_sha256(&path, &name))
             } else {
                 None

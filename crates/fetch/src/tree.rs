@@ -40,29 +40,9 @@ enum Entry {
 
 type Entries = BTreeMap<Vec<u8>, Entry>;
 
-/// The archive formats [`tree_sha256`] reads, chosen by file name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArchiveKind {
-    TarGz,
-    Tar,
-    Zip,
-}
-
-impl ArchiveKind {
-    /// From the file name's extension; `None` for anything else.
-    pub fn of(filename: &str) -> Option<ArchiveKind> {
-        let name = filename.to_ascii_lowercase();
-        if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
-            Some(ArchiveKind::TarGz)
-        } else if name.ends_with(".tar") {
-            Some(ArchiveKind::Tar)
-        } else if name.ends_with(".zip") || name.ends_with(".whl") {
-            Some(ArchiveKind::Zip)
-        } else {
-            None
-        }
-    }
-}
+/// The archive formats [`tree_sha256`] reads, by file name: the unpacker's, so that what
+/// is hashed and what is unpacked are the same set.
+pub use commstack_archive::Format as ArchiveKind;
 
 /// The tree hash of a directory, or of an archive whose format `name_hint` (usually the
 /// file name) tells; see the module docs for the definition.
@@ -70,7 +50,7 @@ pub fn tree_sha256(path: &Path, name_hint: &str) -> io::Result<String> {
     if path.is_dir() {
         return tree_sha256_dir(path);
     }
-    let kind = ArchiveKind::of(name_hint).ok_or_else(|| {
+    let kind = ArchiveKind::from_name(name_hint).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::Unsupported,
             format!(

@@ -2,10 +2,9 @@
 //! CMake writes into its source directory: configured headers, git_commit.txt).
 
 use std::fs;
-use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 /// `project(NVSHMEM ... VERSION 3.4.5.0)` in the top CMakeLists.txt -> `3.4.5`.
 pub fn source_version(src: &Path) -> Result<String> {
@@ -28,37 +27,10 @@ pub fn source_version(src: &Path) -> Result<String> {
     Ok(format!("{}.{}.{}", &c[1], &c[2], &c[3]))
 }
 
-/// Copy `src` to `dest` (files with their modes, symlinks as links), leaving out `.git`.
+/// Copy `src` to `dest`, which must not exist (files with their modes, symlinks as
+/// links), leaving out `.git`: commstack-archive's tree copy.
 pub fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
-    for entry in walkdir::WalkDir::new(src)
-        .follow_links(false)
-        .into_iter()
-        .filter_entry(|e| e.file_name() != ".git")
-    {
-        let entry = entry.with_context(|| format!("cannot walk {}", src.display()))?;
-        let rel = entry
-            .path()
-            .strip_prefix(src)
-            .expect("walkdir stays under its root");
-        let to = dest.join(rel);
-        let ft = entry.file_type();
-        if ft.is_dir() {
-            fs::create_dir_all(&to).with_context(|| format!("cannot create {}", to.display()))?;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(entry.path())?;
-            symlink(&target, &to).with_context(|| format!("cannot link {}", to.display()))?;
-        } else if ft.is_file() {
-            fs::copy(entry.path(), &to).with_context(|| {
-                format!("cannot copy {} to {}", entry.path().display(), to.display())
-            })?;
-        } else {
-            bail!(
-                "{}: neither file, directory nor symlink",
-                entry.path().display()
-            );
-        }
-    }
-    Ok(())
+    commstack_archive::copy_tree_except(src, dest, |rel| rel.file_name() == Some(".git".as_ref()))
 }
 
 #[cfg(test)]

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use commstack_wheel::WheelFilename;
 use pep440_rs::VersionSpecifiers;
 use pep508_rs::PackageName;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::metadata::CoreMetadata;
-use crate::wheel_name::WheelName;
 
 const ACCEPT_JSON: &str = "application/vnd.pypi.simple.v1+json";
 const ATTEMPTS: u32 = 4;
@@ -57,7 +57,7 @@ pub struct IndexFile {
     /// sha256 of the PEP 658 metadata file, when the index announces one.
     pub metadata_sha256: Option<String>,
     /// None for sdists and anything that is not a wheel.
-    pub wheel: Option<WheelName>,
+    pub wheel: Option<WheelFilename>,
 }
 
 #[derive(Clone, Debug)]
@@ -186,7 +186,7 @@ impl IndexClient {
                 Some(s) => VersionSpecifiers::from_str(s).ok(),
             };
             files.push(IndexFile {
-                wheel: WheelName::parse(&f.filename).ok(),
+                wheel: WheelFilename::parse(&f.filename).ok(),
                 filename: f.filename,
                 url: abs,
                 sha256: f.hashes.get("sha256").cloned(),

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use commstack_wheel::WheelFilename;
+
 /// The target interpreter and platform.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetPlatform {
@@ -81,6 +83,18 @@ impl TargetTags {
     }
 }
 
+impl TargetTags {
+    /// The best priority of any tag the wheel claims (its compressed tag sets expanded),
+    /// None if the target can use none of them.
+    pub fn wheel_priority(&self, wheel: &WheelFilename) -> Option<usize> {
+        wheel
+            .tags()
+            .iter()
+            .filter_map(|t| self.priority(&t.python, &t.abi, &t.platform))
+            .min()
+    }
+}
+
 /// manylinux_2_X down to manylinux_2_5 with the legacy aliases where pip puts them.
 fn platforms(target: &TargetPlatform) -> Vec<String> {
     let arch = &target.arch;
@@ -154,6 +168,27 @@ mod tests {
             "compound tags are split by the caller"
         );
         assert!(tags.priority("py2", "none", "any").is_none());
+    }
+
+    #[test]
+    fn wheels_take_the_best_priority_of_their_tags() {
+        let tags = t(17);
+        let w = WheelFilename::parse(
+            "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_x86_64.manylinux2014_x86_64.whl",
+        )
+        .unwrap();
+        assert_eq!(
+            tags.wheel_priority(&w),
+            tags.priority("py3", "none", "manylinux2014_x86_64"),
+            "manylinux2014 alias is accepted at glibc 2.17, manylinux_2_18 is not"
+        );
+        let universal = WheelFilename::parse("six-1.16.0-py2.py3-none-any.whl").unwrap();
+        assert_eq!(
+            tags.wheel_priority(&universal),
+            tags.priority("py3", "none", "any")
+        );
+        let mac = WheelFilename::parse("pkg-1.0-cp312-cp312-macosx_11_0_arm64.whl").unwrap();
+        assert!(tags.wheel_priority(&mac).is_none());
     }
 
     #[test]

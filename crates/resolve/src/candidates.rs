@@ -47,7 +47,7 @@ impl Candidates {
                     .or_insert_with(|| format!("Requires-Python {rp} excludes {python}"));
                 continue;
             }
-            let Some(priority) = wheel.priority(tags) else {
+            let Some(priority) = tags.wheel_priority(wheel) else {
                 excluded
                     .entry(version)
                     .or_insert_with(|| "no wheel for the target platform".to_string());

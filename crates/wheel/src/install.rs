@@ -1,17 +1,20 @@
 //! Unpack a wheel into a directory (as is) or install it into a layout (the `.data`
 //! directory's schemes mapped to their own directories, like an installer does).
-//! Every file is checked against RECORD while it is written; executable bits recorded in
-//! the archive are kept (nvcc in the nvidia-cuda-nvcc wheel must stay executable).
+//! The bytes are extracted by `commstack_archive` (the one unpacker, with its refusals and
+//! limits) into a staging directory inside the target; every file is checked against
+//! RECORD there, and only then moved into place, so a wheel whose RECORD disagrees
+//! installs nothing. Executable bits recorded in the archive are kept (nvcc in the
+//! nvidia-cuda-nvcc wheel must stay executable), other mode bits normalised.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::read::{RecordMismatch, Wheel, compare_record, open_archive};
+use crate::read::{HashingWriter, RecordMismatch, Wheel, compare_record};
 use crate::record::format_sha256;
 
 /// Where each part of a wheel goes (the install scheme).
@@ -46,10 +49,11 @@ pub struct Installed {
     pub files: Vec<PathBuf>,
 }
 
-/// Extract every file as it is in the archive under `dest`.
+/// Extract every file as it is in the archive under `dest` (created if missing; files
+/// already there are never overwritten).
 pub fn unpack(wheel_path: &Path, dest: &Path) -> Result<Installed> {
     let wheel = Wheel::open(wheel_path)?;
-    extract(wheel, |inner| Ok(dest.join(inner)))
+    extract(wheel, dest, |inner| Ok(dest.join(inner)))
 }
 
 /// Install into `layout`: `<name>.data/<scheme>/...` goes to that scheme's directory,
@@ -66,7 +70,7 @@ pub fn install(wheel_path: &Path, layout: &InstallLayout) -> Result<Installed> {
         layout.platlib.clone()
     };
     let layout = layout.clone();
-    extract(wheel, move |inner| {
+    extract(wheel, &root.clone(), move |inner| {
         let Some(rest) = inner.strip_prefix(&data_dir) else {
             return Ok(root.join(inner));
         };
@@ -85,69 +89,59 @@ pub fn install(wheel_path: &Path, layout: &InstallLayout) -> Result<Installed> {
     })
 }
 
-fn extract(wheel: Wheel, target_of: impl Fn(&str) -> Result<PathBuf>) -> Result<Installed> {
-    let mut archive = open_archive(&wheel.path)?;
+/// Unpack into a staging directory under `stage_in` (the target's root, so that placing
+/// a file is a link on one filesystem), check RECORD, then place each file where
+/// `target_of` says.
+fn extract(
+    wheel: Wheel,
+    stage_in: &Path,
+    target_of: impl Fn(&str) -> Result<PathBuf>,
+) -> Result<Installed> {
+    if let Some(link) = wheel.entries.iter().find(|e| e.is_symlink) {
+        bail!(
+            "{}: {} is a symlink; wheels cannot hold links",
+            wheel.path.display(),
+            link.path
+        );
+    }
+    fs::create_dir_all(stage_in)
+        .with_context(|| format!("cannot create {}", stage_in.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".wheel-unpack-")
+        .tempdir_in(stage_in)
+        .with_context(|| {
+            format!(
+                "cannot create a staging directory in {}",
+                stage_in.display()
+            )
+        })?;
+    let tree = staging.path().join("tree");
+    let unpacked =
+        commstack_archive::unpack(&wheel.path, &tree, &commstack_archive::Options::default())?;
+
     let mut seen = BTreeMap::new();
-    let mut files = Vec::new();
-    for i in 0..archive.len() {
-        let mut f = archive.by_index(i)?;
-        let inner = f.name()?.to_string();
-        if f.is_symlink() {
-            bail!(
-                "{}: {inner} is a symlink; wheels cannot hold links",
-                wheel.path.display()
-            );
-        }
-        if f.is_dir() {
-            continue;
-        }
-        if f.enclosed_name().is_none()
-            || Path::new(&inner)
-                .components()
-                .any(|c| !matches!(c, Component::Normal(_)))
-        {
-            bail!(
-                "{}: {inner} would be written outside the target directory",
-                wheel.path.display()
-            );
-        }
-        let target = target_of(&inner)?;
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
-        let executable = f.unix_mode().is_some_and(|m| m & 0o111 != 0);
-        let mode = if executable { 0o755 } else { 0o644 };
-        let out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&target)
-            .with_context(|| {
-                format!(
-                    "cannot create {} (from {}; does another wheel own it?)",
-                    target.display(),
-                    wheel.path.display()
-                )
-            })?;
-        let mut tee = TeeHasher {
-            inner: io::BufWriter::new(out),
-            hasher: Default::default(),
-        };
-        io::copy(&mut f, &mut tee)
-            .with_context(|| format!("{}: cannot extract {inner}", wheel.path.display()))?;
-        tee.inner.flush()?;
-        let out: File = tee.inner.into_inner().map_err(|e| e.into_error())?;
-        // The umask may have cleared bits of `mode`: set them exactly.
-        out.set_permissions(fs::Permissions::from_mode(mode))?;
+    let mut staged = Vec::with_capacity(unpacked.files.len());
+    for rel in &unpacked.files {
+        // Zip names are text, so the paths made from them are too.
+        let inner = rel
+            .to_str()
+            .with_context(|| format!("{}: a non-UTF-8 name", wheel.path.display()))?
+            .to_string();
+        let path = tree.join(rel);
+        let mut hasher = HashingWriter::default();
+        io::copy(
+            &mut File::open(&path).with_context(|| format!("cannot read {}", path.display()))?,
+            &mut hasher,
+        )
+        .with_context(|| format!("cannot read {}", path.display()))?;
         seen.insert(
-            inner,
+            inner.clone(),
             (
-                format_sha256(&sha2::Digest::finalize(tee.hasher.hasher)),
-                tee.hasher.len,
+                format_sha256(&sha2::Digest::finalize(hasher.hasher)),
+                hasher.len,
             ),
         );
-        files.push(target);
+        staged.push((inner, path));
     }
     let problems = compare_record(&wheel.record, &seen, &wheel.record_path());
     if !problems.is_empty() {
@@ -157,21 +151,46 @@ fn extract(wheel: Wheel, target_of: impl Fn(&str) -> Result<PathBuf>) -> Result<
         }
         .into());
     }
+
+    let mut files = Vec::with_capacity(staged.len());
+    for (inner, from) in staged {
+        let target = target_of(&inner)?;
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let executable = fs::metadata(&from)?.permissions().mode() & 0o111 != 0;
+        let mode = if executable { 0o755 } else { 0o644 };
+        fs::set_permissions(&from, fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", from.display()))?;
+        place(&from, &target).with_context(|| {
+            format!(
+                "cannot create {} (from {}; does another wheel own it?)",
+                target.display(),
+                wheel.path.display()
+            )
+        })?;
+        files.push(target);
+    }
     Ok(Installed { wheel, files })
 }
 
-struct TeeHasher<W> {
-    inner: W,
-    hasher: crate::read::HashingWriter,
-}
-
-impl<W: Write> Write for TeeHasher<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.write_all(&buf[..n])?;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+/// Put the staged file `from` at `to`, never replacing what is there: a hard link (one
+/// filesystem, atomic, refuses an existing `to`), else a copy into a new file.
+fn place(from: &Path, to: &Path) -> io::Result<()> {
+    match fs::hard_link(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) => {
+            let mode = fs::metadata(from)?.permissions().mode();
+            let mut out = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(to)?;
+            io::copy(&mut File::open(from)?, &mut out)?;
+            // The umask may have cleared bits of `mode`: set them exactly.
+            out.set_permissions(fs::Permissions::from_mode(mode))
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Wheel file names, distribution names and versions.
+//! Wheel file names, distribution names and versions: the one wheel-filename parser
+//! (the index client reads project pages with it, the toolchain and the writer too).
 
 use std::fmt;
 use std::str::FromStr;
@@ -130,6 +131,11 @@ impl WheelFilename {
         })
     }
 
+    /// The PEP 503 normalised distribution name (`nvidia-nccl-cu13`), as indexes compare it.
+    pub fn normalized_name(&self) -> String {
+        normalize_name(&self.name)
+    }
+
     /// Every tag this file claims (the product of its compressed tag sets).
     pub fn tags(&self) -> Vec<Tag> {
         let mut out = Vec::new();
@@ -220,5 +226,31 @@ mod tests {
         assert_eq!(b.build.as_deref(), Some("1abc"));
         assert!(WheelFilename::parse("pkg-1.0-py3-none.whl").is_err());
         assert!(WheelFilename::parse("pkg-1.0-x-py3-none-any.whl").is_err());
+    }
+
+    #[test]
+    fn compressed_tag_sets_and_builds_parse() {
+        let w = WheelFilename::parse(
+            "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_x86_64.manylinux2014_x86_64.whl",
+        )
+        .unwrap();
+        assert_eq!(w.normalized_name(), "nvidia-nccl-cu13");
+        assert_eq!(w.version.to_string(), "2.28.9");
+        assert_eq!(
+            w.platform,
+            ["manylinux_2_18_x86_64", "manylinux2014_x86_64"]
+        );
+        let b = WheelFilename::parse("pkg-1.0-1b-cp312-cp312-manylinux_2_28_x86_64.whl").unwrap();
+        assert_eq!(b.build.as_deref(), Some("1b"));
+        assert!(WheelFilename::parse("pkg-1.0.tar.gz").is_err());
+        assert!(WheelFilename::parse("pkg-1.0-py3.whl").is_err());
+        let universal = WheelFilename::parse("six-1.16.0-py2.py3-none-any.whl").unwrap();
+        assert_eq!(
+            universal.tags(),
+            [
+                Tag::new("py2", "none", "any"),
+                Tag::new("py3", "none", "any")
+            ]
+        );
     }
 }

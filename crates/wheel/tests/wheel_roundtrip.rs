@@ -133,8 +133,11 @@ fn tampered_record_is_reported_with_every_problem() {
             .iter()
             .any(|p| matches!(p, RecordProblem::NotInRecord { path } if path == "extra.txt"))
     );
-    // Unpacking checks as it writes, and refuses the same wheel.
-    assert!(unpack(&bad_path, &tmp.path().join("out")).is_err());
+    // Unpacking checks before it places anything, and refuses the same wheel leaving
+    // nothing behind (not even its staging directory).
+    let out = tmp.path().join("out");
+    assert!(unpack(&bad_path, &out).is_err());
+    assert_eq!(fs::read_dir(&out).unwrap().count(), 0);
 }
 
 #[test]
@@ -162,6 +165,18 @@ fn install_maps_data_scripts_to_bin() {
     );
     assert!(root.join("toolpkg/__init__.py").is_file());
     assert!(!root.join("toolpkg-2.0.data").exists());
+    // A second install finds the files there and replaces none; no staging is left.
+    let err = format!(
+        "{:#}",
+        install(&w.path, &InstallLayout::prefix(&root)).unwrap_err()
+    );
+    assert!(err.contains("does another wheel own it?"), "{err}");
+    let mut top: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(top, ["bin", "toolpkg", "toolpkg-2.0.dist-info"]);
 }
 
 /// The real pip installs what we write, and the RECORD it keeps verifies.

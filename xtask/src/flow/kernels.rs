@@ -93,7 +93,7 @@ pub fn build_selftest(
     .env("COMMSTACK_CUDA_ARCHS", &archs)
     .run()
     .context("building the kernel crate failed (its build script says what is missing)")?;
-    Ok(root.join("target/release/commstack-selftest"))
+    Ok(crate::util::cargo_target_dir().join("release/commstack-selftest"))
 }
 
 /// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.

@@ -211,11 +211,10 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(
     let archive = f.path.clone();
     let outcome = store.run(&key, &inputs, false, |dir| {
         let src = dir.out.join("src");
-        std::fs::create_dir_all(&src)?;
-        let sh = xshell::Shell::new()?;
-        xshell::cmd!(sh, "tar -xzf {archive} -C {src} --strip-components=1")
-            .quiet()
-            .run()?;
+        // The one unpacker (not GNU tar, which stores links pointing outside as a
+        // success); TopDir is --strip-components=1 that insists on one top directory.
+        let options = commstack_archive::Options::strip(commstack_archive::Strip::TopDir);
+        commstack_archive::unpack(&archive, &src, &options)?;
         let got = commstack_fetch::tree::tree_sha256_dir(&src)?;
         if got != tree {
             bail!(
