@@ -161,13 +161,14 @@ fn shell_outs(path: &str, text: &str) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "enabled once the archive crate lands"]
 fn no_tar_or_cp_subprocesses() {
     let mut problems = Vec::new();
     for dir in ["crates", "xtask", "kernels"] {
         for (path, text) in rust_files(dir) {
-            // This file holds the bad examples its own unit tests feed the check.
-            if dir == "xtask" && path == "tests/tidy.rs" {
+            // Integration tests may run GNU tar as an independent maker of fixture
+            // archives (and this file holds the bad examples its unit tests feed the
+            // check); what the tool itself runs is what this rule is about.
+            if path.starts_with("tests/") || path.contains("/tests/") {
                 continue;
             }
             problems.extend(shell_outs(&format!("{dir}/{path}"), &text));
