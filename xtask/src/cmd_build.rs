@@ -10,6 +10,7 @@ use commstack_nvshmem::{
     BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, compare_wheels,
     env::resolve_passthrough,
 };
+use commstack_stack::CudaArch;
 use commstack_store::{Outcome, Store};
 
 use crate::cmd_toolchain::{ToolchainArgs, resolve};
@@ -53,9 +54,10 @@ pub struct Args {
     pub with: Vec<(String, PathBuf)>,
     #[command(flatten)]
     pub toolchain: ToolchainArgs,
-    /// CMAKE_CUDA_ARCHITECTURES entries, overriding stack.toml's nvshmem.cuda-archs.
+    /// CMAKE_CUDA_ARCHITECTURES entries (`90`, `90a`, `100f`, `90-real`: stack.toml's
+    /// grammar), overriding stack.toml's nvshmem.cuda-archs.
     #[arg(long, value_delimiter = ',', value_name = "ARCH,...")]
-    pub cuda_archs: Vec<String>,
+    pub cuda_archs: Vec<CudaArch>,
     /// Build without IBGDA, overriding stack.toml (no rdma-core needed; no internode
     /// DeepEP kernels).
     #[arg(long)]
@@ -353,4 +355,32 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(
         Ok(())
     })?;
     Ok((outcome.path().join("src"), tree))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// `--cuda-archs` parses through the stack's CUDA-arch type: the entries every place
+    /// pins are kept as written, "9x0" is refused with the grammar's message.
+    #[test]
+    fn cuda_archs_flag_uses_the_stack_grammar() {
+        let cli = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,90a,100f,90-real"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let archs: Vec<String> = cli.args.cuda_archs.iter().map(|a| a.cmake()).collect();
+        assert_eq!(archs, ["90", "90a", "100f", "90-real"]);
+        let Err(e) = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,9x0"]) else {
+            panic!("9x0 was accepted");
+        };
+        let e = e.to_string();
+        assert!(e.contains("\"9x0\" is not a CUDA architecture"), "{e}");
+    }
 }

@@ -30,7 +30,7 @@ pub use compare::{Comparison, Difference, DifferenceKind, compare_wheels};
 pub use dropin::{
     DropIn, DropInSpec, WHEEL_REPORT_FILE, build_dropin_wheel, dropin_distribution, local_label,
 };
-pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME, arch_number};
+pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME};
 pub use proof::{Proof, parse_build_options_h};
 pub use run::{CommandFailed, first_error_lines, run_command};
 pub use source::{copy_tree, source_version};

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use commstack_stack::CudaArch;
 use serde::{Deserialize, Serialize};
 
 /// Every NVSHMEM option a stack can choose. The defaults are DeepEP's documented flags
@@ -14,8 +15,9 @@ pub struct NvshmemOptions {
     /// Must stay false: torch loads one NVSHMEM per process, and an NCCL-enabled one
     /// dlopens libnccl.so.2, pulling a second NCCL next to torch's.
     pub use_nccl: bool,
-    /// `CMAKE_CUDA_ARCHITECTURES` entries, e.g. `["90"]` or `["90-real", "100-real"]`.
-    pub cuda_archs: Vec<String>,
+    /// `CMAKE_CUDA_ARCHITECTURES` entries, e.g. `["90"]` or `["90-real", "100-real"]`
+    /// (the grammar is [`commstack_stack::arch`]'s, as in stack.toml).
+    pub cuda_archs: Vec<CudaArch>,
     /// NVSHMEM_IBGDA_SUPPORT: GPU-initiated RDMA (DeepEP's internode kernels need it).
     pub ibgda: bool,
     pub ibgda_gpumem_only: bool,
@@ -57,7 +59,7 @@ impl Default for NvshmemOptions {
     fn default() -> Self {
         NvshmemOptions {
             use_nccl: false,
-            cuda_archs: vec!["90".into()],
+            cuda_archs: vec!["90".parse().expect("90 is a CUDA arch")],
             ibgda: true,
             ibgda_gpumem_only: false,
             rdma_core: None,
@@ -127,13 +129,6 @@ impl NvshmemOptions {
                 "cuda_archs is empty: name the GPUs to build for (90 for H100/H200); NVSHMEM's own default builds 6 archs and takes many times longer"
             );
         }
-        for a in &self.cuda_archs {
-            if arch_number(a).is_none() {
-                bail!(
-                    "cuda_archs: {a:?} is not a CMAKE_CUDA_ARCHITECTURES entry like 90, 90-real, 90a or 100-virtual"
-                );
-            }
-        }
         if self.ibgda_gpumem_only && !self.ibgda {
             bail!("ibgda_gpumem_only needs ibgda = true");
         }
@@ -147,7 +142,8 @@ impl NvshmemOptions {
 
     /// The CMAKE_CUDA_ARCHITECTURES value.
     pub fn cuda_architectures(&self) -> String {
-        self.cuda_archs.join(";")
+        let entries: Vec<String> = self.cuda_archs.iter().map(CudaArch::cmake).collect();
+        entries.join(";")
     }
 
     /// The architectures that get SASS (every entry but `-virtual`), as numbers.
@@ -155,8 +151,8 @@ impl NvshmemOptions {
         let mut v: Vec<u32> = self
             .cuda_archs
             .iter()
-            .filter(|a| !a.ends_with("-virtual"))
-            .filter_map(|a| arch_number(a))
+            .filter(|a| a.has_sass())
+            .map(CudaArch::sm)
             .collect();
         v.sort();
         v.dedup();
@@ -231,17 +227,6 @@ impl NvshmemOptions {
     }
 }
 
-/// `90`, `90-real`, `90a`, `100f-virtual` -> 90 / 100.
-pub fn arch_number(arch: &str) -> Option<u32> {
-    let base = arch.trim_end_matches("-real").trim_end_matches("-virtual");
-    let digits: String = base.chars().take_while(|c| c.is_ascii_digit()).collect();
-    let rest = &base[digits.len()..];
-    if digits.is_empty() || !(rest.is_empty() || rest == "a" || rest == "f") {
-        return None;
-    }
-    digits.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,17 +274,30 @@ mod tests {
         );
     }
 
+    /// The shared grammar's pinned entries, as CMAKE_CUDA_ARCHITECTURES and as the SASS
+    /// the proof expects; "9x0" cannot even be an option (the type refuses it).
     #[test]
-    fn archs_parse() {
-        assert_eq!(arch_number("90"), Some(90));
-        assert_eq!(arch_number("90a-real"), Some(90));
-        assert_eq!(arch_number("100f-virtual"), Some(100));
-        assert_eq!(arch_number("sm_90"), None);
+    fn archs_render_for_cmake_and_the_proof() {
+        let archs =
+            |list: &[&str]| -> Vec<CudaArch> { list.iter().map(|a| a.parse().unwrap()).collect() };
         let o = NvshmemOptions {
-            cuda_archs: vec!["90-real".into(), "100-virtual".into(), "120".into()],
+            cuda_archs: archs(&["90", "90a", "100f", "90-real"]),
+            ..Default::default()
+        };
+        o.validate().unwrap();
+        assert_eq!(o.cuda_architectures(), "90;90a;100f;90-real");
+        assert_eq!(o.sass_archs(), vec![90, 100]);
+        let o = NvshmemOptions {
+            cuda_archs: archs(&["90-real", "100-virtual", "120"]),
             ..Default::default()
         };
         assert_eq!(o.sass_archs(), vec![90, 120]);
+        let json = r#"{"cuda_archs": ["9x0"]}"#;
+        let e = serde_json::from_str::<NvshmemOptions>(json).unwrap_err();
+        assert!(
+            e.to_string().contains("\"9x0\" is not a CUDA architecture"),
+            "{e}"
+        );
     }
 }
 

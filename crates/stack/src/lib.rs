@@ -5,6 +5,7 @@
 //! This crate does no network or file I/O of its own: callers read the files and hand
 //! over the text, so every function here is testable with strings.
 
+pub mod arch;
 pub mod bases;
 pub mod diag;
 pub mod known;
@@ -15,6 +16,7 @@ mod raw;
 pub mod rules;
 pub mod validation;
 
+pub use arch::CudaArch;
 pub use diag::{Diagnostic, Location};
 pub use lock::Lock;
 pub use manifest::Stack;

@@ -9,6 +9,7 @@ use pep440_rs::{Version, VersionSpecifiers};
 use pep508_rs::Requirement;
 use sha2::{Digest, Sha256};
 
+use crate::arch::CudaArch;
 use crate::bases::Base;
 use crate::diag::{Diagnostic, Location};
 
@@ -133,8 +134,8 @@ pub struct Torch {
 #[derive(Clone, Debug)]
 pub struct Nvshmem {
     pub version: NvshmemVersion,
-    /// As CMake wants them: "90", "90a", "100".
-    pub cuda_archs: Vec<String>,
+    /// As written, e.g. "90", "90a", "100f", "90-real".
+    pub cuda_archs: Vec<CudaArch>,
     pub transports: NvshmemTransports,
     /// Environment variables passed through to the NVSHMEM build (all others are cleared).
     pub pass_env: Vec<String>,
@@ -224,7 +225,12 @@ impl Stack {
         );
         m.insert(
             "nvshmem.cuda-archs".into(),
-            self.nvshmem.cuda_archs.join(","),
+            self.nvshmem
+                .cuda_archs
+                .iter()
+                .map(CudaArch::cmake)
+                .collect::<Vec<_>>()
+                .join(","),
         );
         for (name, on) in self.nvshmem.transports.iter() {
             m.insert(format!("nvshmem.{name}"), on.to_string());

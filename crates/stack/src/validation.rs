@@ -10,6 +10,7 @@ use pep440_rs::{Version, VersionSpecifiers};
 use pep508_rs::Requirement;
 use toml::Spanned;
 
+use crate::arch::{self, CudaArch};
 use crate::bases;
 use crate::diag::{Diagnostic, Diagnostics, Location};
 use crate::model::*;
@@ -216,29 +217,20 @@ impl Validator<'_> {
             ok = false;
         }
         for arch in raw.cuda_archs.get_ref() {
-            let a = arch.get_ref();
-            let digits = a.trim_end_matches(['a', 'f']);
-            let valid = (2..=3).contains(&digits.len())
-                && digits.chars().all(|c| c.is_ascii_digit())
-                && a.len() - digits.len() <= 1
-                && digits.parse::<u32>().is_ok_and(|n| n >= 70);
-            if valid {
-                if archs.contains(a) {
+            match arch.get_ref().parse::<CudaArch>() {
+                Ok(a) if archs.contains(&a) => {
                     self.err(
                         arch.span(),
-                        format!("CUDA arch {a:?} is listed twice"),
+                        format!("CUDA arch {:?} is listed twice", arch.get_ref()),
                         None,
                     );
                     ok = false;
                 }
-                archs.push(a.clone());
-            } else {
-                self.err(
-                    arch.span(),
-                    format!("{a:?} is not a CUDA architecture as CMake writes it"),
-                    Some("write the SM number: \"90\" (H100/H200), \"90a\", \"100\" (B200); not \"sm_90\" or \"9.0\"".into()),
-                );
-                ok = false;
+                Ok(a) => archs.push(a),
+                Err(e) => {
+                    self.err(arch.span(), e.message(), Some(arch::HINT.into()));
+                    ok = false;
+                }
             }
         }
         let mut transports = NvshmemTransports::DEEPEP_DEFAULT;
