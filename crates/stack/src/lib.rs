@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod model;
 mod raw;
 pub mod rules;
+pub mod switches;
 pub mod validation;
 
 pub use arch::CudaArch;

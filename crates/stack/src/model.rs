@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::arch::CudaArch;
 use crate::bases::Base;
 use crate::diag::{Diagnostic, Location};
+use crate::switches::{self, Scope, Switch};
 
 pub const DEFAULT_INDEX: &str = "https://pypi.org/simple";
 pub const DEFAULT_CMAKE: &str = ">=3.28,<4.2";
@@ -59,46 +60,45 @@ impl DeepEpApi {
     }
 }
 
-/// NVSHMEM build options that stack.toml controls, one-to-one with NVSHMEM's CMake options.
+/// The NVSHMEM switches stack.toml sets, on or off: the [`Scope::Stack`] rows of
+/// [`crate::switches::SWITCHES`], keyed by the stack.toml key (`"ibgda"`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvshmemTransports {
-    pub ibgda: bool,
-    pub ibrc: bool,
-    pub ibdevx: bool,
-    pub ucx: bool,
-    pub libfabric: bool,
-    pub gdrcopy: bool,
-    pub mpi: bool,
-    pub shmem: bool,
-    pub pmix: bool,
+    on: BTreeMap<&'static str, bool>,
+}
+
+impl Default for NvshmemTransports {
+    /// Every row's default: DeepEP's documented build, IBGDA on, everything else off.
+    fn default() -> Self {
+        NvshmemTransports {
+            on: switches::in_stack().map(|s| (s.key, s.default)).collect(),
+        }
+    }
 }
 
 impl NvshmemTransports {
-    /// DeepEP's documented NVSHMEM build: IBGDA on, everything else off.
-    pub const DEEPEP_DEFAULT: NvshmemTransports = NvshmemTransports {
-        ibgda: true,
-        ibrc: false,
-        ibdevx: false,
-        ucx: false,
-        libfabric: false,
-        gdrcopy: false,
-        mpi: false,
-        shmem: false,
-        pmix: false,
-    };
+    /// Whether `key` is on. Panics on a key that is not a stack switch: callers name
+    /// table rows, so that is a bug, not an input error.
+    pub fn get(&self, key: &str) -> bool {
+        match self.on.get(key) {
+            Some(on) => *on,
+            None => panic!("{key:?} is not a stack switch of commstack_stack::switches"),
+        }
+    }
 
-    pub fn iter(&self) -> [(&'static str, bool); 9] {
-        [
-            ("ibgda", self.ibgda),
-            ("ibrc", self.ibrc),
-            ("ibdevx", self.ibdevx),
-            ("ucx", self.ucx),
-            ("libfabric", self.libfabric),
-            ("gdrcopy", self.gdrcopy),
-            ("mpi", self.mpi),
-            ("shmem", self.shmem),
-            ("pmix", self.pmix),
-        ]
+    /// Panics on a key that is not a stack switch, as [`NvshmemTransports::get`] does.
+    pub fn set(&mut self, key: &str, on: bool) {
+        let row = switches::find(key)
+            .filter(|s| s.scope == Scope::Stack)
+            .unwrap_or_else(|| {
+                panic!("{key:?} is not a stack switch of commstack_stack::switches")
+            });
+        self.on.insert(row.key, on);
+    }
+
+    /// Every stack switch with its value, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static Switch, bool)> + '_ {
+        switches::in_stack().map(|s| (s, self.get(s.key)))
     }
 }
 
@@ -232,8 +232,8 @@ impl Stack {
                 .collect::<Vec<_>>()
                 .join(","),
         );
-        for (name, on) in self.nvshmem.transports.iter() {
-            m.insert(format!("nvshmem.{name}"), on.to_string());
+        for (switch, on) in self.nvshmem.transports.iter() {
+            m.insert(format!("nvshmem.{}", switch.key), on.to_string());
         }
         m.insert("nvshmem.pass-env".into(), self.nvshmem.pass_env.join(","));
         m.insert(

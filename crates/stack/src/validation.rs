@@ -233,23 +233,11 @@ impl Validator<'_> {
                 }
             }
         }
-        let mut transports = NvshmemTransports::DEEPEP_DEFAULT;
-        let fields: [(&str, &Option<Spanned<bool>>, &mut bool); 9] = [
-            ("ibgda", &raw.ibgda, &mut transports.ibgda),
-            ("ibrc", &raw.ibrc, &mut transports.ibrc),
-            ("ibdevx", &raw.ibdevx, &mut transports.ibdevx),
-            ("ucx", &raw.ucx, &mut transports.ucx),
-            ("libfabric", &raw.libfabric, &mut transports.libfabric),
-            ("gdrcopy", &raw.gdrcopy, &mut transports.gdrcopy),
-            ("mpi", &raw.mpi, &mut transports.mpi),
-            ("shmem", &raw.shmem, &mut transports.shmem),
-            ("pmix", &raw.pmix, &mut transports.pmix),
-        ];
-        for (name, value, slot) in fields {
-            if let Some(v) = value {
-                *slot = *v.get_ref();
-                self.spans.insert(format!("nvshmem.{name}"), v.span());
-            }
+        let mut transports = NvshmemTransports::default();
+        for (switch, value) in &raw.switches {
+            transports.set(switch.key, *value.get_ref());
+            self.spans
+                .insert(format!("nvshmem.{}", switch.key), value.span());
         }
         let static_lib = raw.static_lib.as_ref().is_some_and(|v| *v.get_ref());
         if let Some(v) = &raw.static_lib {

@@ -29,7 +29,7 @@ fn shipped_stacks_parse() {
     assert_eq!(s.torch.version.to_string(), "2.11.0");
     assert_eq!(s.nvshmem.version, NvshmemVersion::MatchTorch);
     assert_eq!(s.nvshmem.cuda_archs, ["90".parse().unwrap()]);
-    assert!(s.nvshmem.transports.ibgda && !s.nvshmem.transports.ucx);
+    assert!(s.nvshmem.transports.get("ibgda") && !s.nvshmem.transports.get("ucx"));
     assert_eq!(s.deepep.api, DeepEpApi::V1);
     assert!(
         rules::check_manifest(&s)
@@ -101,6 +101,45 @@ fn unknown_key_points_at_it() {
         "{err}"
     );
     assert!(err.contains("hint:"), "{err}");
+}
+
+/// [nvshmem]'s switches come from a table (commstack_stack::switches): a key that is
+/// not a stack switch, a wrong type and a missing key read as for any other section.
+#[test]
+fn nvshmem_switch_errors_point_at_the_key_or_value() {
+    let unknown = errors(&MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nnvtx = false",
+    ));
+    assert!(
+        unknown.starts_with("stack.toml:13:1: unknown field `nvtx`, expected one of `version`, `cuda-archs`, `ibgda`"),
+        "{unknown}"
+    );
+    assert!(unknown.contains("hint: see stack.toml"), "{unknown}");
+    let wrong = errors(&MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nucx = \"yes\"",
+    ));
+    assert!(
+        wrong.starts_with("stack.toml:13:7: invalid type: string \"yes\", expected a boolean"),
+        "{wrong}"
+    );
+    let missing = errors(&MINIMAL.replace("cuda-archs = [\"90\"]\n", ""));
+    assert!(missing.contains("missing field `cuda-archs`"), "{missing}");
+    let on = Stack::parse(
+        Path::new("stack.toml"),
+        &MINIMAL.replace(
+            "cuda-archs = [\"90\"]",
+            "cuda-archs = [\"90\"]\nibgda = false\nucx = true",
+        ),
+    )
+    .unwrap();
+    assert_eq!(on.echo()["nvshmem.ibgda"], "false");
+    assert_eq!(on.echo()["nvshmem.ucx"], "true");
+    assert_eq!(
+        on.locate("nvshmem.ucx").unwrap().to_string(),
+        "stack.toml:14:7"
+    );
 }
 
 #[test]
