@@ -1,5 +1,6 @@
-//! The validated stack: what the other crates use. Built only by [`crate::validation`];
-//! it knows nothing of the rules (they check it, not the other way round).
+//! The validated stack: what the other crates use. Built only by validation
+//! (`Stack::parse`); it knows nothing of the rules (they check it, not the other way
+//! round).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
