@@ -5,7 +5,9 @@
 //! - `COMMSTACK_NVCC`: the real `bin/nvcc` (else `$CUDA_HOME/bin/nvcc`);
 //! - `NVSHMEM_HOME`: an NVSHMEM prefix with `include/` and `lib/` (an install prefix or
 //!   the `nvidia/nvshmem` directory of NVIDIA's wheel);
-//! - `COMMSTACK_CUDA_ARCHS`: compute capabilities, e.g. `90` or `90;100` (default 90).
+//! - `COMMSTACK_CUDA_ARCHS`: CUDA architectures in stack.toml's grammar (`90`, `90a`,
+//!   `100f`, `90-real`; see commstack_stack::arch), separated by `;`, e.g. `90;100`
+//!   (default 90).
 //!
 //! Linking: the device code is linked (`-rdc=true`, cc's device-link step) with
 //! libnvshmem_device.a; the host side links that archive's host objects, the static
@@ -15,6 +17,14 @@
 use std::env;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+use commstack_stack::CudaArch;
+
+// In its own file so that tests/build_archs.rs can test it (a build script's own tests
+// never run).
+#[path = "build_archs.rs"]
+mod archs;
+use archs::{gencode, parse_archs};
 
 const CU_SOURCES: &[&str] = &["cu/host.cu", "cu/kernels.cu"];
 const CU_HEADERS: &[&str] = &["cu/cs_error.h"];
@@ -68,9 +78,7 @@ fn run() -> Result<(), String> {
         .flag(format!("-L{}", nvshmem.lib.display()))
         .flag("-lnvshmem_device");
     for arch in &archs {
-        build
-            .flag("-gencode")
-            .flag(format!("arch=compute_{arch},code=sm_{arch}"));
+        build.flag("-gencode").flag(gencode(arch));
     }
     build.files(CU_SOURCES);
     build
@@ -94,6 +102,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{BUNDLE_RPATH}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", nvshmem.lib.display());
 
+    let archs: Vec<String> = archs.iter().map(CudaArch::cmake).collect();
     println!(
         "cargo:rustc-env=COMMSTACK_KERNELS_BUILD_INFO=nvcc={} nvshmem={} archs={}",
         nvcc.display(),
@@ -218,30 +227,4 @@ impl NvshmemPrefix {
             lib,
         })
     }
-}
-
-/// "90", "90;100", "90,100a" -> ["90", "100"] / ["90", "100a"]; empty or unset -> ["90"].
-fn parse_archs(value: Option<&str>) -> Result<Vec<String>, String> {
-    let value = value
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .unwrap_or("90");
-    let mut archs = Vec::new();
-    for item in value
-        .split([';', ',', ' '])
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let digits = item.strip_suffix('a').unwrap_or(item);
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "COMMSTACK_CUDA_ARCHS={value:?}: {item:?} is not a compute capability \
-                 (write e.g. \"90\" or \"90;100\")"
-            ));
-        }
-        if !archs.iter().any(|a: &String| a == item) {
-            archs.push(item.to_string());
-        }
-    }
-    Ok(archs)
 }

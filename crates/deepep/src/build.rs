@@ -15,6 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
 use commstack_store::{Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
@@ -73,7 +74,7 @@ pub struct BuildRequest<'a> {
     pub python: &'a PythonTarget,
     pub toolchain: &'a Toolchain,
     /// As the stack writes them (`90`).
-    pub cuda_archs: &'a [String],
+    pub cuda_archs: &'a [CudaArch],
     /// Parallel compile jobs (MAX_JOBS; does not change the output, so not in the key).
     pub jobs: usize,
     /// The stack allows rule deepep-v1-rdc-fix to be violated.

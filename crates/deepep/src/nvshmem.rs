@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use commstack_elf::{ElfFile, NvshmemHostInfo};
 use commstack_nvshmem::{Built, INSTALL_DIR, load_report};
+use commstack_stack::CudaArch;
 use commstack_store::{META_FILE, Outcome, StepKey, StepMeta, Store};
 use serde::Serialize;
 
@@ -279,7 +280,11 @@ pub struct RdmaHeaders {
 
 /// The store's NVSHMEM build for this stack: the `nvshmem` steps whose report says
 /// `version` and `cuda_archs`, newest first. Empty when none.
-pub fn find_in_store(store: &Store, version: &str, cuda_archs: &[String]) -> Result<Vec<PathBuf>> {
+pub fn find_in_store(
+    store: &Store,
+    version: &str,
+    cuda_archs: &[CudaArch],
+) -> Result<Vec<PathBuf>> {
     let mut found: Vec<(jiff::Timestamp, PathBuf)> = Vec::new();
     for step in store.list()? {
         let Some(meta) = &step.meta else { continue };

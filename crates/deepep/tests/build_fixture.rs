@@ -12,6 +12,7 @@ use common::*;
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
 use commstack_deepep::run::CommandFailed;
 use commstack_deepep::{NvshmemInput, SourceInput};
+use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
 use commstack_store::Store;
 use commstack_toolchain::{ToolVersions, Toolchain, ToolchainSource};
@@ -211,7 +212,7 @@ fn request<'a>(
     f: &'a Fixture,
     src: &'a SourceInput,
     nvshmem: &'a NvshmemInput,
-    archs: &'a [String],
+    archs: &'a [CudaArch],
 ) -> BuildRequest<'a> {
     BuildRequest {
         api: DeepEpApi::V1,
@@ -233,7 +234,7 @@ fn request<'a>(
 fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     let f = fixture();
     let src = source(&f.root, "src", CONFIGS_CUH_FIXED, &[]);
-    let archs = vec!["90".to_string()];
+    let archs: Vec<CudaArch> = vec!["90".parse().unwrap()];
     let built = build(&f.store, &request(&f, &src, &f.nvshmem, &archs), false).unwrap();
     assert!(!built.outcome.was_cached());
     let r = &built.report;
@@ -285,7 +286,7 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     assert!(!forced.outcome.was_cached());
 
     // Another arch list is another build.
-    let other = vec!["100".to_string()];
+    let other: Vec<CudaArch> = vec!["100".parse().unwrap()];
     let key_a = commstack_deepep::build_key(&request(&f, &src, &f.nvshmem, &archs))
         .unwrap()
         .0;
@@ -298,7 +299,7 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
 #[test]
 fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
     let f = fixture();
-    let archs = vec!["90".to_string()];
+    let archs: Vec<CudaArch> = vec!["90".parse().unwrap()];
     let src = source(&f.root, "src", CONFIGS_CUH_FIXED, &[]);
 
     // NVSHMEM_DIR at a wheel-like directory (only libnvshmem_host.so.3): refused up front,

@@ -196,18 +196,30 @@ fn abi_define_names(w: &WheelFiles) -> BTreeSet<String> {
 /// Plugin libraries NVIDIA ships and the option that builds each.
 fn plugin_option(file: &str, o: &NvshmemOptions) -> Option<(&'static str, bool)> {
     let table: [(&str, &str, bool); 8] = [
-        ("nvshmem_transport_ibgda", "ibgda", o.ibgda),
-        ("nvshmem_transport_ibrc", "ibrc", o.ibrc),
-        ("nvshmem_transport_ibdevx", "ibdevx", o.ibdevx),
-        ("nvshmem_transport_ucx", "ucx", o.ucx.is_some()),
+        (
+            "nvshmem_transport_ibgda",
+            "ibgda",
+            o.switches.is_on("ibgda"),
+        ),
+        ("nvshmem_transport_ibrc", "ibrc", o.switches.is_on("ibrc")),
+        (
+            "nvshmem_transport_ibdevx",
+            "ibdevx",
+            o.switches.is_on("ibdevx"),
+        ),
+        ("nvshmem_transport_ucx", "ucx", o.switches.is_on("ucx")),
         (
             "nvshmem_transport_libfabric",
             "libfabric",
-            o.libfabric.is_some(),
+            o.switches.is_on("libfabric"),
         ),
-        ("nvshmem_bootstrap_mpi", "mpi", o.mpi.is_some()),
-        ("nvshmem_bootstrap_shmem", "shmem", o.shmem.is_some()),
-        ("nvshmem_bootstrap_pmix", "pmix", o.pmix.is_some()),
+        ("nvshmem_bootstrap_mpi", "mpi", o.switches.is_on("mpi")),
+        (
+            "nvshmem_bootstrap_shmem",
+            "shmem",
+            o.switches.is_on("shmem"),
+        ),
+        ("nvshmem_bootstrap_pmix", "pmix", o.switches.is_on("pmix")),
     ];
     let base = file.rsplit('/').next()?.split(".so").next()?;
     table
@@ -224,18 +236,18 @@ fn define_reason(name: &str, o: &NvshmemOptions) -> Option<String> {
         "NVSHMEM_BUILD_TESTS" | "NVSHMEM_BUILD_EXAMPLES" => {
             Some("NVSHMEM's tests and examples are not built by the recipe".into())
         }
-        "NVSHMEM_IBRC_SUPPORT" => opt("ibrc", o.ibrc),
-        "NVSHMEM_IBDEVX_SUPPORT" => opt("ibdevx", o.ibdevx),
-        "NVSHMEM_UCX_SUPPORT" => opt("ucx", o.ucx.is_some()),
-        "NVSHMEM_LIBFABRIC_SUPPORT" => opt("libfabric", o.libfabric.is_some()),
-        "NVSHMEM_MPI_SUPPORT" => opt("mpi", o.mpi.is_some()),
-        "NVSHMEM_SHMEM_SUPPORT" => opt("shmem", o.shmem.is_some()),
-        "NVSHMEM_PMIX_SUPPORT" => opt("pmix", o.pmix.is_some()),
-        "NVSHMEM_USE_GDRCOPY" => opt("gdrcopy", o.gdrcopy.is_some()),
-        "NVSHMEM_USE_MLX5DV" => opt("mlx5dv", o.mlx5dv),
-        "NVSHMEM_NVTX" => opt("nvtx", o.nvtx),
-        "NVSHMEM_USE_DLMALLOC" => opt("dlmalloc", o.dlmalloc),
-        "NVSHMEM_IBGDA_SUPPORT" => opt("ibgda", o.ibgda),
+        "NVSHMEM_IBRC_SUPPORT" => opt("ibrc", o.switches.is_on("ibrc")),
+        "NVSHMEM_IBDEVX_SUPPORT" => opt("ibdevx", o.switches.is_on("ibdevx")),
+        "NVSHMEM_UCX_SUPPORT" => opt("ucx", o.switches.is_on("ucx")),
+        "NVSHMEM_LIBFABRIC_SUPPORT" => opt("libfabric", o.switches.is_on("libfabric")),
+        "NVSHMEM_MPI_SUPPORT" => opt("mpi", o.switches.is_on("mpi")),
+        "NVSHMEM_SHMEM_SUPPORT" => opt("shmem", o.switches.is_on("shmem")),
+        "NVSHMEM_PMIX_SUPPORT" => opt("pmix", o.switches.is_on("pmix")),
+        "NVSHMEM_USE_GDRCOPY" => opt("gdrcopy", o.switches.is_on("gdrcopy")),
+        "NVSHMEM_USE_MLX5DV" => opt("mlx5dv", o.switches.is_on("mlx5dv")),
+        "NVSHMEM_NVTX" => opt("nvtx", o.switches.is_on("nvtx")),
+        "NVSHMEM_USE_DLMALLOC" => opt("dlmalloc", o.switches.is_on("dlmalloc")),
+        "NVSHMEM_IBGDA_SUPPORT" => opt("ibgda", o.switches.is_on("ibgda")),
         "NVSHMEM_DEBUG" | "NVSHMEM_DEVEL" | "NVSHMEM_TRACE" | "NVSHMEM_VERBOSE" => {
             let f = name.trim_start_matches("NVSHMEM_").to_ascii_lowercase();
             Some(format!("stack option nvshmem.{f}"))

@@ -1,7 +1,8 @@
 //! NVSHMEM built from source without NCCL, proven, and shipped as the only NVSHMEM.
 //!
-//! - [`NvshmemOptions`]: every NVSHMEM CMake option, one field each (the stack maps onto
-//!   it); `use_nccl = true` is refused with the reason.
+//! - [`NvshmemOptions`]: every NVSHMEM CMake option (the ON/OFF ones from the stack's
+//!   switch table, see [`Switches`]; the stack maps onto it); `use_nccl = true` is
+//!   refused with the reason.
 //! - [`build`]: the hermetic build (empty environment + allowlist, every option with
 //!   `-D`, Ninja, fixed install prefix) in a store step keyed by the source tree hash,
 //!   the options and the toolchain; the [`BuildReport`] holds the [`Proof`] read back
@@ -19,6 +20,7 @@ mod options;
 mod proof;
 mod run;
 mod source;
+mod switches;
 pub mod wheelset;
 
 pub use build::{
@@ -30,7 +32,8 @@ pub use compare::{Comparison, Difference, DifferenceKind, compare_wheels};
 pub use dropin::{
     DropIn, DropInSpec, WHEEL_REPORT_FILE, build_dropin_wheel, dropin_distribution, local_label,
 };
-pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME, arch_number};
+pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME};
 pub use proof::{Proof, parse_build_options_h};
 pub use run::{CommandFailed, first_error_lines, run_command};
 pub use source::{copy_tree, source_version};
+pub use switches::Switches;

@@ -4,45 +4,32 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use commstack_stack::CudaArch;
+use commstack_stack::switches::SWITCHES;
 use serde::{Deserialize, Serialize};
+
+use crate::switches::Switches;
 
 /// Every NVSHMEM option a stack can choose. The defaults are DeepEP's documented flags
 /// (IBGDA on; SHMEM, UCX, NCCL, PMIX, GDRCOPY, IBRC, MPI off) with sm_90.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct NvshmemOptions {
     /// Must stay false: torch loads one NVSHMEM per process, and an NCCL-enabled one
     /// dlopens libnccl.so.2, pulling a second NCCL next to torch's.
     pub use_nccl: bool,
-    /// `CMAKE_CUDA_ARCHITECTURES` entries, e.g. `["90"]` or `["90-real", "100-real"]`.
-    pub cuda_archs: Vec<String>,
-    /// NVSHMEM_IBGDA_SUPPORT: GPU-initiated RDMA (DeepEP's internode kernels need it).
-    pub ibgda: bool,
-    pub ibgda_gpumem_only: bool,
+    /// `CMAKE_CUDA_ARCHITECTURES` entries, e.g. `["90"]` or `["90-real", "100-real"]`
+    /// (the grammar is [`commstack_stack::arch`]'s, as in stack.toml).
+    pub cuda_archs: Vec<CudaArch>,
+    /// The ON/OFF options (IBGDA, the transports and bootstraps with their prefixes,
+    /// MLX5DV, NVTX, the device-ABI and debug options), one per row of the stack's
+    /// switch table; flattened, so the JSON has one field per option as before. It also
+    /// refuses unknown fields, which `deny_unknown_fields` cannot do beside a flatten.
+    #[serde(flatten)]
+    pub switches: Switches,
     /// A prefix holding rdma-core's headers and libmlx5 (`/`, `/usr`, or a `dpkg -x`
     /// tree of libibverbs-dev + ibverbs-providers). Needed by IBGDA, IBRC and IBDEVX.
     pub rdma_core: Option<PathBuf>,
-    pub ibrc: bool,
-    pub ibdevx: bool,
-    pub ucx: Option<PathBuf>,
-    pub libfabric: Option<PathBuf>,
-    pub gdrcopy: Option<PathBuf>,
-    pub mpi: Option<PathBuf>,
-    pub shmem: Option<PathBuf>,
-    pub pmix: Option<PathBuf>,
-    /// NVSHMEM_USE_MLX5DV (directNIC paths of the IB transports).
-    pub mlx5dv: bool,
-    pub nvtx: bool,
-    pub dlmalloc: bool,
-    /// Device-ABI options: they change code compiled from NVSHMEM's headers, so they
-    /// must match what torch's and DeepEP's device code expect (NVIDIA's wheel: all off).
-    pub timeout_device_polling: bool,
-    pub gpu_coll_use_ldst: bool,
-    pub enable_all_device_inlining: bool,
-    pub debug: bool,
-    pub devel: bool,
-    pub trace: bool,
-    pub verbose: bool,
     /// Build libnvshmem_device.bc (torch's Triton NVSHMEM kernels load it). Needs an LLVM
     /// with clang, opt, llvm-dis, llvm-as and ClangConfig.cmake: its install prefix here.
     pub bitcode_llvm: Option<PathBuf>,
@@ -57,28 +44,9 @@ impl Default for NvshmemOptions {
     fn default() -> Self {
         NvshmemOptions {
             use_nccl: false,
-            cuda_archs: vec!["90".into()],
-            ibgda: true,
-            ibgda_gpumem_only: false,
+            cuda_archs: vec!["90".parse().expect("90 is a CUDA arch")],
+            switches: Switches::default(),
             rdma_core: None,
-            ibrc: false,
-            ibdevx: false,
-            ucx: None,
-            libfabric: None,
-            gdrcopy: None,
-            mpi: None,
-            shmem: None,
-            pmix: None,
-            mlx5dv: true,
-            nvtx: true,
-            dlmalloc: false,
-            timeout_device_polling: false,
-            gpu_coll_use_ldst: false,
-            enable_all_device_inlining: false,
-            debug: false,
-            devel: false,
-            trace: false,
-            verbose: false,
             bitcode_llvm: None,
             static_lib: false,
         }
@@ -127,17 +95,11 @@ impl NvshmemOptions {
                 "cuda_archs is empty: name the GPUs to build for (90 for H100/H200); NVSHMEM's own default builds 6 archs and takes many times longer"
             );
         }
-        for a in &self.cuda_archs {
-            if arch_number(a).is_none() {
-                bail!(
-                    "cuda_archs: {a:?} is not a CMAKE_CUDA_ARCHITECTURES entry like 90, 90-real, 90a or 100-virtual"
-                );
-            }
-        }
-        if self.ibgda_gpumem_only && !self.ibgda {
+        let on = |key| self.switches.is_on(key);
+        if on("ibgda-gpumem-only") && !on("ibgda") {
             bail!("ibgda_gpumem_only needs ibgda = true");
         }
-        if self.shmem.is_some() && self.mpi.is_none() {
+        if on("shmem") && !on("mpi") {
             bail!(
                 "the SHMEM bootstrap needs MPI (NVSHMEM's SHMEM_HOME defaults to MPI_HOME): set mpi too"
             );
@@ -147,7 +109,8 @@ impl NvshmemOptions {
 
     /// The CMAKE_CUDA_ARCHITECTURES value.
     pub fn cuda_architectures(&self) -> String {
-        self.cuda_archs.join(";")
+        let entries: Vec<String> = self.cuda_archs.iter().map(CudaArch::cmake).collect();
+        entries.join(";")
     }
 
     /// The architectures that get SASS (every entry but `-virtual`), as numbers.
@@ -155,8 +118,8 @@ impl NvshmemOptions {
         let mut v: Vec<u32> = self
             .cuda_archs
             .iter()
-            .filter(|a| !a.ends_with("-virtual"))
-            .filter_map(|a| arch_number(a))
+            .filter(|a| a.has_sass())
+            .map(CudaArch::sm)
             .collect();
         v.sort();
         v.dedup();
@@ -164,44 +127,21 @@ impl NvshmemOptions {
     }
 
     pub fn needs_rdma_core(&self) -> bool {
-        self.ibgda || self.ibrc || self.ibdevx
+        ["ibgda", "ibrc", "ibdevx"]
+            .into_iter()
+            .any(|key| self.switches.is_on(key))
     }
 
     /// Every NVSHMEM_* option of NVSHMEM's CMake, ON or OFF, in one map: what the
     /// build-variable string must show and what is passed with `-D`.
     pub fn nvshmem_switches(&self) -> Vec<(String, String)> {
-        let mut v: Vec<(&str, bool)> = vec![
-            ("NVSHMEM_USE_NCCL", self.use_nccl),
-            ("NVSHMEM_IBGDA_SUPPORT", self.ibgda),
-            ("NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY", self.ibgda_gpumem_only),
-            ("NVSHMEM_IBRC_SUPPORT", self.ibrc),
-            ("NVSHMEM_IBDEVX_SUPPORT", self.ibdevx),
-            ("NVSHMEM_UCX_SUPPORT", self.ucx.is_some()),
-            ("NVSHMEM_LIBFABRIC_SUPPORT", self.libfabric.is_some()),
-            ("NVSHMEM_USE_GDRCOPY", self.gdrcopy.is_some()),
-            ("NVSHMEM_MPI_SUPPORT", self.mpi.is_some()),
-            ("NVSHMEM_SHMEM_SUPPORT", self.shmem.is_some()),
-            ("NVSHMEM_PMIX_SUPPORT", self.pmix.is_some()),
-            ("NVSHMEM_DEFAULT_PMIX", false),
-            ("NVSHMEM_DEFAULT_UCX", false),
-            ("NVSHMEM_USE_MLX5DV", self.mlx5dv),
-            ("NVSHMEM_NVTX", self.nvtx),
-            ("NVSHMEM_USE_DLMALLOC", self.dlmalloc),
-            (
-                "NVSHMEM_TIMEOUT_DEVICE_POLLING",
-                self.timeout_device_polling,
-            ),
-            ("NVSHMEM_GPU_COLL_USE_LDST", self.gpu_coll_use_ldst),
-            (
-                "NVSHMEM_ENABLE_ALL_DEVICE_INLINING",
-                self.enable_all_device_inlining,
-            ),
-            ("NVSHMEM_DEBUG", self.debug),
-            ("NVSHMEM_DEVEL", self.devel),
-            ("NVSHMEM_TRACE", self.trace),
-            ("NVSHMEM_VERBOSE", self.verbose),
-            ("NVSHMEM_BUILD_BITCODE_LIBRARY", self.bitcode_llvm.is_some()),
-        ];
+        let mut v: Vec<(&str, bool)> = vec![("NVSHMEM_USE_NCCL", self.use_nccl)];
+        v.extend(
+            SWITCHES
+                .iter()
+                .map(|s| (s.cmake, self.switches.is_on(s.key))),
+        );
+        v.push(("NVSHMEM_BUILD_BITCODE_LIBRARY", self.bitcode_llvm.is_some()));
         v.extend(FIXED_OFF.iter().map(|k| (*k, false)));
         v.into_iter().map(|(k, b)| (k.to_string(), on(b))).collect()
     }
@@ -209,37 +149,64 @@ impl NvshmemOptions {
     /// The `*_HOME` paths: the given prefix when the transport is on, else
     /// [`UNUSED_HOME`]`/<name>` so the build-variable string shows nothing was used.
     pub fn homes(&self) -> Vec<(String, String)> {
-        let home = |name: &str, p: &Option<PathBuf>| {
-            let value = match p {
-                Some(p) => p.display().to_string(),
-                None => format!(
-                    "{UNUSED_HOME}/{}",
-                    name.trim_end_matches("_HOME").to_ascii_lowercase()
-                ),
-            };
-            (name.to_string(), value)
+        let unused = |name: &str| {
+            let package = name.trim_end_matches("_HOME").to_ascii_lowercase();
+            format!("{UNUSED_HOME}/{package}")
         };
-        vec![
-            home("GDRCOPY_HOME", &self.gdrcopy),
-            home("LIBFABRIC_HOME", &self.libfabric),
-            home("MPI_HOME", &self.mpi),
-            home("NCCL_HOME", &None),
-            home("PMIX_HOME", &self.pmix),
-            home("SHMEM_HOME", &self.shmem),
-            home("UCX_HOME", &self.ucx),
-        ]
+        let mut v: Vec<(String, String)> = SWITCHES
+            .iter()
+            .filter_map(|s| {
+                let name = s.home?;
+                let value = match self.switches.home(s.key) {
+                    Some(p) => p.display().to_string(),
+                    None => unused(name),
+                };
+                Some((name.to_string(), value))
+            })
+            .collect();
+        // NCCL is never built against (NVSHMEM_USE_NCCL is refused) but has a home too.
+        v.push(("NCCL_HOME".into(), unused("NCCL_HOME")));
+        v.sort();
+        v
     }
 }
 
-/// `90`, `90-real`, `90a`, `100f-virtual` -> 90 / 100.
-pub fn arch_number(arch: &str) -> Option<u32> {
-    let base = arch.trim_end_matches("-real").trim_end_matches("-virtual");
-    let digits: String = base.chars().take_while(|c| c.is_ascii_digit()).collect();
-    let rest = &base[digits.len()..];
-    if digits.is_empty() || !(rest.is_empty() || rest == "a" || rest == "f") {
-        return None;
+impl NvshmemOptions {
+    /// stack.toml's `[nvshmem]` section, option by option. The transports and bootstraps
+    /// that build against another installed package (UCX, libfabric, GDRCopy, MPI, SHMEM,
+    /// PMIx) need that package's prefix: `homes` maps the stack key (`"ucx"`) to it.
+    /// `rdma_core` is where rdma-core's headers are (IBGDA, IBRC, IBDEVX).
+    pub fn from_stack(
+        n: &commstack_stack::manifest::Nvshmem,
+        homes: &std::collections::BTreeMap<String, PathBuf>,
+        rdma_core: Option<PathBuf>,
+    ) -> Result<NvshmemOptions> {
+        let home = |key: &str, on: bool| -> Result<Option<PathBuf>> {
+            match (on, homes.get(key)) {
+                (false, _) => Ok(None),
+                (true, Some(p)) => Ok(Some(p.clone())),
+                (true, None) => bail!(
+                    "stack.toml sets nvshmem.{key} = true, which builds against an installed {key}: \
+                     give its prefix with `--with {key}=PREFIX`, or set nvshmem.{key} = false \
+                     (commstack does not provision {key} itself)"
+                ),
+            }
+        };
+        let mut switches = Switches::default();
+        for (s, on) in n.transports.iter() {
+            match s.home {
+                None => switches.set(s.key, on),
+                Some(_) => switches.set_home(s.key, home(s.key, on)?),
+            }
+        }
+        Ok(NvshmemOptions {
+            cuda_archs: n.cuda_archs.clone(),
+            switches,
+            rdma_core,
+            static_lib: n.static_lib,
+            ..NvshmemOptions::default()
+        })
     }
-    digits.parse().ok()
 }
 
 #[cfg(test)]
@@ -289,56 +256,54 @@ mod tests {
         );
     }
 
+    /// The switches read back from JSON as the named fields were: missing ones keep
+    /// their default, a prefix turns a home switch on, unknown (or fixed) keys fail.
     #[test]
-    fn archs_parse() {
-        assert_eq!(arch_number("90"), Some(90));
-        assert_eq!(arch_number("90a-real"), Some(90));
-        assert_eq!(arch_number("100f-virtual"), Some(100));
-        assert_eq!(arch_number("sm_90"), None);
+    fn switches_json_reads_like_the_named_fields() {
+        let o: NvshmemOptions = serde_json::from_str(
+            r#"{"ucx": "/opt/ucx", "nvtx": false, "ibgda_gpumem_only": true}"#,
+        )
+        .unwrap();
+        assert!(o.switches.is_on("ibgda") && o.switches.is_on("ibgda-gpumem-only"));
+        assert!(o.switches.is_on("ucx") && !o.switches.is_on("nvtx"));
+        assert_eq!(
+            o.switches.home("ucx"),
+            Some(std::path::Path::new("/opt/ucx"))
+        );
+        let back: NvshmemOptions =
+            serde_json::from_value(serde_json::to_value(&o).unwrap()).unwrap();
+        assert_eq!(back, o);
+        for bad in [r#"{"bogus": true}"#, r#"{"default_pmix": false}"#] {
+            let e = serde_json::from_str::<NvshmemOptions>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("unknown field"), "{bad}: {e}");
+        }
+    }
+
+    /// The shared grammar's pinned entries, as CMAKE_CUDA_ARCHITECTURES and as the SASS
+    /// the proof expects; "9x0" cannot even be an option (the type refuses it).
+    #[test]
+    fn archs_render_for_cmake_and_the_proof() {
+        let archs =
+            |list: &[&str]| -> Vec<CudaArch> { list.iter().map(|a| a.parse().unwrap()).collect() };
         let o = NvshmemOptions {
-            cuda_archs: vec!["90-real".into(), "100-virtual".into(), "120".into()],
+            cuda_archs: archs(&["90", "90a", "100f", "90-real"]),
+            ..Default::default()
+        };
+        o.validate().unwrap();
+        assert_eq!(o.cuda_architectures(), "90;90a;100f;90-real");
+        assert_eq!(o.sass_archs(), vec![90, 100]);
+        let o = NvshmemOptions {
+            cuda_archs: archs(&["90-real", "100-virtual", "120"]),
             ..Default::default()
         };
         assert_eq!(o.sass_archs(), vec![90, 120]);
-    }
-}
-
-impl NvshmemOptions {
-    /// stack.toml's `[nvshmem]` section, option by option. The transports and bootstraps
-    /// that build against another installed package (UCX, libfabric, GDRCopy, MPI, SHMEM,
-    /// PMIx) need that package's prefix: `homes` maps the stack key (`"ucx"`) to it.
-    /// `rdma_core` is where rdma-core's headers are (IBGDA, IBRC, IBDEVX).
-    pub fn from_stack(
-        n: &commstack_stack::manifest::Nvshmem,
-        homes: &std::collections::BTreeMap<String, PathBuf>,
-        rdma_core: Option<PathBuf>,
-    ) -> Result<NvshmemOptions> {
-        let t = &n.transports;
-        let home = |key: &str, on: bool| -> Result<Option<PathBuf>> {
-            match (on, homes.get(key)) {
-                (false, _) => Ok(None),
-                (true, Some(p)) => Ok(Some(p.clone())),
-                (true, None) => bail!(
-                    "stack.toml sets nvshmem.{key} = true, which builds against an installed {key}: \
-                     give its prefix with `--with {key}=PREFIX`, or set nvshmem.{key} = false \
-                     (commstack does not provision {key} itself)"
-                ),
-            }
-        };
-        Ok(NvshmemOptions {
-            cuda_archs: n.cuda_archs.clone(),
-            ibgda: t.ibgda,
-            ibrc: t.ibrc,
-            ibdevx: t.ibdevx,
-            ucx: home("ucx", t.ucx)?,
-            libfabric: home("libfabric", t.libfabric)?,
-            gdrcopy: home("gdrcopy", t.gdrcopy)?,
-            mpi: home("mpi", t.mpi)?,
-            shmem: home("shmem", t.shmem)?,
-            pmix: home("pmix", t.pmix)?,
-            rdma_core,
-            static_lib: n.static_lib,
-            ..NvshmemOptions::default()
-        })
+        let json = r#"{"cuda_archs": ["9x0"]}"#;
+        let e = serde_json::from_str::<NvshmemOptions>(json).unwrap_err();
+        assert!(
+            e.to_string().contains("\"9x0\" is not a CUDA architecture"),
+            "{e}"
+        );
     }
 }

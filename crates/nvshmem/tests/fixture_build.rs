@@ -39,7 +39,7 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     let tc = fixture_toolchain(tmp.path());
     let store = Store::open(tmp.path().join("store")).unwrap();
     let options = NvshmemOptions {
-        cuda_archs: vec!["90-real".into(), "100-real".into()],
+        cuda_archs: vec!["90-real".parse().unwrap(), "100-real".parse().unwrap()],
         rdma_core: Some(fake_rdma_core(tmp.path())),
         ..Default::default()
     };
@@ -249,10 +249,8 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     let forced = build(&store, &req, true).unwrap();
     assert!(!forced.outcome.was_cached());
     // A changed option is another step.
-    let other = NvshmemOptions {
-        nvtx: false,
-        ..options.clone()
-    };
+    let mut other = options.clone();
+    other.switches.set("nvtx", false);
     let req2 = BuildRequest {
         options: &other,
         ..req

@@ -39,10 +39,8 @@ fn a_failed_build_keeps_its_log_and_prints_the_first_errors() {
     let src = tmp.path().join("src");
     copy_tree(&fixture_source(), &src).unwrap();
     fs::write(src.join("src/host/init.c"), "this is not C;\n").unwrap();
-    let options = NvshmemOptions {
-        ibgda: false,
-        ..Default::default()
-    };
+    let mut options = NvshmemOptions::default();
+    options.switches.set("ibgda", false);
     let req = request(&src, &options, &tc);
     let err = format!("{:#}", build(&store, &req, false).unwrap_err());
     assert!(err.contains("ninja build failed"), "{err}");

@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-use crate::manifest::DeepEpApi;
+use crate::model::DeepEpApi;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -35,7 +35,7 @@ pub struct DeepEpRev {
     pub rev: String,
     pub note: String,
     api: String,
-    /// Result of [`crate::rules::deepep_v1_has_rdc_fix`] on this revision's sources.
+    /// Result of `rules::deepep_v1_has_rdc_fix` on this revision's sources.
     pub rdc_fix: Option<bool>,
     pub tree: Option<String>,
 }

@@ -1,16 +1,24 @@
-//! The model of a stack: what the user asks for (`stack.toml`, [`manifest`]), what it
-//! resolves to (`stack.lock`, [`lock`]) and the compatibility rules between the two
-//! ([`rules`]). This crate does no network or file I/O of its own: callers read the files
-//! and hand over the text, so every function here is testable with strings.
+//! The model of a stack: what the user asks for (`stack.toml`, [`manifest`]: the file as
+//! written in `raw`, checked by [`validation`] into the [`model`]), what it resolves to
+//! (`stack.lock`, [`lock`]) and the compatibility rules between the two ([`rules`]).
+//! Dependencies run one way: model <- known <- rules <- validation.
+//! This crate does no network or file I/O of its own: callers read the files and hand
+//! over the text, so every function here is testable with strings.
 
+pub mod arch;
 pub mod bases;
 pub mod diag;
 pub mod known;
 pub mod lock;
 pub mod manifest;
+pub mod model;
 pub mod pin;
+mod raw;
 pub mod rules;
+pub mod switches;
+pub mod validation;
 
+pub use arch::CudaArch;
 pub use diag::{Diagnostic, Location};
 pub use lock::Lock;
 pub use manifest::Stack;

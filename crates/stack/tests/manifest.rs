@@ -28,8 +28,8 @@ fn shipped_stacks_parse() {
     assert_eq!(s.target.base.name, "ubuntu-24.04");
     assert_eq!(s.torch.version.to_string(), "2.11.0");
     assert_eq!(s.nvshmem.version, NvshmemVersion::MatchTorch);
-    assert_eq!(s.nvshmem.cuda_archs, ["90"]);
-    assert!(s.nvshmem.transports.ibgda && !s.nvshmem.transports.ucx);
+    assert_eq!(s.nvshmem.cuda_archs, ["90".parse().unwrap()]);
+    assert!(s.nvshmem.transports.get("ibgda") && !s.nvshmem.transports.get("ucx"));
     assert_eq!(s.deepep.api, DeepEpApi::V1);
     assert!(
         rules::check_manifest(&s)
@@ -103,6 +103,45 @@ fn unknown_key_points_at_it() {
     assert!(err.contains("hint:"), "{err}");
 }
 
+/// [nvshmem]'s switches come from a table (commstack_stack::switches): a key that is
+/// not a stack switch, a wrong type and a missing key read as for any other section.
+#[test]
+fn nvshmem_switch_errors_point_at_the_key_or_value() {
+    let unknown = errors(&MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nnvtx = false",
+    ));
+    assert!(
+        unknown.starts_with("stack.toml:13:1: unknown field `nvtx`, expected one of `version`, `cuda-archs`, `ibgda`"),
+        "{unknown}"
+    );
+    assert!(unknown.contains("hint: see stack.toml"), "{unknown}");
+    let wrong = errors(&MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nucx = \"yes\"",
+    ));
+    assert!(
+        wrong.starts_with("stack.toml:13:7: invalid type: string \"yes\", expected a boolean"),
+        "{wrong}"
+    );
+    let missing = errors(&MINIMAL.replace("cuda-archs = [\"90\"]\n", ""));
+    assert!(missing.contains("missing field `cuda-archs`"), "{missing}");
+    let on = Stack::parse(
+        Path::new("stack.toml"),
+        &MINIMAL.replace(
+            "cuda-archs = [\"90\"]",
+            "cuda-archs = [\"90\"]\nibgda = false\nucx = true",
+        ),
+    )
+    .unwrap();
+    assert_eq!(on.echo()["nvshmem.ibgda"], "false");
+    assert_eq!(on.echo()["nvshmem.ucx"], "true");
+    assert_eq!(
+        on.locate("nvshmem.ucx").unwrap().to_string(),
+        "stack.toml:14:7"
+    );
+}
+
 #[test]
 fn wrong_type_points_at_the_value() {
     let text = MINIMAL.replace("cuda = 13", "cuda = \"13\"");
@@ -138,6 +177,32 @@ fn impossible_versions_are_reported_together() {
     assert!(
         err.contains("stack.toml:15:7: deepep.rev must be a git commit id"),
         "{err}"
+    );
+}
+
+/// The CUDA-arch grammar every place shares (commstack_stack::arch): these four are
+/// accepted and kept as written, "9x0" is refused at its position with the hint.
+#[test]
+fn cuda_archs_follow_the_shared_grammar() {
+    let text = MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\", \"90a\", \"100f\", \"90-real\"]",
+    );
+    let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
+    assert_eq!(s.echo()["nvshmem.cuda-archs"], "90,90a,100f,90-real");
+    let sms: Vec<u32> = s.nvshmem.cuda_archs.iter().map(|a| a.sm()).collect();
+    assert_eq!(sms, [90, 90, 100, 90]);
+
+    let err = errors(&MINIMAL.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\", \"9x0\"]"));
+    assert!(
+        err.contains("stack.toml:12:21: \"9x0\" is not a CUDA architecture as CMake writes it"),
+        "{err}"
+    );
+    assert!(err.contains("hint: write <major><minor>[a|f]"), "{err}");
+    let twice = errors(&MINIMAL.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\", \"90\"]"));
+    assert!(
+        twice.contains("CUDA arch \"90\" is listed twice"),
+        "{twice}"
     );
 }
 

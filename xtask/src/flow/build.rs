@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use commstack_stack::CudaArch;
+
 use crate::flow::deepep::DeepepArgs;
 use crate::flow::toolchain::ToolchainArgs;
 
@@ -41,9 +43,10 @@ pub struct Args {
     pub with: Vec<(String, PathBuf)>,
     #[command(flatten)]
     pub toolchain: ToolchainArgs,
-    /// CMAKE_CUDA_ARCHITECTURES entries, overriding stack.toml's nvshmem.cuda-archs.
+    /// CMAKE_CUDA_ARCHITECTURES entries (`90`, `90a`, `100f`, `90-real`: stack.toml's
+    /// grammar), overriding stack.toml's nvshmem.cuda-archs.
     #[arg(long, value_delimiter = ',', value_name = "ARCH,...")]
-    pub cuda_archs: Vec<String>,
+    pub cuda_archs: Vec<CudaArch>,
     /// Build without IBGDA, overriding stack.toml (no rdma-core needed; no internode
     /// DeepEP kernels).
     #[arg(long)]
@@ -114,4 +117,32 @@ fn parse_with(s: &str) -> Result<(String, PathBuf), String> {
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected KEY=PREFIX"))?;
     Ok((k.to_string(), PathBuf::from(v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// `--cuda-archs` parses through the stack's CUDA-arch type: the entries every place
+    /// pins are kept as written, "9x0" is refused with the grammar's message.
+    #[test]
+    fn cuda_archs_flag_uses_the_stack_grammar() {
+        let cli = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,90a,100f,90-real"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let archs: Vec<String> = cli.args.cuda_archs.iter().map(|a| a.cmake()).collect();
+        assert_eq!(archs, ["90", "90a", "100f", "90-real"]);
+        let Err(e) = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,9x0"]) else {
+            panic!("9x0 was accepted");
+        };
+        let e = e.to_string();
+        assert!(e.contains("\"9x0\" is not a CUDA architecture"), "{e}");
+    }
 }

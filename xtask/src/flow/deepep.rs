@@ -18,7 +18,7 @@ use commstack_deepep::{LockedWheel, NvshmemInput, SourceInput};
 use commstack_fetch::{Artifact, FetchOptions};
 use commstack_nvshmem::{DropInSpec, build_dropin_wheel, dropin_distribution};
 use commstack_stack::rules::RuleId;
-use commstack_stack::{Lock, Stack};
+use commstack_stack::{CudaArch, Lock, Stack};
 use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
@@ -239,7 +239,7 @@ fn nvshmem_input(
     store: &Store,
     explicit: Option<&Path>,
     lock: &Lock,
-    archs: &[String],
+    archs: &[CudaArch],
 ) -> Result<NvshmemInput> {
     let input = match explicit {
         Some(p) => NvshmemInput::open(p)?,
@@ -251,7 +251,11 @@ fn nvshmem_input(
                     "the store {} has no NVSHMEM {} build for CUDA archs {}: run `cargo xtask build nvshmem` first, or pass --nvshmem DIR",
                     store.root().display(),
                     lock.resolved.nvshmem,
-                    archs.join(",")
+                    archs
+                        .iter()
+                        .map(CudaArch::cmake)
+                        .collect::<Vec<_>>()
+                        .join(",")
                 );
             };
             if found.len() > 1 {

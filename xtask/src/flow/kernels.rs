@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_stack::CudaArch;
 use commstack_store::{StepKey, Store};
 use xshell::{Shell, cmd};
 
@@ -66,17 +67,24 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
     })
 }
 
+/// COMMSTACK_CUDA_ARCHS for the kernel crate's build script, which parses it back with
+/// the same CUDA-arch type.
+fn env_archs(archs: &[CudaArch]) -> String {
+    let entries: Vec<String> = archs.iter().map(CudaArch::cmake).collect();
+    entries.join(";")
+}
+
 /// Build commstack-selftest (release) and return its path.
 pub fn build_selftest(
     ctx: &Ctx,
     nvcc: &Path,
     nvshmem: &NvshmemForKernels,
-    archs: &[String],
+    archs: &[CudaArch],
 ) -> Result<PathBuf> {
     let root = crate::util::workspace_root();
     let sh = Shell::new()?;
     sh.change_dir(&root);
-    let archs = archs.join(";");
+    let archs = env_archs(archs);
     if !ctx.quiet {
         eprintln!(
             "building commstack-selftest: nvcc {}, {}, archs {archs}",
@@ -131,7 +139,7 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
         // needs it too (the build script compiles the .cu files), so it runs here as well.
         let sh = Shell::new()?;
         sh.change_dir(crate::util::workspace_root());
-        let archs = archs.join(";");
+        let archs = env_archs(&archs);
         let _env = [
             sh.push_env("COMMSTACK_NVCC", &tc.nvcc),
             sh.push_env("NVSHMEM_HOME", &nvshmem.prefix),

@@ -54,7 +54,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     }
     if args.no_ibgda {
         println!("note: --no-ibgda overrides stack.toml's nvshmem.ibgda");
-        options.ibgda = false;
+        options.switches.set("ibgda", false);
     }
     if args.static_lib && !options.static_lib {
         println!("note: --static-lib overrides stack.toml's nvshmem.static-lib");

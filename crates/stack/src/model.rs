@@ -1,0 +1,286 @@
+//! The validated stack: what the other crates use. Built only by validation
+//! (`Stack::parse`); it knows nothing of the rules (they check it, not the other way
+//! round).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use pep440_rs::{Version, VersionSpecifiers};
+use pep508_rs::Requirement;
+use sha2::{Digest, Sha256};
+
+use crate::arch::CudaArch;
+use crate::bases::Base;
+use crate::diag::{Diagnostic, Location};
+use crate::switches::{self, Scope, Switch};
+
+pub const DEFAULT_INDEX: &str = "https://pypi.org/simple";
+pub const DEFAULT_CMAKE: &str = ">=3.28,<4.2";
+pub const DEFAULT_NINJA: &str = ">=1.11";
+/// Toolchain wheels run on the build host, not the target: manylinux_2_28 covers every
+/// build host we support (Debian 12, Ubuntu 24.04, RHEL 8+).
+pub const DEFAULT_HOST_GLIBC: (u32, u32) = (2, 28);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NvshmemVersion {
+    /// Build the version torch pins (`nvidia-nvshmem-cuXX==V` in torch's metadata).
+    MatchTorch,
+    Exact(Version),
+}
+
+// Serialized as `as_str` spells it: the lock's `deepep-api`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeepEpApi {
+    /// NVSHMEM-based (DeepEP <= the last V1 commit, 567632d).
+    V1,
+    /// NCCL device API (DeepEP main since 2026); needs NCCL >= 2.30.4.
+    V2,
+}
+
+impl DeepEpApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeepEpApi::V1 => "v1",
+            DeepEpApi::V2 => "v2",
+        }
+    }
+}
+
+/// The NVSHMEM switches stack.toml sets, on or off: the [`Scope::Stack`] rows of
+/// [`crate::switches::SWITCHES`], keyed by the stack.toml key (`"ibgda"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvshmemTransports {
+    on: BTreeMap<&'static str, bool>,
+}
+
+impl Default for NvshmemTransports {
+    /// Every row's default: DeepEP's documented build, IBGDA on, everything else off.
+    fn default() -> Self {
+        NvshmemTransports {
+            on: switches::in_stack().map(|s| (s.key, s.default)).collect(),
+        }
+    }
+}
+
+impl NvshmemTransports {
+    /// Whether `key` is on. Panics on a key that is not a stack switch: callers name
+    /// table rows, so that is a bug, not an input error.
+    pub fn get(&self, key: &str) -> bool {
+        match self.on.get(key) {
+            Some(on) => *on,
+            None => panic!("{key:?} is not a stack switch of commstack_stack::switches"),
+        }
+    }
+
+    /// Panics on a key that is not a stack switch, as [`NvshmemTransports::get`] does.
+    pub fn set(&mut self, key: &str, on: bool) {
+        let row = switches::find(key)
+            .filter(|s| s.scope == Scope::Stack)
+            .unwrap_or_else(|| {
+                panic!("{key:?} is not a stack switch of commstack_stack::switches")
+            });
+        self.on.insert(row.key, on);
+    }
+
+    /// Every stack switch with its value, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static Switch, bool)> + '_ {
+        switches::in_stack().map(|s| (s, self.get(s.key)))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// (major, minor) of CPython.
+    pub python: (u64, u64),
+    pub arch: Arch,
+    /// Newest glibc wheels may need (manylinux_2_X with X <= this).
+    pub glibc: (u32, u32),
+    pub base: &'static Base,
+}
+
+impl Target {
+    /// The full Python version markers are evaluated with: the base image's own CPython
+    /// when it is the target's minor version, else X.Y.0.
+    pub fn python_full(&self) -> (u64, u64, u64) {
+        let (maj, min, micro) = self.base.python;
+        if (maj, min) == self.python {
+            (maj, min, micro)
+        } else {
+            (self.python.0, self.python.1, 0)
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Torch {
+    pub version: Version,
+    pub cuda_major: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Nvshmem {
+    pub version: NvshmemVersion,
+    /// As written, e.g. "90", "90a", "100f", "90-real".
+    pub cuda_archs: Vec<CudaArch>,
+    pub transports: NvshmemTransports,
+    /// Environment variables passed through to the NVSHMEM build (all others are cleared).
+    pub pass_env: Vec<String>,
+    /// Also build libnvshmem.a, nvshmem-info and the CMake package (NVIDIA's wheel has
+    /// none of them; they double the compile work). Default false.
+    pub static_lib: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeepEp {
+    /// As written: 7 to 40 hex digits.
+    pub rev: String,
+    pub api: DeepEpApi,
+}
+
+#[derive(Clone, Debug)]
+pub struct Toolchain {
+    pub cmake: VersionSpecifiers,
+    pub ninja: VersionSpecifiers,
+    pub host_glibc: (u32, u32),
+}
+
+#[derive(Clone, Debug)]
+pub struct Resolve {
+    pub index_url: String,
+    pub exclude_newer: Option<jiff::Timestamp>,
+    pub extra_requirements: Vec<Requirement>,
+    /// Rule ids (`python-matches-base`) as validation checked them against the rules;
+    /// kept as text so the model needs no rules (see `Stack::is_allowed`).
+    pub allow: Vec<String>,
+}
+
+/// A validated stack.toml, with the source text kept so later errors can point into it.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    pub target: Target,
+    pub torch: Torch,
+    pub nvshmem: Nvshmem,
+    pub deepep: DeepEp,
+    pub toolchain: Toolchain,
+    pub resolve: Resolve,
+    pub(crate) path: PathBuf,
+    pub(crate) text: String,
+    pub(crate) spans: BTreeMap<String, Range<usize>>,
+}
+
+impl Stack {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where a field (e.g. `"torch.version"`) is written in the manifest.
+    pub fn locate(&self, field: &str) -> Option<Location> {
+        self.spans
+            .get(field)
+            .map(|span| Location::of_offset(&self.path, &self.text, span.start))
+    }
+
+    /// A diagnostic pointing at a field of the manifest.
+    pub fn diag(&self, field: &str, message: impl Into<String>) -> Diagnostic {
+        Diagnostic::new(self.locate(field), message)
+    }
+
+    /// Every value of the manifest, flattened to `section.key = value` strings. Stored in
+    /// the lock so `lock --check` can say what changed without the network.
+    pub fn echo(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let t = &self.target;
+        m.insert(
+            "target.python".into(),
+            format!("{}.{}", t.python.0, t.python.1),
+        );
+        m.insert("target.arch".into(), t.arch.as_str().into());
+        m.insert(
+            "target.glibc".into(),
+            format!("{}.{}", t.glibc.0, t.glibc.1),
+        );
+        m.insert("target.base".into(), t.base.name.into());
+        m.insert("torch.version".into(), self.torch.version.to_string());
+        m.insert("torch.cuda".into(), self.torch.cuda_major.to_string());
+        m.insert(
+            "nvshmem.version".into(),
+            match &self.nvshmem.version {
+                NvshmemVersion::MatchTorch => "match-torch".into(),
+                NvshmemVersion::Exact(v) => v.to_string(),
+            },
+        );
+        m.insert(
+            "nvshmem.cuda-archs".into(),
+            self.nvshmem
+                .cuda_archs
+                .iter()
+                .map(CudaArch::cmake)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        for (switch, on) in self.nvshmem.transports.iter() {
+            m.insert(format!("nvshmem.{}", switch.key), on.to_string());
+        }
+        m.insert("nvshmem.pass-env".into(), self.nvshmem.pass_env.join(","));
+        m.insert(
+            "nvshmem.static-lib".into(),
+            self.nvshmem.static_lib.to_string(),
+        );
+        m.insert("deepep.rev".into(), self.deepep.rev.clone());
+        m.insert("deepep.api".into(), self.deepep.api.as_str().into());
+        m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());
+        m.insert("toolchain.ninja".into(), self.toolchain.ninja.to_string());
+        m.insert(
+            "toolchain.host-glibc".into(),
+            format!(
+                "{}.{}",
+                self.toolchain.host_glibc.0, self.toolchain.host_glibc.1
+            ),
+        );
+        m.insert("resolve.index-url".into(), self.resolve.index_url.clone());
+        m.insert(
+            "resolve.exclude-newer".into(),
+            self.resolve
+                .exclude_newer
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        );
+        m.insert(
+            "resolve.extra-requirements".into(),
+            self.resolve
+                .extra_requirements
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(";"),
+        );
+        m.insert("resolve.allow".into(), self.resolve.allow.join(","));
+        m
+    }
+
+    /// sha256 of the manifest's meaning (not its bytes: comments and layout don't count).
+    pub fn fingerprint(&self) -> String {
+        let json = serde_json::to_value(self.echo()).expect("a string map serialises");
+        format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(commstack_digest::canonical_json(&json)))
+        )
+    }
+}

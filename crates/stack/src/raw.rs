@@ -1,0 +1,161 @@
+//! `stack.toml` as written: serde structs that mirror the file, strict (unknown keys and
+//! wrong types are errors), every value kept with its span so validation can point at it.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use toml::Spanned;
+
+use crate::switches::{self, Switch};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawManifest {
+    pub(crate) target: RawTarget,
+    pub(crate) torch: RawTorch,
+    pub(crate) nvshmem: RawNvshmem,
+    pub(crate) deepep: RawDeepEp,
+    #[serde(default)]
+    pub(crate) toolchain: RawToolchain,
+    #[serde(default)]
+    pub(crate) resolve: RawResolve,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawTarget {
+    pub(crate) python: Spanned<String>,
+    pub(crate) arch: Option<Spanned<String>>,
+    pub(crate) glibc: Option<Spanned<String>>,
+    pub(crate) base: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawTorch {
+    pub(crate) version: Spanned<String>,
+    pub(crate) cuda: Spanned<i64>,
+}
+
+/// `[nvshmem]`. Its switches are not fields but the stack rows of
+/// [`crate::switches::SWITCHES`], so a new switch needs no edit here; the Deserialize
+/// below reads them as the derived one reads fields (same messages, same spans).
+pub(crate) struct RawNvshmem {
+    pub(crate) version: Spanned<String>,
+    pub(crate) cuda_archs: Spanned<Vec<Spanned<String>>>,
+    /// The switches written, by their row.
+    pub(crate) switches: Vec<(&'static Switch, Spanned<bool>)>,
+    pub(crate) static_lib: Option<Spanned<bool>>,
+    pub(crate) pass_env: Vec<Spanned<String>>,
+}
+
+enum NvshmemField {
+    Version,
+    CudaArchs,
+    Switch(&'static Switch),
+    StaticLib,
+    PassEnv,
+}
+
+/// Every key of `[nvshmem]`, in the order an unknown-key error lists them.
+fn nvshmem_fields() -> &'static [&'static str] {
+    static FIELDS: OnceLock<Vec<&'static str>> = OnceLock::new();
+    FIELDS.get_or_init(|| {
+        let mut v = vec!["version", "cuda-archs"];
+        v.extend(switches::in_stack().map(|s| s.key));
+        v.extend(["static-lib", "pass-env"]);
+        v
+    })
+}
+
+impl<'de> Deserialize<'de> for NvshmemField {
+    // Through deserialize_identifier, as derive does, so that an unknown key's error
+    // carries the key's span.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = NvshmemField;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an [nvshmem] key")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<NvshmemField, E> {
+                Ok(match key {
+                    "version" => NvshmemField::Version,
+                    "cuda-archs" => NvshmemField::CudaArchs,
+                    "static-lib" => NvshmemField::StaticLib,
+                    "pass-env" => NvshmemField::PassEnv,
+                    _ => match switches::in_stack().find(|s| s.key == key) {
+                        Some(s) => NvshmemField::Switch(s),
+                        None => return Err(E::unknown_field(key, nvshmem_fields())),
+                    },
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawNvshmem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawNvshmem;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("the [nvshmem] table")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawNvshmem, A::Error> {
+                let mut version = None;
+                let mut cuda_archs = None;
+                let mut switches = Vec::new();
+                let mut static_lib = None;
+                let mut pass_env = None;
+                // TOML itself refuses a key written twice.
+                while let Some(field) = map.next_key::<NvshmemField>()? {
+                    match field {
+                        NvshmemField::Version => version = Some(map.next_value()?),
+                        NvshmemField::CudaArchs => cuda_archs = Some(map.next_value()?),
+                        NvshmemField::Switch(s) => switches.push((s, map.next_value()?)),
+                        NvshmemField::StaticLib => static_lib = Some(map.next_value()?),
+                        NvshmemField::PassEnv => pass_env = Some(map.next_value()?),
+                    }
+                }
+                Ok(RawNvshmem {
+                    version: version.ok_or_else(|| de::Error::missing_field("version"))?,
+                    cuda_archs: cuda_archs.ok_or_else(|| de::Error::missing_field("cuda-archs"))?,
+                    switches,
+                    static_lib,
+                    pass_env: pass_env.unwrap_or_default(),
+                })
+            }
+        }
+        d.deserialize_struct("RawNvshmem", nvshmem_fields(), V)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawDeepEp {
+    pub(crate) rev: Spanned<String>,
+    pub(crate) api: Spanned<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawToolchain {
+    pub(crate) cmake: Option<Spanned<String>>,
+    pub(crate) ninja: Option<Spanned<String>>,
+    pub(crate) host_glibc: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawResolve {
+    pub(crate) index_url: Option<Spanned<String>>,
+    pub(crate) exclude_newer: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) extra_requirements: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) allow: Vec<Spanned<String>>,
+}

@@ -1,0 +1,485 @@
+//! stack.toml's raw form ([`crate::raw`]) to the model ([`crate::model`]): every problem
+//! reported at once, each with file:line:column and a hint.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::str::FromStr;
+
+use pep440_rs::{Version, VersionSpecifiers};
+use pep508_rs::Requirement;
+use toml::Spanned;
+
+use crate::arch::{self, CudaArch};
+use crate::bases;
+use crate::diag::{Diagnostic, Diagnostics, Location};
+use crate::model::*;
+use crate::raw::*;
+use crate::rules::RuleId;
+
+impl Stack {
+    /// Parse and validate. All problems are reported at once, each with file:line:column.
+    pub fn parse(path: &Path, text: &str) -> Result<Stack, Diagnostics> {
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|err| Diagnostics(vec![toml_error(path, text, &err)]))?;
+        let mut v = Validator {
+            path,
+            text,
+            diags: Vec::new(),
+            spans: BTreeMap::new(),
+        };
+        let stack = v.validate(raw);
+        match stack {
+            Some(stack) if v.diags.is_empty() => Ok(stack),
+            _ => Err(Diagnostics(v.diags)),
+        }
+    }
+
+    /// Whether `resolve.allow` names `rule`. Here rather than in the model because the
+    /// model keeps the ids as text so as not to depend on the rules.
+    pub fn is_allowed(&self, rule: RuleId) -> bool {
+        self.resolve.allow.iter().any(|id| id == rule.as_str())
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+    text: &'a str,
+    diags: Vec<Diagnostic>,
+    spans: BTreeMap<String, Range<usize>>,
+}
+
+impl Validator<'_> {
+    fn err(&mut self, span: Range<usize>, message: impl Into<String>, hint: Option<String>) {
+        let mut d = Diagnostic::at(self.path, self.text, span, message);
+        d.hint = hint;
+        self.diags.push(d);
+    }
+
+    fn span<T>(&mut self, field: &str, value: &Spanned<T>) {
+        self.spans.insert(field.to_string(), value.span());
+    }
+
+    fn validate(&mut self, raw: RawManifest) -> Option<Stack> {
+        let target = self.target(raw.target);
+        let torch = self.torch(raw.torch);
+        let nvshmem = self.nvshmem(raw.nvshmem);
+        let deepep = self.deepep(raw.deepep);
+        let toolchain = self.toolchain(raw.toolchain);
+        let resolve = self.resolve(raw.resolve);
+        Some(Stack {
+            target: target?,
+            torch: torch?,
+            nvshmem: nvshmem?,
+            deepep: deepep?,
+            toolchain: toolchain?,
+            resolve: resolve?,
+            path: self.path.to_path_buf(),
+            text: self.text.to_string(),
+            spans: std::mem::take(&mut self.spans),
+        })
+    }
+
+    fn target(&mut self, raw: RawTarget) -> Option<Target> {
+        self.span("target.python", &raw.python);
+        self.span("target.base", &raw.base);
+        let base = bases::find(raw.base.get_ref());
+        if base.is_none() {
+            self.err(
+                raw.base.span(),
+                format!("unknown base image {:?}", raw.base.get_ref()),
+                Some(format!("known bases: {}", bases::names())),
+            );
+        }
+        let python = match parse_minor(raw.python.get_ref()) {
+            Some((3, minor)) if (9..=14).contains(&minor) => Some((3, minor)),
+            _ => {
+                self.err(
+                    raw.python.span(),
+                    format!(
+                        "target.python must be a CPython minor version like \"3.12\", got {:?}",
+                        raw.python.get_ref()
+                    ),
+                    Some("commstack targets CPython 3.9 to 3.14".into()),
+                );
+                None
+            }
+        };
+        let arch = match raw.arch.as_ref().map(|a| a.get_ref().as_str()) {
+            None | Some("x86_64") => Some(Arch::X86_64),
+            Some("aarch64") => Some(Arch::Aarch64),
+            Some(other) => {
+                let span = raw.arch.as_ref().unwrap().span();
+                self.err(
+                    span,
+                    format!("unknown arch {other:?}"),
+                    Some("use \"x86_64\" or \"aarch64\"".into()),
+                );
+                None
+            }
+        };
+        if let Some(a) = &raw.arch {
+            self.span("target.arch", a);
+        }
+        let glibc = match &raw.glibc {
+            Some(g) => {
+                self.span("target.glibc", g);
+                match parse_minor(g.get_ref()) {
+                    Some((2, minor)) if (17..=60).contains(&minor) => Some((2, minor as u32)),
+                    _ => {
+                        self.err(
+                            g.span(),
+                            format!("target.glibc must be a glibc version like \"2.36\", got {:?}", g.get_ref()),
+                            Some("it is the newest glibc the target has; manylinux wheels up to it are allowed".into()),
+                        );
+                        None
+                    }
+                }
+            }
+            None => base.map(|b| b.glibc),
+        };
+        Some(Target {
+            python: python?,
+            arch: arch?,
+            glibc: glibc?,
+            base: base?,
+        })
+    }
+
+    fn torch(&mut self, raw: RawTorch) -> Option<Torch> {
+        self.span("torch.version", &raw.version);
+        self.span("torch.cuda", &raw.cuda);
+        let version = self.exact_version(&raw.version, "torch.version");
+        let cuda = *raw.cuda.get_ref();
+        let cuda_major = if cuda == 12 || cuda == 13 {
+            Some(cuda as u64)
+        } else {
+            self.err(
+                raw.cuda.span(),
+                format!("torch.cuda must be a CUDA major version, 12 or 13; got {cuda}"),
+                Some("this is the CUDA major of torch's wheels and of the whole stack".into()),
+            );
+            None
+        };
+        Some(Torch {
+            version: version?,
+            cuda_major: cuda_major?,
+        })
+    }
+
+    fn exact_version(&mut self, value: &Spanned<String>, field: &str) -> Option<Version> {
+        let text = value.get_ref().trim();
+        if text.starts_with(['=', '<', '>', '~', '!']) {
+            self.err(
+                value.span(),
+                format!("{field} must be one exact version, not a specifier: {text:?}"),
+                Some(format!(
+                    "write e.g. {field} = \"{}\"",
+                    text.trim_start_matches(['=', '<', '>', '~', '!']).trim()
+                )),
+            );
+            return None;
+        }
+        match Version::from_str(text) {
+            Ok(v) => Some(v),
+            Err(err) => {
+                self.err(
+                    value.span(),
+                    format!("{field}: {text:?} is not a version: {err}"),
+                    None,
+                );
+                None
+            }
+        }
+    }
+
+    fn nvshmem(&mut self, raw: RawNvshmem) -> Option<Nvshmem> {
+        self.span("nvshmem.version", &raw.version);
+        self.span("nvshmem.cuda-archs", &raw.cuda_archs);
+        let version = if raw.version.get_ref() == "match-torch" {
+            Some(NvshmemVersion::MatchTorch)
+        } else {
+            let v = self.exact_version(&raw.version, "nvshmem.version");
+            if v.is_none() {
+                self.diags.last_mut().unwrap().hint =
+                    Some("use \"match-torch\" (the version torch pins) or one exact version like \"3.4.5\"".into());
+            }
+            v.map(NvshmemVersion::Exact)
+        };
+        let mut archs = Vec::new();
+        let mut ok = true;
+        if raw.cuda_archs.get_ref().is_empty() {
+            self.err(
+                raw.cuda_archs.span(),
+                "nvshmem.cuda-archs is empty",
+                Some("list the GPUs you deploy on, e.g. [\"90\"] for H100/H200".into()),
+            );
+            ok = false;
+        }
+        for arch in raw.cuda_archs.get_ref() {
+            match arch.get_ref().parse::<CudaArch>() {
+                Ok(a) if archs.contains(&a) => {
+                    self.err(
+                        arch.span(),
+                        format!("CUDA arch {:?} is listed twice", arch.get_ref()),
+                        None,
+                    );
+                    ok = false;
+                }
+                Ok(a) => archs.push(a),
+                Err(e) => {
+                    self.err(arch.span(), e.message(), Some(arch::HINT.into()));
+                    ok = false;
+                }
+            }
+        }
+        let mut transports = NvshmemTransports::default();
+        for (switch, value) in &raw.switches {
+            transports.set(switch.key, *value.get_ref());
+            self.spans
+                .insert(format!("nvshmem.{}", switch.key), value.span());
+        }
+        let static_lib = raw.static_lib.as_ref().is_some_and(|v| *v.get_ref());
+        if let Some(v) = &raw.static_lib {
+            self.spans.insert("nvshmem.static-lib".into(), v.span());
+        }
+        let mut pass_env = Vec::new();
+        for var in &raw.pass_env {
+            let name = var.get_ref();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                self.err(
+                    var.span(),
+                    format!("{name:?} is not an environment variable name"),
+                    None,
+                );
+                ok = false;
+            } else if name == "NVSHMEM_USE_NCCL" || name.starts_with("NCCL_") {
+                self.err(
+                    var.span(),
+                    format!("{name} cannot pass through to the NVSHMEM build"),
+                    Some("the stack's NVSHMEM is always built with NVSHMEM_USE_NCCL=OFF; NCCL_* variables would leak NCCL settings into it".into()),
+                );
+                ok = false;
+            } else {
+                pass_env.push(name.clone());
+            }
+        }
+        if !ok {
+            return None;
+        }
+        Some(Nvshmem {
+            version: version?,
+            cuda_archs: archs,
+            transports,
+            pass_env,
+            static_lib,
+        })
+    }
+
+    fn deepep(&mut self, raw: RawDeepEp) -> Option<DeepEp> {
+        self.span("deepep.rev", &raw.rev);
+        self.span("deepep.api", &raw.api);
+        let rev = raw.rev.get_ref().to_ascii_lowercase();
+        let rev_ok = (7..=40).contains(&rev.len()) && rev.chars().all(|c| c.is_ascii_hexdigit());
+        if !rev_ok {
+            self.err(
+                raw.rev.span(),
+                format!("deepep.rev must be a git commit id (7 to 40 hex digits), got {:?}", raw.rev.get_ref()),
+                Some("branch and tag names move; pin the commit, e.g. \"567632d\" (the last V1 commit)".into()),
+            );
+        }
+        let api = match raw.api.get_ref().as_str() {
+            "v1" => Some(DeepEpApi::V1),
+            "v2" => Some(DeepEpApi::V2),
+            other => {
+                self.err(
+                    raw.api.span(),
+                    format!("deepep.api must be \"v1\" or \"v2\", got {other:?}"),
+                    Some("v1: NVSHMEM-based DeepEP (up to 567632d); v2: NCCL device API (DeepEP main since 2026)".into()),
+                );
+                None
+            }
+        };
+        if !rev_ok {
+            return None;
+        }
+        Some(DeepEp { rev, api: api? })
+    }
+
+    fn specifiers(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        field: &str,
+        default: &str,
+    ) -> Option<VersionSpecifiers> {
+        let Some(value) = value else {
+            return Some(VersionSpecifiers::from_str(default).expect("default specifiers parse"));
+        };
+        self.span(field, value);
+        match VersionSpecifiers::from_str(value.get_ref()) {
+            Ok(s) => Some(s),
+            Err(err) => {
+                self.err(
+                    value.span(),
+                    format!("{field}: not a version specifier: {err}"),
+                    Some("e.g. \"==3.31.*\" or \">=3.28,<4.2\"".into()),
+                );
+                None
+            }
+        }
+    }
+
+    fn toolchain(&mut self, raw: RawToolchain) -> Option<Toolchain> {
+        let cmake = self.specifiers(raw.cmake.as_ref(), "toolchain.cmake", DEFAULT_CMAKE);
+        let ninja = self.specifiers(raw.ninja.as_ref(), "toolchain.ninja", DEFAULT_NINJA);
+        let host_glibc = match &raw.host_glibc {
+            None => Some(DEFAULT_HOST_GLIBC),
+            Some(g) => {
+                self.span("toolchain.host-glibc", g);
+                match parse_minor(g.get_ref()) {
+                    Some((2, minor)) if (17..=60).contains(&minor) => Some((2, minor as u32)),
+                    _ => {
+                        self.err(
+                            g.span(),
+                            format!(
+                                "toolchain.host-glibc must look like \"2.28\", got {:?}",
+                                g.get_ref()
+                            ),
+                            None,
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        Some(Toolchain {
+            cmake: cmake?,
+            ninja: ninja?,
+            host_glibc: host_glibc?,
+        })
+    }
+
+    fn resolve(&mut self, raw: RawResolve) -> Option<Resolve> {
+        let mut ok = true;
+        let index_url = match &raw.index_url {
+            None => DEFAULT_INDEX.to_string(),
+            Some(u) => {
+                self.span("resolve.index-url", u);
+                let url = u.get_ref().trim_end_matches('/').to_string();
+                if !(url.starts_with("https://")
+                    || url.starts_with("http://")
+                    || url.starts_with("file://"))
+                {
+                    self.err(
+                        u.span(),
+                        format!("resolve.index-url must be an http(s) or file URL, got {url:?}"),
+                        None,
+                    );
+                    ok = false;
+                }
+                url
+            }
+        };
+        let exclude_newer = match &raw.exclude_newer {
+            None => None,
+            Some(t) => {
+                self.span("resolve.exclude-newer", t);
+                match parse_timestamp(t.get_ref()) {
+                    Some(ts) => Some(ts),
+                    None => {
+                        self.err(
+                            t.span(),
+                            format!(
+                                "resolve.exclude-newer must be a date or RFC 3339 time, got {:?}",
+                                t.get_ref()
+                            ),
+                            Some("e.g. \"2026-12-01\" or \"2026-12-01T00:00:00Z\"".into()),
+                        );
+                        ok = false;
+                        None
+                    }
+                }
+            }
+        };
+        let mut extra = Vec::new();
+        for req in &raw.extra_requirements {
+            match Requirement::from_str(req.get_ref()) {
+                Ok(r) => extra.push(r),
+                Err(err) => {
+                    self.err(
+                        req.span(),
+                        format!("not a PEP 508 requirement: {err}"),
+                        None,
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let mut allow = Vec::new();
+        for id in &raw.allow {
+            match RuleId::from_str(id.get_ref()) {
+                Ok(rule) => allow.push(rule.as_str().to_string()),
+                Err(()) => {
+                    self.err(
+                        id.span(),
+                        format!("unknown rule {:?} in resolve.allow", id.get_ref()),
+                        Some(format!(
+                            "known rules: {}",
+                            RuleId::ALL
+                                .iter()
+                                .map(|r| r.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(Resolve {
+            index_url,
+            exclude_newer,
+            extra_requirements: extra,
+            allow,
+        })
+    }
+}
+
+fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> Diagnostic {
+    let location = err.span().map(|s| Location::of_offset(path, text, s.start));
+    let message = err.message().trim().to_string();
+    let hint = if message.starts_with("unknown field") {
+        Some("see stack.toml in the commstack repository for every key, with comments".to_string())
+    } else if message.starts_with("invalid type") {
+        Some(
+            "check the value's type: strings are quoted, booleans are true/false, lists use [ ]"
+                .to_string(),
+        )
+    } else if message.starts_with("missing field") {
+        Some(
+            "every stack names target, torch, nvshmem and deepep; see stack.toml for an example"
+                .to_string(),
+        )
+    } else {
+        None
+    };
+    let mut d = Diagnostic::new(location, message);
+    d.hint = hint;
+    d
+}
+
+fn parse_minor(s: &str) -> Option<(u64, u64)> {
+    let (a, b) = s.trim().split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// `2026-12-01` (midnight UTC) or a full RFC 3339 timestamp.
+pub fn parse_timestamp(s: &str) -> Option<jiff::Timestamp> {
+    if let Ok(ts) = s.parse::<jiff::Timestamp>() {
+        return Some(ts);
+    }
+    let date: jiff::civil::Date = s.parse().ok()?;
+    date.to_zoned(jiff::tz::TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
+}
