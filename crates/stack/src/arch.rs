@@ -134,6 +134,24 @@ impl CudaArch {
     }
 }
 
+/// The SMs nvcc builds for, by CUDA major: `nvcc --list-gpu-code` of the locked compiler
+/// (13.0.88, from PyPI's nvidia-cuda-nvcc wheel). A manifest entry outside it (say "900")
+/// is refused when stack.toml is read, not minutes later inside nvcc's error dump. Majors
+/// not listed are checked by the build, which asks the real nvcc first.
+pub const NVCC_SMS: &[(u32, &str, &[u32])] = &[(
+    13,
+    "13.0",
+    &[75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121],
+)];
+
+/// The nvcc version and SMs listed for a CUDA major, if known.
+pub fn nvcc_sms(cuda_major: u32) -> Option<(&'static str, &'static [u32])> {
+    NVCC_SMS
+        .iter()
+        .find(|(major, _, _)| *major == cuda_major)
+        .map(|(_, version, sms)| (*version, *sms))
+}
+
 impl fmt::Display for CudaArch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let code = match self.code {

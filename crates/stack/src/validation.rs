@@ -63,7 +63,8 @@ impl Validator<'_> {
     fn validate(&mut self, raw: RawManifest) -> Option<Stack> {
         let target = self.target(raw.target);
         let torch = self.torch(raw.torch);
-        let nvshmem = self.nvshmem(raw.nvshmem);
+        let cuda_major = torch.as_ref().map(|t| t.cuda_major);
+        let nvshmem = self.nvshmem(raw.nvshmem, cuda_major);
         let deepep = self.deepep(raw.deepep);
         let toolchain = self.toolchain(raw.toolchain);
         let resolve = self.resolve(raw.resolve);
@@ -193,7 +194,7 @@ impl Validator<'_> {
         }
     }
 
-    fn nvshmem(&mut self, raw: RawNvshmem) -> Option<Nvshmem> {
+    fn nvshmem(&mut self, raw: RawNvshmem, cuda_major: Option<u64>) -> Option<Nvshmem> {
         self.span("nvshmem.version", &raw.version);
         self.span("nvshmem.cuda-archs", &raw.cuda_archs);
         let version = if raw.version.get_ref() == "match-torch" {
@@ -226,7 +227,29 @@ impl Validator<'_> {
                     );
                     ok = false;
                 }
-                Ok(a) => archs.push(a),
+                Ok(a) => {
+                    let known = cuda_major.and_then(|m| arch::nvcc_sms(m.try_into().ok()?));
+                    if let Some((nvcc, sms)) = known
+                        && a.check_known(sms).is_err()
+                    {
+                        let list: Vec<String> = sms.iter().map(u32::to_string).collect();
+                        self.err(
+                            arch.span(),
+                            format!(
+                                "CUDA arch {:?}: nvcc {nvcc} (torch.cuda = {}) cannot build for sm_{}",
+                                arch.get_ref(),
+                                cuda_major.unwrap_or_default(),
+                                a.sm()
+                            ),
+                            Some(format!(
+                                "nvcc {nvcc} builds for SMs {}: e.g. \"90\" for H100/H200, \"100\" for B200",
+                                list.join(", ")
+                            )),
+                        );
+                        ok = false;
+                    }
+                    archs.push(a);
+                }
                 Err(e) => {
                     self.err(arch.span(), e.message(), Some(arch::HINT.into()));
                     ok = false;

@@ -273,3 +273,27 @@ fn show_errors() {
         rules::check_manifest(&s)[0].diagnostic.as_ref().unwrap()
     );
 }
+
+/// An SM the locked nvcc does not build for ("900", a typo of 90) is refused when
+/// stack.toml is read, at its value, with the SMs that nvcc does know; the grammar's
+/// forms of a known SM pass.
+#[test]
+fn cuda_archs_are_checked_against_the_sms_nvcc_knows() {
+    let (_, text) = shipped("stack.toml");
+    let bad = errors(&text.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"900\"]"));
+    assert!(
+        bad.contains("stack.toml:17:15: CUDA arch \"900\": nvcc 13.0 (torch.cuda = 13) cannot build for sm_900"),
+        "{bad}"
+    );
+    assert!(
+        bad.contains("builds for SMs 75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121"),
+        "{bad}"
+    );
+    for ok in ["90", "90a", "100f", "90-real", "120"] {
+        let edited = text.replace("cuda-archs = [\"90\"]", &format!("cuda-archs = [\"{ok}\"]"));
+        Stack::parse(Path::new("stack.toml"), &edited).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    // Volta is gone from CUDA 13.
+    let volta = errors(&text.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"70\"]"));
+    assert!(volta.contains("cannot build for sm_70"), "{volta}");
+}
