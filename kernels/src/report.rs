@@ -80,6 +80,14 @@ pub struct NvshmemInfo {
     pub loaded_version: String,
     /// Path of the loaded libnvshmem_host (from /proc/self/maps).
     pub loaded_library: Option<String>,
+    /// sha256 of that file: a drop-in NVSHMEM sits at the same path as NVIDIA's, so the
+    /// path alone cannot say which one ran.
+    #[serde(default)]
+    pub loaded_sha256: Option<String>,
+    /// `NVSHMEM_USE_NCCL` as the loaded library's build-variable string records it (ours
+    /// OFF, NVIDIA's wheel ON).
+    #[serde(default)]
+    pub loaded_use_nccl: Option<String>,
     /// NVSHMEM_* variables in this rank's environment.
     pub env: BTreeMap<String, String>,
 }
@@ -466,7 +474,7 @@ fn write_ranks(w: &mut String, report: &Report) {
     for r in &report.ranks {
         let _ = writeln!(
             w,
-            "  rank {} on {} GPU {} ({}, sm_{}, {} SMs); NVSHMEM headers {}, loaded {} from {}",
+            "  rank {} on {} GPU {} ({}, sm_{}, {} SMs); NVSHMEM headers {}, loaded {} from {} (sha256 {}, NVSHMEM_USE_NCCL={})",
             r.rank,
             r.hostname,
             r.device.ordinal,
@@ -475,7 +483,12 @@ fn write_ranks(w: &mut String, report: &Report) {
             r.device.sm_count,
             r.nvshmem.header_version,
             r.nvshmem.loaded_version,
-            r.nvshmem.loaded_library.as_deref().unwrap_or("?")
+            r.nvshmem.loaded_library.as_deref().unwrap_or("?"),
+            r.nvshmem
+                .loaded_sha256
+                .as_deref()
+                .map_or("?", |h| &h[..h.len().min(12)]),
+            r.nvshmem.loaded_use_nccl.as_deref().unwrap_or("?")
         );
     }
 }

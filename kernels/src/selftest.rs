@@ -721,6 +721,7 @@ fn check_arch(device: &DeviceInfo) -> anyhow::Result<()> {
 }
 
 fn nvshmem_info() -> NvshmemInfo {
+    let library = loaded_library("libnvshmem_host");
     let layout = ffi::abi_layout();
     let (a, b, c) = Nvshmem::loaded_version();
     NvshmemInfo {
@@ -729,11 +730,38 @@ fn nvshmem_info() -> NvshmemInfo {
             layout.header_major, layout.header_minor, layout.header_patch
         ),
         loaded_version: format!("{a}.{b}.{c}"),
-        loaded_library: loaded_library("libnvshmem_host"),
+        loaded_library: library.clone(),
+        loaded_sha256: library.as_deref().and_then(|p| file_sha256(p.as_ref())),
+        loaded_use_nccl: library
+            .as_deref()
+            .and_then(|p| build_variable(p.as_ref(), "NVSHMEM_USE_NCCL")),
         env: std::env::vars()
             .filter(|(k, _)| k.starts_with("NVSHMEM_"))
             .collect::<BTreeMap<_, _>>(),
     }
+}
+
+fn file_sha256(path: &std::path::Path) -> Option<String> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path).ok()?, &mut hasher).ok()?;
+    Some(hex::encode(hasher.finalize()))
+}
+
+/// `KEY=VALUE` from NVSHMEM's build-variable string embedded in the library (the string
+/// `nvshmem-info -a` prints): the value of the first `KEY=` in the file's bytes.
+pub fn build_variable(path: &std::path::Path, key: &str) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let needle = format!("{key}=");
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())?;
+    let value: Vec<u8> = bytes[at + needle.len()..]
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric())
+        .copied()
+        .collect();
+    String::from_utf8(value).ok()
 }
 
 /// Path of the first mapped file whose name contains `needle` (from /proc/self/maps).
@@ -753,4 +781,26 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod library_identity_tests {
+    use super::*;
+
+    #[test]
+    fn build_variable_reads_the_embedded_string() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libnvshmem_host.so.3");
+        std::fs::write(
+            &lib,
+            b"\x7fELF..NVSHMEM_IBGDA_SUPPORT=ON NVSHMEM_USE_NCCL=OFF NCCL_HOME=/x\0",
+        )
+        .unwrap();
+        assert_eq!(
+            build_variable(&lib, "NVSHMEM_USE_NCCL").as_deref(),
+            Some("OFF")
+        );
+        assert_eq!(build_variable(&lib, "NVSHMEM_MPI_SUPPORT"), None);
+        assert_eq!(file_sha256(&lib).unwrap().len(), 64);
+    }
 }

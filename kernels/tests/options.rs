@@ -193,3 +193,19 @@ fn nvshmem_defaults_turn_nvls_off_and_size_the_heap() {
             .any(|(k, _)| *k == "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME")
     );
 }
+
+/// The put test also runs get: it is named `put-get` on the command line and in reports,
+/// and `put` (older scripts and reports) still means it.
+#[test]
+fn the_put_test_is_named_put_get_and_put_still_reads() {
+    for name in ["put-get", "put"] {
+        let cli = parse(&["--tests", name]);
+        assert_eq!(cli.test.tests, [TestKind::Put], "{name}");
+    }
+    let old: Vec<TestKind> = serde_json::from_str(r#"["put","dispatch"]"#).unwrap();
+    assert_eq!(old[0], TestKind::Put);
+    assert_eq!(
+        serde_json::to_string(&old).unwrap(),
+        r#"["put-get","dispatch"]"#
+    );
+}

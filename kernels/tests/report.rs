@@ -86,6 +86,8 @@ fn rank(rank: usize, world: usize) -> RankReport {
             header_version: "3.4.5".into(),
             loaded_version: "3.4.5".into(),
             loaded_library: Some("/bundle/lib/nvshmem/libnvshmem_host.so.3".into()),
+            loaded_sha256: Some("0123456789abcdef".repeat(4)),
+            loaded_use_nccl: Some("OFF".into()),
             env: BTreeMap::from([("NVSHMEM_DISABLE_NVLS".into(), "1".into())]),
         },
         put_grid_blocks: 528,
@@ -154,7 +156,7 @@ fn json_carries_the_schema_and_the_fields_tools_read() {
     assert!(v["ranks"][0]["pingpong"][0]["round_trip"]["p99_us"].is_number());
     assert_eq!(
         v["options"]["tests"],
-        serde_json::json!(["put", "dispatch", "pingpong"])
+        serde_json::json!(["put-get", "dispatch", "pingpong"])
     );
 }
 
@@ -241,6 +243,7 @@ fn the_table_shows_bandwidth_latency_and_correctness() {
         "0<->1",
         "MoE dispatch",
         "every byte checked is right",
+        "(sha256 0123456789ab, NVSHMEM_USE_NCCL=OFF)",
     ] {
         assert!(t.contains(needle), "missing {needle:?} in:\n{t}");
     }
