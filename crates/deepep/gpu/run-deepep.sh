@@ -262,7 +262,15 @@ cp -r "$COMMSTACK_HOME"/adopt "$out/adopt-records" 2>/dev/null
     grep -h '^SECONDS' "$out/noop.log" 2>/dev/null | sed 's/^/no-op xtask build deepep: /'
     grep -h '^SECONDS' "$out/documented.log" 2>/dev/null | sed 's/^/documented python setup.py build: /'
     grep -h 'NEGATIVE CASE\|UNDO EXACT\|UNDO DIFFERS' "$out"/*.log 2>/dev/null
-    # DeepEP's tests and their exit-clean verdicts, as verify's table printed them.
-    grep -h 'deepep-' "$out/tests.log" 2>/dev/null | grep -v '^+' | sed 's/^/DeepEP test: /' 
+    # DeepEP's tests and their exit-clean verdicts, every check with its status.
+    for report in "$out"/verify-tests/verify-*.json; do
+        [ -f "$report" ] && "$PY" - "$report" <<'PYEOF'
+import json, sys
+for level in json.load(open(sys.argv[1]))["levels"]:
+    for c in level.get("checks", []):
+        if "deepep-" in c["name"]:
+            print(f"DeepEP test: {c['name']}: {c['status']}: {c.get('detail', '')}")
+PYEOF
+    done
     grep -h '=> ' "$out/check-before.log" "$out/negative.log" "$out/adopt.log" 2>/dev/null | sed 's/^ */runtime check: /'
 } | tee "$out/summary.txt"
