@@ -12,6 +12,7 @@ pub mod known;
 pub mod lock;
 pub mod manifest;
 pub mod model;
+pub mod pass_env;
 pub mod pin;
 mod raw;
 pub mod rules;

@@ -165,7 +165,25 @@ impl Lock {
         struct Version {
             version: Option<u32>,
         }
-        let probe: Version = toml::from_str(text).map_err(|e| toml_diag(path, text, &e))?;
+        if text.trim().is_empty() {
+            return Err(Diagnostic::new(None, format!("{} is empty", path.display()))
+                .with_hint("an interrupted write or a truncated copy: run `cargo xtask lock` to write it again"));
+        }
+        let probe: Version = toml::from_str(text).map_err(|e| {
+            toml_diag(path, text, &e).with_hint(
+                "the lock is damaged or truncated: run `cargo xtask lock` to write it again",
+            )
+        })?;
+        if probe.version.is_none() {
+            return Err(Diagnostic::new(
+                None,
+                format!(
+                    "{}: no lock format `version` line: truncated, or not a commstack lock",
+                    path.display()
+                ),
+            )
+            .with_hint("run `cargo xtask lock` to write it again"));
+        }
         if probe.version != Some(LOCK_VERSION) {
             return Err(Diagnostic::new(
                 None,

@@ -134,6 +134,26 @@ pub fn in_stack() -> impl Iterator<Item = &'static Switch> {
     SWITCHES.iter().filter(|s| s.scope == Scope::Stack)
 }
 
+/// Fixed by the recipe, never by the stack: NVSHMEM's tests, examples, Python library
+/// (it would reach PyPI during the build), hydra launcher and packages are not part of
+/// the stack.
+pub const FIXED_OFF: [&str; 14] = [
+    "NVSHMEM_BUILD_TESTS",
+    "NVSHMEM_BUILD_EXAMPLES",
+    "NVSHMEM_BUILD_CUTLASS_EXAMPLES",
+    "NVSHMEM_BUILD_PYTHON_LIB",
+    "NVSHMEM_BUILD_HYDRA_LAUNCHER",
+    "NVSHMEM_BUILD_TXZ_PACKAGE",
+    "NVSHMEM_BUILD_PACKAGES",
+    "NVSHMEM_BUILD_RPM_PACKAGE",
+    "NVSHMEM_BUILD_DEB_PACKAGE",
+    "NVSHMEM_BUILD_TGZ_PACKAGE",
+    "NVSHMEM_TEST_STATIC_LIB",
+    "NVSHMEM_INSTALL_FUNCTIONAL_TESTS",
+    "NVSHMEM_ENV_ALL",
+    "NVSHMEM_DEFAULT_PMI2",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

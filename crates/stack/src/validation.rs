@@ -269,18 +269,11 @@ impl Validator<'_> {
         let mut pass_env = Vec::new();
         for var in &raw.pass_env {
             let name = var.get_ref();
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            if let Some(why) = crate::pass_env::refusal(name) {
                 self.err(
                     var.span(),
-                    format!("{name:?} is not an environment variable name"),
-                    None,
-                );
-                ok = false;
-            } else if name == "NVSHMEM_USE_NCCL" || name.starts_with("NCCL_") {
-                self.err(
-                    var.span(),
-                    format!("{name} cannot pass through to the NVSHMEM build"),
-                    Some("the stack's NVSHMEM is always built with NVSHMEM_USE_NCCL=OFF; NCCL_* variables would leak NCCL settings into it".into()),
+                    format!("nvshmem.pass-env: {why}"),
+                    Some("the NVSHMEM build starts from an empty environment and passes every option with -D; list only variables it does not read as settings (e.g. a proxy or license variable)".into()),
                 );
                 ok = false;
             } else {

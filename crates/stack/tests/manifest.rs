@@ -214,9 +214,47 @@ fn nccl_cannot_be_passed_through() {
     );
     let err = errors(&text);
     assert!(
-        err.contains("NVSHMEM_USE_NCCL cannot pass through"),
+        err.contains("nvshmem.pass-env: NVSHMEM_USE_NCCL is an NVSHMEM build option"),
         "{err}"
     );
+}
+
+/// `lock` refuses what the build would refuse: one rule for both (crates/stack pass_env).
+#[test]
+fn pass_env_is_validated_with_the_builds_rule() {
+    for (name, why) in [
+        (
+            "CMAKE_ARGS",
+            "changes how the compilers, linker or CMake behave",
+        ),
+        (
+            "LD_LIBRARY_PATH",
+            "changes how the compilers, linker or CMake behave",
+        ),
+        ("CPATH", "changes how the compilers, linker or CMake behave"),
+        ("CUDA_HOME", "is read by NVSHMEM's CMake as a default"),
+        ("NCCL_DEBUG", "no NCCL_* variable belongs"),
+        ("NVSHMEM_MPI_SUPPORT", "is an NVSHMEM build option"),
+        ("PATH", "is set by the recipe itself"),
+        ("A-B", "is not an environment variable name"),
+    ] {
+        let text = MINIMAL.replace(
+            "cuda-archs = [\"90\"]",
+            &format!("cuda-archs = [\"90\"]\npass-env = [\"{name}\"]"),
+        );
+        let err = errors(&text);
+        assert!(
+            err.contains("nvshmem.pass-env") && err.contains(why),
+            "{name}: {err}"
+        );
+        assert!(commstack_stack::pass_env::refusal(name).is_some(), "{name}");
+    }
+    // A runtime variable NVSHMEM's CMake does not read may pass.
+    let text = MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\npass-env = [\"HTTPS_PROXY\", \"NVSHMEM_DISABLE_NVLS\"]",
+    );
+    Stack::parse(Path::new("stack.toml"), &text).unwrap();
 }
 
 #[test]

@@ -28,3 +28,39 @@ fn stack_lock_round_trips() {
 fn bookworm_lock_round_trips() {
     round_trips("stacks/bookworm.lock", "stacks/bookworm.requirements.lock");
 }
+
+/// An empty or truncated lock says so and names the command that writes it again, instead
+/// of blaming another commstack version.
+#[test]
+fn empty_and_truncated_locks_say_so() {
+    let path = std::path::Path::new("stack.lock");
+    let empty = commstack_stack::Lock::parse(path, "")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        empty.contains("stack.lock is empty") && empty.contains("cargo xtask lock"),
+        "{empty}"
+    );
+    assert!(!empty.contains("another commstack version"), "{empty}");
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stack.lock"),
+    )
+    .unwrap();
+    // Cut inside the header comments, before `version`: no version line.
+    let head: String = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cut = commstack_stack::Lock::parse(path, &head)
+        .unwrap_err()
+        .to_string();
+    assert!(cut.contains("no lock format `version` line"), "{cut}");
+    // Cut mid-way through a table.
+    let half = &text[..text.len() / 2];
+    let half = &half[..half.rfind('=').unwrap() + 2];
+    let damaged = commstack_stack::Lock::parse(path, half)
+        .unwrap_err()
+        .to_string();
+    assert!(damaged.contains("cargo xtask lock"), "{damaged}");
+}
