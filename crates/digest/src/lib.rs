@@ -1,5 +1,6 @@
 //! commstack-digest: the bottom of the flow. How every other crate names bytes: the
-//! sha256 of a file, and canonical JSON (the input of every step key and fingerprint).
+//! sha256 of a file, canonical JSON (the input of every step key and fingerprint), and
+//! untrusted text made safe to print on a terminal ([`terminal_safe`]).
 //! It depends on no other commstack crate, so any stage may use it.
 
 mod canonical;
@@ -26,6 +27,29 @@ pub fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
     hex::encode(Sha256::digest(bytes.as_ref()))
 }
 
+/// `text` with every control character escaped (`\x1b`, `\r`, `\u{9b}`), tabs kept:
+/// a log line, an archive entry name or a server's message may carry ANSI/OSC sequences
+/// that set the window title, move the cursor or clear the screen when echoed raw.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\t') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\t' => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +64,17 @@ mod tests {
         assert_eq!(sha256_hex(b"abc"), want);
         let err = sha256_file(&dir.path().join("missing")).unwrap_err();
         assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_plain_text_is_borrowed() {
+        assert!(matches!(
+            terminal_safe("NCCL WARN\tplain ünïcode"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let hostile = "x\x1b]0;pwned\x07\x1b[2J\r\u{9b}31m";
+        let safe = terminal_safe(hostile);
+        assert_eq!(safe, "x\\x1b]0;pwned\\x07\\x1b[2J\\r\\u{9b}31m");
+        assert!(!safe.chars().any(char::is_control));
     }
 }

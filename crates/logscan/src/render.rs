@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use commstack_digest::terminal_safe;
+
 use crate::scan::ScanReport;
 use crate::signature::Phase;
 
@@ -46,10 +48,11 @@ pub fn render_human(report: &ScanReport) -> String {
                 hit.severity.as_str(),
                 hit.id,
                 hit.count,
-                hit.first.source,
+                terminal_safe(&hit.first.source),
                 hit.first.line
             );
-            let _ = writeln!(out, "      | {}", hit.example);
+            // Log lines are untrusted: their escape sequences must not reach the terminal.
+            let _ = writeln!(out, "      | {}", terminal_safe(&hit.example));
             wrap_into(&mut out, "      cause: ", &hit.cause);
             wrap_into(&mut out, "      fix:   ", &hit.fix);
             let _ = writeln!(out, "      ref:   {}", hit.reference);
@@ -69,10 +72,10 @@ pub fn render_human(report: &ScanReport) -> String {
                 "  {:<8} ×{}  first at {}:{}",
                 group.level.as_str(),
                 group.count,
-                group.first.source,
+                terminal_safe(&group.first.source),
                 group.first.line
             );
-            let _ = writeln!(out, "      | {}", group.example);
+            let _ = writeln!(out, "      | {}", terminal_safe(&group.example));
         }
         if report.unknown_not_listed > 0 {
             let _ = writeln!(

@@ -318,3 +318,20 @@ fn a_knowledge_base_with_mistakes_is_refused_with_the_culprit_named() {
             .contains("schema_version is 2")
     );
 }
+
+/// A log line carrying OSC/CSI sequences (set the window title, clear the screen) is shown
+/// escaped, never echoed raw; the JSON keeps the bytes, escaped by JSON itself.
+#[test]
+fn escape_sequences_in_log_lines_do_not_reach_the_terminal() {
+    let log = "NCCL WARN \u{1b}]0;pwned\u{7}\u{1b}[2J something odd happened\n\
+               [rank0]:[W init.cpp:1] ProcessGroupNCCL: destroy_process_group() was not called \u{1b}[31mred\n";
+    let mut scanner = Scanner::new(KnowledgeBase::builtin());
+    scanner.scan("evil\u{1b}[2J.log", log.as_bytes()).unwrap();
+    let report = scanner.finish();
+    let text = render_human(&report);
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    assert!(text.contains("\\x1b]0;pwned\\x07\\x1b[2J"), "{text}");
+    assert!(text.contains("evil\\x1b[2J.log"), "{text}");
+    let json = serde_json::to_string(&report).unwrap();
+    assert!(!json.contains('\u{1b}'), "{json}");
+}
