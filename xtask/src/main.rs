@@ -105,10 +105,18 @@ fn main() -> ExitCode {
 
 /// Errors print their whole chain: the outer context says what we were doing, the inner
 /// ones say which file, field or artifact was at fault.
+/// Messages can quote untrusted text (archive entries, server answers, log lines): every
+/// line is printed with its control characters escaped.
 fn report(err: anyhow::Error) -> ExitCode {
-    eprintln!("error: {err}");
+    let safe = |text: String| -> String {
+        text.split('\n')
+            .map(|line| commstack_digest::terminal_safe(line).into_owned())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    eprintln!("error: {}", safe(err.to_string()));
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        eprintln!("  caused by: {}", safe(cause.to_string()));
     }
     ExitCode::FAILURE
 }

@@ -19,6 +19,7 @@
 //! Links are written last, after every file and directory: no file is ever written
 //! through a link, so the order of entries cannot be used to escape.
 
+use commstack_digest::terminal_safe;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
@@ -334,7 +335,8 @@ impl Unpacker {
                 continue;
             }
             let raw = entry.path_bytes().into_owned();
-            let name = String::from_utf8_lossy(&raw).into_owned();
+            // Shown in errors only (the path comes from `raw`): escaped for the terminal.
+            let name = terminal_safe(&String::from_utf8_lossy(&raw)).into_owned();
             self.count(&name)?;
             let mode = entry.header().mode().with_context(|| {
                 format!(
@@ -395,12 +397,14 @@ impl Unpacker {
             let mut f = archive.by_index(i).with_context(|| {
                 format!("{}: cannot read zip entry {i}", self.archive.display())
             })?;
-            let name = f
+            let raw_name = f
                 .name()
                 .with_context(|| {
                     format!("{}: zip entry {i} has a bad name", self.archive.display())
                 })?
                 .into_owned();
+            // Shown in errors only (the path comes from `raw_name`): escaped.
+            let name = terminal_safe(&raw_name).into_owned();
             self.count(&name)?;
             let unix = f.unix_mode();
             // The zip crate clears setuid, setgid and sticky bits from the mode it reports;
@@ -412,7 +416,7 @@ impl Unpacker {
                 None => 0,
             };
             self.check_mode(&name, mode)?;
-            let Some(rel) = self.entry_path(name.as_bytes(), &name)? else {
+            let Some(rel) = self.entry_path(raw_name.as_bytes(), &name)? else {
                 continue;
             };
             let ftype = mode & S_IFMT;
@@ -489,12 +493,12 @@ impl Unpacker {
                     "{}: entry {name} lies under the symlink {}: refused (it would be written \
                      through the link)",
                     self.archive.display(),
-                    parent.display()
+                    shown(parent)
                 ),
                 Some(_) => bail!(
                     "{}: entry {name} lies under {}, which the archive makes a file",
                     self.archive.display(),
-                    parent.display()
+                    shown(parent)
                 ),
             }
         }
@@ -579,7 +583,7 @@ impl Unpacker {
                 "{}: symlink {name} -> {} points outside the destination (an absolute target): \
                  refused; the archive is unsafe to unpack",
                 self.archive.display(),
-                target.display()
+                shown(&target)
             );
         }
         self.replace(rel, name, Kind::Symlink(target))
@@ -587,7 +591,7 @@ impl Unpacker {
 
     fn hardlink(&mut self, rel: &Path, name: &str, target: &[u8]) -> Result<()> {
         self.check_parents(rel, name)?;
-        let shown = String::from_utf8_lossy(target);
+        let shown = terminal_safe(&String::from_utf8_lossy(target)).into_owned();
         let target = match clean(target) {
             Ok(Some(t)) => t,
             Ok(None) => bail!(
@@ -619,8 +623,8 @@ impl Unpacker {
                 bail!(
                     "{archive}: hard link {} -> {}: the target is not a regular file earlier in the \
                      archive: refused",
-                    rel.display(),
-                    target.display()
+                    shown(rel),
+                    shown(target)
                 );
             }
             let (from, to) = (self.root.join(target), self.root.join(rel));
@@ -662,8 +666,8 @@ impl Unpacker {
             if let Err(why) = resolve_inside(&links, parent, target) {
                 bail!(
                     "{archive}: symlink {} -> {} {why}: refused; the archive is unsafe to unpack",
-                    rel.display(),
-                    target.display()
+                    shown(rel),
+                    shown(target)
                 );
             }
         }
@@ -820,6 +824,11 @@ fn resolve_inside(
         }
     }
     Ok(())
+}
+
+/// A path from the archive, for an error message: its text with control characters escaped.
+fn shown(path: &Path) -> String {
+    terminal_safe(&path.to_string_lossy()).into_owned()
 }
 
 #[cfg(test)]

@@ -590,3 +590,27 @@ fn keep_zip_entries(path: &Path, drop: &str) -> Vec<u8> {
     }
     dst.finish().unwrap().into_inner()
 }
+
+/// Entry names and link targets are the archive's text: shown escaped in errors, so a
+/// crafted name cannot drive the terminal.
+#[test]
+fn hostile_names_are_escaped_in_errors() {
+    let s = Sandbox::new(
+        "a.tar.gz",
+        &gz(&tar_bytes(&[
+            file("top/ok.txt", 0o644, b"ok"),
+            file("top/../\u{1b}]0;pwned\u{7}.txt", 0o644, b"x"),
+        ])),
+    );
+    let err = s.refused(&top(), &["top/../\\x1b]0;pwned\\x07.txt"]);
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    let s = Sandbox::new(
+        "b.tar.gz",
+        &gz(&tar_bytes(&[
+            dir("top", 0o755),
+            sym("top/x", "/etc/\u{1b}[2J"),
+        ])),
+    );
+    let err = s.refused(&top(), &["\\x1b[2J"]);
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}

@@ -329,7 +329,10 @@ fn escape_sequences_in_log_lines_do_not_reach_the_terminal() {
     scanner.scan("evil\u{1b}[2J.log", log.as_bytes()).unwrap();
     let report = scanner.finish();
     let text = render_human(&report);
-    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
     assert!(text.contains("\\x1b]0;pwned\\x07\\x1b[2J"), "{text}");
     assert!(text.contains("evil\\x1b[2J.log"), "{text}");
     let json = serde_json::to_string(&report).unwrap();
