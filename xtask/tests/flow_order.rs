@@ -11,22 +11,19 @@ use std::path::Path;
 /// The flow, bottom first. Crates of one layer do not depend on each other.
 const LAYERS: &[(u32, &[&str])] = &[
     // Naming bytes, and real parts for tests: below everything.
-    (
-        0,
-        &["commstack-digest", "commstack-testkit", "commstack-archive"],
-    ),
-    // Formats and the store: ELF, wheels, the step store, the log knowledge base.
+    (0, &["commstack-digest", "commstack-testkit"]),
+    // Formats and the store: archives, ELF, the step store, the log knowledge base.
     (
         1,
         &[
+            "commstack-archive",
             "commstack-elf",
-            "commstack-wheel",
             "commstack-store",
             "commstack-logscan",
         ],
     ),
-    // The manifest and lock model.
-    (2, &["commstack-stack"]),
+    // The manifest and lock model; wheels (read, written, installed through archives).
+    (2, &["commstack-stack", "commstack-wheel"]),
     // Locking: the index, the resolver, manifest -> lock.
     (3, &["commstack-pypi"]),
     (4, &["commstack-resolve"]),
