@@ -144,7 +144,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
     let plan = adopt::plan(&env, &wanted)?;
     println!("plan:");
-    print!("{}", plan.render());
+    // --dry-run names every path it would touch; a real run keeps to the summary.
+    match args.dry_run {
+        true => print!("{}", plan.render()),
+        false => print!("{}", plan.render_summary()),
+    }
     if args.dry_run {
         println!("(dry run: nothing changed)");
         return Ok(if cmp.errors().is_empty() {

@@ -45,7 +45,19 @@ impl Plan {
     }
 
     /// For people: one line per wheel, then the file counts.
+    /// The plan, with every path it would touch (`--dry-run` shows exactly what moves).
     pub fn render(&self) -> String {
+        let mut out = self.render_summary();
+        for (what, paths) in [("backup", &self.backup), ("write ", &self.added)] {
+            for p in paths {
+                out.push_str(&format!("    {what} {}\n", p.display()));
+            }
+        }
+        out
+    }
+
+    /// The plan's steps and counts, without the file lists.
+    pub fn render_summary(&self) -> String {
         let mut out = String::new();
         for s in &self.steps {
             match (&s.skip, &s.replaces) {
@@ -87,7 +99,9 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
             continue;
         }
         if let Some(info) = &d.dist_info {
-            for f in record_files(info).unwrap_or_default() {
+            // Entries outside the environment are never touched, so they own nothing here.
+            let inside = record_entries(info, &env.prefix).map(|(inside, _)| inside);
+            for f in inside.unwrap_or_default() {
                 owners.insert(f, d.name.clone());
             }
         }
@@ -119,9 +133,8 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
                 });
                 continue;
             }
-            old_files = record_files(info).with_context(|| {
-                format!("{} {} has no readable RECORD ({}): it cannot be replaced safely; uninstall it first", d.name, d.version, info.display())
-            })?;
+            old_files = record_files(info, &env.prefix)
+                .with_context(|| format!("{} {} cannot be replaced safely", d.name, d.version))?;
             // Files in the dist-info that RECORD does not list (INSTALLER, REQUESTED, ...).
             for e in walkdir::WalkDir::new(info)
                 .into_iter()
@@ -175,6 +188,19 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
                 backup.insert(pyc);
             }
         }
+    }
+    // What the wheels write comes from their own entry names: the same containment.
+    for p in backup.iter().chain(&added) {
+        let rel = p.strip_prefix(&env.prefix).map_err(|_| {
+            anyhow::anyhow!(
+                "adopt would touch {}, outside the environment {}: refusing",
+                p.display(),
+                env.prefix.display()
+            )
+        })?;
+        contained(&env.prefix, &rel.to_string_lossy(), &env.prefix).map_err(|why| {
+            anyhow::anyhow!("adopt would touch {}, which {why}: refusing", p.display())
+        })?;
     }
     Ok(Plan {
         python: env.python.clone(),
@@ -238,17 +264,67 @@ pub fn targets_of(wheel: &Wheel, env: &PythonEnv) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The files a distribution's RECORD lists, as absolute paths.
-pub fn record_files(dist_info: &Path) -> Result<Vec<PathBuf>> {
+/// The files a distribution's RECORD lists, as absolute paths, all inside `prefix` (the
+/// environment's sys.prefix: scripts may sit beside site-packages, in `bin/`). An entry
+/// that is absolute or leads outside (`../../../../x`), lexically or through a symlinked
+/// directory, is an error naming it: adopt moves what RECORD lists, and pip itself leaves
+/// such entries alone.
+pub fn record_files(dist_info: &Path, prefix: &Path) -> Result<Vec<PathBuf>> {
+    let (inside, outside) = record_entries(dist_info, prefix)?;
+    if let Some((entry, why)) = outside.first() {
+        bail!(
+            "{}: entry {entry:?} {why}, outside the environment {}: refusing to move or remove it ({} such entr{}); fix or remove the entry, or reinstall that distribution with pip",
+            dist_info.join("RECORD").display(),
+            prefix.display(),
+            outside.len(),
+            if outside.len() == 1 { "y" } else { "ies" }
+        );
+    }
+    Ok(inside)
+}
+
+/// RECORD's entries split into the paths inside `prefix` and the (entry, why) outside.
+fn record_entries(
+    dist_info: &Path,
+    prefix: &Path,
+) -> Result<(Vec<PathBuf>, Vec<(String, String)>)> {
     let record = dist_info.join("RECORD");
     let bytes = fs::read(&record).with_context(|| format!("cannot read {}", record.display()))?;
     let site = dist_info
         .parent()
         .context("a dist-info directory has a parent")?;
-    Ok(parse_record(&bytes)?
-        .into_iter()
-        .map(|e| clean(&site.join(&e.path)))
-        .collect())
+    let (mut inside, mut outside) = (Vec::new(), Vec::new());
+    for e in parse_record(&bytes)? {
+        match contained(site, &e.path, prefix) {
+            Ok(path) => inside.push(path),
+            Err(why) => outside.push((e.path, why)),
+        }
+    }
+    Ok((inside, outside))
+}
+
+/// `base/entry` if it stays inside `prefix`, lexically and once existing symlinks in its
+/// directory are resolved; else why not.
+fn contained(base: &Path, entry: &str, prefix: &Path) -> Result<PathBuf, String> {
+    if Path::new(entry).is_absolute() {
+        return Err("is an absolute path".into());
+    }
+    let prefix = clean(prefix);
+    let path = clean(&base.join(entry));
+    if !path.starts_with(&prefix) {
+        return Err(format!("resolves to {}", path.display()));
+    }
+    let real_prefix = prefix.canonicalize().unwrap_or_else(|_| prefix.clone());
+    if let Some(real_dir) = path.parent().and_then(|d| d.canonicalize().ok())
+        && !real_dir.starts_with(&real_prefix)
+    {
+        return Err(format!(
+            "lies in {}, a symlink to {}",
+            path.parent().unwrap_or(&path).display(),
+            real_dir.display()
+        ));
+    }
+    Ok(path)
 }
 
 /// Whether the installed distribution's RECORD holds the wheel's files with its hashes.

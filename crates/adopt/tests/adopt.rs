@@ -280,3 +280,71 @@ fn corrupt_one_file(from: &Path, to: &Path) {
     }
     zout.finish().unwrap();
 }
+
+/// A RECORD that lists files outside the environment (`../../../../x`, an absolute path):
+/// adopt refuses, naming the entry, and moves nothing; `--dry-run`'s plan names every
+/// path it would touch.
+#[test]
+fn record_entries_outside_the_environment_are_refused_and_nothing_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let fake = fake_stack(&root.join("fake"));
+    let python = venv(&root.join("env"), true);
+    let out = pip(
+        &python,
+        &[
+            "install",
+            "--no-index",
+            "--no-deps",
+            fake.nvidia_nvshmem.path.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = PythonEnv::probe(&python).unwrap();
+
+    // A clean RECORD: the plan lists every file it would move and write.
+    let plan = adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap();
+    let shown = plan.render();
+    assert!(!plan.backup.is_empty());
+    for p in plan.backup.iter().chain(&plan.added) {
+        assert!(
+            shown.contains(&p.display().to_string()),
+            "{} not in:\n{shown}",
+            p.display()
+        );
+    }
+
+    // Outside files, and a RECORD that claims them.
+    let outside = root.join("outside.txt");
+    let absolute = root.join("absolute.txt");
+    std::fs::write(&outside, "keep me").unwrap();
+    std::fs::write(&absolute, "keep me too").unwrap();
+    let info = env
+        .dist("nvidia-nvshmem-cu13")
+        .and_then(|d| d.dist_info.clone())
+        .unwrap();
+    let record = info.join("RECORD");
+    let depth = info.strip_prefix(root).unwrap().components().count();
+    let escape = format!("{}outside.txt", "../".repeat(depth));
+    let mut text = std::fs::read_to_string(&record).unwrap();
+    text.push_str(&format!("{escape},,\n{},,\n", absolute.display()));
+    std::fs::write(&record, text).unwrap();
+    let before = tree(&root.join("env"));
+
+    let err = format!(
+        "{:#}",
+        adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap_err()
+    );
+    assert!(err.contains(&format!("entry {escape:?}")), "{err}");
+    assert!(
+        err.contains("outside the environment") && err.contains("2 such entries"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep me");
+    assert_eq!(std::fs::read_to_string(&absolute).unwrap(), "keep me too");
+    assert_eq!(tree(&root.join("env")), before, "nothing in the env moved");
+}
