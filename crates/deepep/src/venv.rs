@@ -246,15 +246,8 @@ fn make_venv(
     fs::create_dir_all(&links)?;
     fs::create_dir_all(&home)?;
     for w in wheels {
-        let actual = commstack_digest::sha256_file(&w.path)
-            .with_context(|| format!("cannot hash {}", w.path.display()))?;
-        if actual != w.sha256 {
-            bail!(
-                "{} has sha256 {actual}, the lock says {}: fetch it again",
-                w.path.display(),
-                w.sha256
-            );
-        }
+        // A damaged cache file is quarantined so that the next fetch downloads it again.
+        commstack_fetch::check_cached_file(&w.path, &w.sha256).map_err(anyhow::Error::msg)?;
         std::os::unix::fs::symlink(std::path::absolute(&w.path)?, links.join(&w.filename))
             .with_context(|| format!("cannot link {} into {}", w.filename, links.display()))?;
     }

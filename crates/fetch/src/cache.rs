@@ -96,6 +96,31 @@ impl Cache {
         self.root.join("sha256").join(sha256).join(filename)
     }
 
+    /// Moves a damaged cached file out of `sha256/` into `quarantine/` (kept for the user
+    /// to inspect; `cache gc` does not look there), so the next fetch downloads it again.
+    pub fn quarantine(&self, path: &Path) -> io::Result<PathBuf> {
+        let dir = self.root.join("quarantine");
+        fs::create_dir_all(&dir)?;
+        let name = path
+            .strip_prefix(self.root.join("sha256"))
+            .map(|rel| rel.to_string_lossy().replace('/', "-"))
+            .unwrap_or_else(|_| {
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            });
+        let mut to = dir.join(&name);
+        for n in 1.. {
+            if !to.exists() {
+                break;
+            }
+            to = dir.join(format!("{name}.{n}"));
+        }
+        fs::rename(path, &to)?;
+        Ok(to)
+    }
+
     /// The verified file for `sha256`, under `filename`. When the same bytes are cached
     /// under another name, they are linked (or copied) under this one too.
     pub fn get(&self, sha256: &str, filename: &str) -> io::Result<Option<PathBuf>> {
@@ -400,4 +425,40 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     file.write_all(bytes)?;
     file.sync_all()?;
     fs::rename(&temp, path)
+}
+
+/// A consumer's check of a cached file before it uses it: its sha256 must be `sha256`.
+/// A file that sits in a cache (`<cache>/sha256/<sha256>/<name>`) and holds other bytes is
+/// moved to `<cache>/quarantine/`, so `cargo xtask fetch` downloads it again instead of
+/// reporting it as cached; the error says where it went.
+pub fn check_cached_file(path: &Path, sha256: &str) -> Result<(), String> {
+    let actual = sha256_file(path).map_err(|e| e.to_string())?;
+    if actual.eq_ignore_ascii_case(sha256) {
+        return Ok(());
+    }
+    let cache_root = path
+        .parent()
+        .filter(|dir| {
+            dir.file_name()
+                .is_some_and(|d| d.eq_ignore_ascii_case(sha256))
+        })
+        .and_then(Path::parent)
+        .filter(|dir| dir.file_name().is_some_and(|d| d == "sha256"))
+        .and_then(Path::parent);
+    let moved = match cache_root {
+        Some(root) => match Cache::new(root).quarantine(path) {
+            Ok(to) => format!(
+                "moved it to {}; run `cargo xtask fetch` to download it again",
+                to.display()
+            ),
+            Err(e) => format!(
+                "moving it to the quarantine failed ({e}): delete it, then run `cargo xtask fetch`"
+            ),
+        },
+        None => "replace it with the locked file".to_string(),
+    };
+    Err(format!(
+        "{} is damaged: sha256 {actual}, the lock says {sha256}; {moved}",
+        path.display()
+    ))
 }

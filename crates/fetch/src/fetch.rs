@@ -46,6 +46,9 @@ pub struct FetchOptions {
     pub overrides: Vec<SourceOverride>,
     /// Draw progress bars (still only when stderr is a terminal).
     pub progress: bool,
+    /// Hash cached files before trusting them: a damaged one is quarantined (see
+    /// [`crate::check_cached_file`]) and downloaded again.
+    pub verify: bool,
 }
 
 impl FetchOptions {
@@ -64,6 +67,7 @@ impl FetchOptions {
             accept_tree_match: false,
             overrides: Vec::new(),
             progress: true,
+            verify: false,
         }
     }
 }
@@ -617,6 +621,13 @@ impl Run<'_> {
         match (&artifact.sha256, &artifact.tree_sha256) {
             (Some(sha256), _) => {
                 if let Some(path) = self.cache.get(sha256, &artifact.filename)? {
+                    if self.options.verify
+                        && let Err(damaged) = crate::cache::check_cached_file(&path, sha256)
+                    {
+                        // Quarantined: fall through to the sources.
+                        self.progress.println(&format!("WARNING {damaged}"));
+                        return Ok(None);
+                    }
                     return Ok(Some((
                         path,
                         Provenance::Locked {

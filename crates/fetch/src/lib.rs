@@ -26,6 +26,7 @@ pub mod tree;
 pub use artifact::{Artifact, filename_of_url, normalize_sha256};
 pub use cache::{
     Cache, CacheEntry, CorruptEntry, DigestLock, GcReport, TreeMatchRecord, TreeRecord,
+    check_cached_file,
 };
 pub use error::{ArtifactFailure, FetchError, SourceError, SourceFailure, TreeCheck};
 pub use fetch::{

@@ -25,6 +25,16 @@ impl Progress {
         }
     }
 
+    /// A warning line on stderr, above the bars when they are drawn.
+    pub fn println(&self, line: &str) {
+        match self.visible {
+            true => {
+                let _ = self.multi.println(line);
+            }
+            false => eprintln!("{line}"),
+        }
+    }
+
     /// A bar for one artifact (a spinner when its size is unknown).
     pub fn bar(&self, name: &str, size: Option<u64>) -> ProgressBar {
         if !self.visible {

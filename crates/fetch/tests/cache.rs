@@ -175,3 +175,54 @@ fn four_processes_fetch_into_one_cache() {
         .count();
     assert_eq!(leftovers, 0, "no partial file left behind");
 }
+
+/// A byte flipped in a cached file: a consumer's check quarantines it and says where, the
+/// next fetch downloads it again (no "cached" loop); `verify` catches it in fetch itself.
+#[test]
+fn damaged_cache_files_are_quarantined_and_fetched_again() {
+    let server = commstack_testkit::TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let data = bytes(4096, 9);
+    let a = serve(&server, "a", "/a.whl", &data);
+    let fetched = fetch_all(std::slice::from_ref(&a), &options(&cache)).unwrap();
+    let path = fetched[0].path.clone();
+    let flip = |p: &std::path::Path| {
+        let mut b = std::fs::read(p).unwrap();
+        b[100] ^= 1;
+        std::fs::write(p, b).unwrap();
+    };
+    flip(&path);
+
+    let err = commstack_fetch::check_cached_file(&path, &sha256(&data)).unwrap_err();
+    assert!(
+        err.contains("is damaged")
+            && err.contains("quarantine")
+            && err.contains("cargo xtask fetch"),
+        "{err}"
+    );
+    assert!(!path.exists());
+    let quarantined = std::fs::read_dir(cache.join("quarantine")).unwrap().count();
+    assert_eq!(quarantined, 1);
+    let again = fetch_all(std::slice::from_ref(&a), &options(&cache)).unwrap();
+    assert_eq!(
+        again[0].bytes_downloaded,
+        data.len() as u64,
+        "downloaded again"
+    );
+    commstack_fetch::check_cached_file(&again[0].path, &sha256(&data)).unwrap();
+
+    // Damaged again: plain fetch trusts the cache, --verify does not.
+    flip(&again[0].path);
+    let trusted = fetch_all(std::slice::from_ref(&a), &options(&cache)).unwrap();
+    assert_eq!(trusted[0].bytes_downloaded, 0);
+    let mut verify = options(&cache);
+    verify.verify = true;
+    let checked = fetch_all(std::slice::from_ref(&a), &verify).unwrap();
+    assert_eq!(checked[0].bytes_downloaded, data.len() as u64);
+    assert_eq!(std::fs::read(&checked[0].path).unwrap(), data);
+    assert_eq!(
+        std::fs::read_dir(cache.join("quarantine")).unwrap().count(),
+        2
+    );
+}

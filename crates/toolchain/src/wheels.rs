@@ -25,7 +25,6 @@ use xshell::{Shell, cmd};
 use crate::probe::{cmake_version, host_compilers, is_executable, ninja_version, nvcc_version};
 use crate::stub::make_libcuda_stub;
 use crate::{ToolVersions, Toolchain, ToolchainSource, WheelPin};
-use commstack_digest::sha256_file;
 
 /// The distributions a wheel toolchain is made of (PEP 503 names). All CUDA ones must be
 /// of one CUDA release (torch 2.11 pins cuda-toolkit 13.0.2: nvcc/crt/nvvm 13.0.88,
@@ -169,15 +168,9 @@ pub fn provision_wheels(store: &Store, wheels: &[WheelInput], force: bool) -> Re
 fn build(dir: &StepDir, wheels: &[WheelInput], pins: &[WheelPin], major: u64) -> Result<()> {
     let out = &dir.out;
     for w in wheels {
-        let actual = sha256_file(&w.path)?;
-        if actual != w.sha256.to_ascii_lowercase() {
-            bail!(
-                "{} ({}) has sha256 {actual}, the lock says {}: fetch it again",
-                w.filename,
-                w.path.display(),
-                w.sha256
-            );
-        }
+        // A damaged cache file is quarantined so that the next fetch downloads it again.
+        commstack_fetch::check_cached_file(&w.path, &w.sha256)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", w.filename))?;
     }
     let layout = InstallLayout {
         purelib: out.join("python"),

@@ -33,6 +33,10 @@ pub struct FetchFlags {
     /// cache and reported by every run that uses it.
     #[arg(long)]
     pub accept_tree_match: bool,
+    /// Hash every cached file before trusting it; a damaged one is moved to the cache's
+    /// quarantine/ (kept to inspect) and downloaded again.
+    #[arg(long)]
+    pub verify: bool,
     /// Fetch the artifacts listed in this JSON file instead of the lock's: an array of
     /// {"name", "filename", "urls": [..], "sha256", "size"?, "tree_sha256"?}.
     /// For benchmarks and tests.
@@ -50,6 +54,7 @@ pub fn fetch_options(ctx: &Ctx, flags: &FetchFlags) -> Result<FetchOptions> {
     let mut options = base_options(ctx, &flags.mirror, flags.offline, flags.accept_tree_match)?;
     options.jobs = flags.jobs.max(1);
     options.retries = flags.retries;
+    options.verify = flags.verify;
     Ok(options)
 }
 
