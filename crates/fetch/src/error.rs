@@ -51,6 +51,18 @@ pub struct SourceFailure {
     pub error: SourceError,
 }
 
+impl SourceFailure {
+    /// The source answered with bytes that are not the lock's (not merely absent or down).
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self.error,
+            SourceError::HashMismatch { .. }
+                | SourceError::TreeMismatch { .. }
+                | SourceError::SizeMismatch { .. }
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeCheck {
     /// The artifact has no locked tree hash (not a source archive).
@@ -268,12 +280,28 @@ fn render_failures(failures: &[ArtifactFailure]) -> String {
 }
 
 fn render_offline(missing: &[ArtifactFailure]) -> String {
-    let mut out = format!(
-        "offline: {} artifact(s) are in neither the cache nor a local mirror:\n",
-        missing.len()
-    );
-    for failure in missing {
-        failure.render(&mut out);
+    // A mirror file with the wrong bytes is not "missing": say which is which.
+    let damaged = |f: &ArtifactFailure| f.attempts.iter().any(SourceFailure::is_damage);
+    let (bad, absent): (Vec<&ArtifactFailure>, Vec<&ArtifactFailure>) =
+        missing.iter().partition(|f| damaged(f));
+    let mut out = String::new();
+    if !bad.is_empty() {
+        out.push_str(&format!(
+            "offline: {} artifact(s) are damaged in the mirror (the file is there, its bytes are not the lock's):\n",
+            bad.len()
+        ));
+        for failure in &bad {
+            failure.render(&mut out);
+        }
+    }
+    if !absent.is_empty() {
+        out.push_str(&format!(
+            "offline: {} artifact(s) are in neither the cache nor a local mirror:\n",
+            absent.len()
+        ));
+        for failure in &absent {
+            failure.render(&mut out);
+        }
     }
     out.push_str(
         "what to do: on a machine with network run `cargo xtask mirror export DIR`, carry DIR here and \

@@ -108,6 +108,10 @@ pub struct Fetched {
     pub origin: Origin,
     /// Body bytes received from the network for it in this run (retries included).
     pub bytes_downloaded: u64,
+    /// Sources tried first that served other bytes than the lock's (a damaged mirror),
+    /// each with what was wrong: the fetch still succeeded from a later source.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_sources: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -482,6 +486,7 @@ async fn resolve_overrides(
                 },
                 origin: Origin::Local { path: path.clone() },
                 bytes_downloaded: 0,
+                bad_sources: Vec::new(),
             };
             by_index.insert(index, fetched);
         }
@@ -528,6 +533,7 @@ impl Run<'_> {
             provenance,
             origin,
             bytes_downloaded,
+            bad_sources: Vec::new(),
         };
         if !artifact.is_pinned() {
             let url = artifact.urls.first().cloned().unwrap_or_default();
@@ -598,7 +604,18 @@ impl Run<'_> {
                                     ))
                                 })?;
                         bar.finish_and_clear();
-                        return Ok(fetched(path, provenance, origin, bytes_downloaded));
+                        // A source (a mirror, tried first) that served wrong bytes is named
+                        // even though another then worked: it will fail someone offline.
+                        let mut item = fetched(path, provenance, origin, bytes_downloaded);
+                        for bad in attempts.iter().filter(|a| a.is_damage()) {
+                            let line = format!("{} served bad bytes ({})", bad.url, bad.error);
+                            self.progress.println(&format!(
+                                "WARNING {}: {line}; fetched from {label} instead",
+                                artifact.filename
+                            ));
+                            item.bad_sources.push(line);
+                        }
+                        return Ok(item);
                     }
                     Verdict::RetryFromScratch => {
                         restarted = true;

@@ -50,7 +50,37 @@ fn a_mirror_with_wrong_bytes_or_without_the_file_falls_back_to_upstream() {
             url: artifact.urls[0].clone()
         }
     );
+    // The bad mirror is named, the one that merely lacks the file is not.
+    assert_eq!(
+        fetched[0].bad_sources.len(),
+        1,
+        "{:?}",
+        fetched[0].bad_sources
+    );
+    assert!(
+        fetched[0].bad_sources[0].contains(&bad_mirror.path().display().to_string()),
+        "{:?}",
+        fetched[0].bad_sources
+    );
     assert_cache_holds(cache.path(), &[(sha(&artifact), "f.whl")]);
+
+    // Offline, the same mirror is reported as damaged, not as missing.
+    let offline_cache = tempfile::tempdir().unwrap();
+    let mut offline = options.clone();
+    offline.cache_dir = offline_cache.path().into();
+    offline.offline = true;
+    offline.mirrors = vec![Mirror::Dir(bad_mirror.path().into())];
+    let text = fetch_all(std::slice::from_ref(&artifact), &offline)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.starts_with("offline: 1 artifact(s) are damaged in the mirror"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("in neither the cache nor a local mirror"),
+        "{text}"
+    );
 }
 
 #[test]
