@@ -21,7 +21,13 @@ pub struct Args {
     /// rules; exit 1 with what differs if not.
     #[arg(long)]
     check: bool,
-    /// Resolve again even when the lock is up to date.
+    /// With --check: also resolve the manifest again against the index (network) and
+    /// compare every locked sha256 with what the index publishes now, and every source
+    /// hash with the known table. Catches a lock whose hashes were edited consistently in
+    /// stack.lock and requirements.lock, which the offline check cannot know.
+    #[arg(long, requires = "check")]
+    online: bool,
+    /// Resolve again even when the lock is up to date (rewrites every hash from the index).
     #[arg(long, conflicts_with = "check")]
     force: bool,
 }
@@ -61,11 +67,29 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 lock_path.display()
             ));
         }
+        if args.online && problems.is_empty() {
+            problems.extend(online_differences(ctx, &stack, &lock)?);
+            if !problems.is_empty() {
+                eprintln!("{} does not match the index:", lock_path.display());
+                for p in problems {
+                    eprintln!("  - {p}");
+                }
+                eprintln!(
+                    "run `cargo xtask lock --force{}` to write what the index publishes, and review the diff",
+                    ctx.stack_flag()
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         if problems.is_empty() {
             println!(
-                "{} matches {} and the rules",
+                "{} matches {} and the rules{}",
                 lock_path.display(),
-                ctx.stack_path.display()
+                ctx.stack_path.display(),
+                match args.online {
+                    true => ", and every hash matches the index and the known sources",
+                    false => "",
+                }
             );
             return Ok(ExitCode::SUCCESS);
         }
@@ -126,6 +150,59 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     );
     println!("  wrote {} and {}", lock_path.display(), req_path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every locked artifact whose hash differs from a fresh resolution (the index's published
+/// sha256, the known table's source hashes), or that one has and the other not.
+fn online_differences(
+    ctx: &Ctx,
+    stack: &commstack_stack::Stack,
+    lock: &Lock,
+) -> Result<Vec<String>> {
+    let quiet = ctx.quiet;
+    let progress = move |m: &str| {
+        if !quiet {
+            eprintln!("  {m}");
+        }
+    };
+    let cache = ctx.cache_dir().join("pypi-metadata");
+    let fresh = util::runtime()?
+        .block_on(commstack_lock::lock(stack, Some(cache), &progress))?
+        .lock;
+    let pins = |l: &Lock| -> Result<std::collections::BTreeMap<(String, String), String>> {
+        Ok(crate::flow::lock::artifacts_of_lock(l)?
+            .into_iter()
+            .map(|a| {
+                let pin = match &a.tree_sha256 {
+                    Some(tree) => format!("{}, tree {tree}", a.pin()),
+                    None => a.pin(),
+                };
+                ((a.name, a.filename), pin)
+            })
+            .collect())
+    };
+    let (ours, theirs) = (pins(lock)?, pins(&fresh)?);
+    let mut out = Vec::new();
+    for (key, pin) in &ours {
+        match theirs.get(key) {
+            Some(t) if t == pin => {}
+            Some(t) => out.push(format!(
+                "{} ({}): stack.lock pins {pin}, the index and known sources give {t}",
+                key.0, key.1
+            )),
+            None => out.push(format!(
+                "{} ({}): in stack.lock, not in a fresh resolution",
+                key.0, key.1
+            )),
+        }
+    }
+    for key in theirs.keys().filter(|k| !ours.contains_key(*k)) {
+        out.push(format!(
+            "{} ({}): a fresh resolution has it, stack.lock does not",
+            key.0, key.1
+        ));
+    }
+    Ok(out)
 }
 
 /// `stack.toml` -> `requirements.lock`; `stacks/x.toml` -> `stacks/x.requirements.lock`.

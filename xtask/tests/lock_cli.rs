@@ -211,3 +211,53 @@ fn bad_manifest_points_into_the_file() {
         text(&out)
     );
 }
+
+/// A sha256 edited consistently in stack.lock and requirements.lock passes the offline
+/// check (it cannot know better); `--check --online` compares with the index and names the
+/// package; `lock --force` (the command its message names) writes the index's hash back.
+#[test]
+fn a_consistently_edited_hash_is_caught_online_and_repaired_by_force() {
+    let server = TestServer::start();
+    let url = index().serve(&server);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stack.toml"), manifest(&url)).unwrap();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock_path = dir.path().join("stack.lock");
+    let req_path = dir.path().join("requirements.lock");
+    let (lock, reqs) = (
+        std::fs::read_to_string(&lock_path).unwrap(),
+        std::fs::read_to_string(&req_path).unwrap(),
+    );
+    let marker = "torch==2.11.0 \\\n    --hash=sha256:";
+    let at = reqs.find(marker).unwrap() + marker.len();
+    let good = &reqs[at..at + 64];
+    assert!(lock.contains(good));
+    let evil = "f".repeat(64);
+    std::fs::write(&lock_path, lock.replace(good, &evil)).unwrap();
+    std::fs::write(&req_path, reqs.replace(good, &evil)).unwrap();
+
+    let out = xtask(dir.path(), &["lock", "--check"]);
+    assert!(out.status.success(), "offline cannot know: {}", text(&out));
+    let out = xtask(dir.path(), &["lock", "--check", "--online"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("stack.lock does not match the index"), "{t}");
+    assert!(
+        t.contains(&format!("torch (")) && t.contains(&evil) && t.contains(good),
+        "{t}"
+    );
+    assert!(t.contains("run `cargo xtask lock --force`"), "{t}");
+
+    let out = xtask(dir.path(), &["lock", "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock);
+    assert_eq!(std::fs::read_to_string(&req_path).unwrap(), reqs);
+    let out = xtask(dir.path(), &["lock", "--check", "--online"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("every hash matches the index"),
+        "{}",
+        text(&out)
+    );
+}

@@ -256,7 +256,9 @@ fn render_failures(failures: &[ArtifactFailure]) -> String {
     if hash {
         out.push_str(
             "  - a hash mismatch means the server sent other bytes than the lock names: nothing was \
-             cached. If upstream replaced the file, re-run `cargo xtask lock` and review the change.\n",
+             cached. `cargo xtask lock --check --online` compares every locked hash with what the index \
+             publishes; if the lock was edited or upstream replaced the file, `cargo xtask lock --force` \
+             rewrites the hashes from the index (review the change).\n",
         );
     }
     if tree {
