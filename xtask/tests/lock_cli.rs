@@ -244,7 +244,7 @@ fn a_consistently_edited_hash_is_caught_online_and_repaired_by_force() {
     let t = text(&out);
     assert!(t.contains("stack.lock does not match the index"), "{t}");
     assert!(
-        t.contains(&format!("torch (")) && t.contains(&evil) && t.contains(good),
+        t.contains("torch (") && t.contains(&evil) && t.contains(good),
         "{t}"
     );
     assert!(t.contains("run `cargo xtask lock --force`"), "{t}");

@@ -283,11 +283,11 @@ pub fn record_files(dist_info: &Path, prefix: &Path) -> Result<Vec<PathBuf>> {
     Ok(inside)
 }
 
+/// A RECORD entry that leads outside the environment, and why.
+type Outside = (String, String);
+
 /// RECORD's entries split into the paths inside `prefix` and the (entry, why) outside.
-fn record_entries(
-    dist_info: &Path,
-    prefix: &Path,
-) -> Result<(Vec<PathBuf>, Vec<(String, String)>)> {
+fn record_entries(dist_info: &Path, prefix: &Path) -> Result<(Vec<PathBuf>, Vec<Outside>)> {
     let record = dist_info.join("RECORD");
     let bytes = fs::read(&record).with_context(|| format!("cannot read {}", record.display()))?;
     let site = dist_info
