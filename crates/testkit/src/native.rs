@@ -7,6 +7,7 @@ use std::process::Command;
 
 /// Compiles `source` (C, or C++ when `name` ends in .cpp) with `args` into `out`.
 pub fn compile(dir: &Path, name: &str, source: &str, out: &Path, args: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
     let src = dir.join(name);
     std::fs::write(&src, source).unwrap();
     let compiler = if name.ends_with(".cpp") { "g++" } else { "gcc" };
@@ -27,7 +28,9 @@ pub fn shared_lib(dir: &Path, file: &str, soname: &str, source: &str, extra: &[&
     let soname_flag = format!("-Wl,-soname,{soname}");
     let mut args = vec!["-shared", "-fPIC", "-O1", soname_flag.as_str()];
     args.extend_from_slice(extra);
-    compile(dir, &format!("{file}.c"), source, &out, &args);
+    // The source goes to `.src/` beside it: a library directory (or a wheel made from
+    // one) holds only libraries.
+    compile(&dir.join(".src"), &format!("{file}.c"), source, &out, &args);
     out
 }
 

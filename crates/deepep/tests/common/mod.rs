@@ -10,44 +10,15 @@ use std::process::Command;
 use commstack_deepep::LockedWheel;
 use commstack_wheel::WheelBuilder;
 
-/// Compile C `source` into `out` with `args`.
-pub fn cc(dir: &Path, name: &str, source: &str, out: &Path, args: &[&str]) {
-    std::fs::create_dir_all(dir).unwrap();
-    let src = dir.join(name);
-    std::fs::write(&src, source).unwrap();
-    let status = Command::new("gcc")
-        .arg(&src)
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .status()
-        .expect("the tests need gcc");
-    assert!(status.success(), "gcc failed on {name}");
-}
+pub use commstack_testkit::native::{compile as cc, shared_lib};
 
-/// A shared object `file` with SONAME `soname`.
-pub fn shared_lib(dir: &Path, file: &str, soname: &str, source: &str, extra: &[&str]) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let out = dir.join(file);
-    let soname_flag = format!("-Wl,-soname,{soname}");
-    let mut args = vec!["-shared", "-fPIC", "-O1", soname_flag.as_str()];
-    args.extend_from_slice(extra);
-    cc(&dir.join(".src"), &format!("{file}.c"), source, &out, &args);
-    out
-}
-
-/// NVSHMEM's build-variable and vendor strings, as NVSHMEM's host library carries them.
+/// NVSHMEM's build-variable and vendor strings, as NVSHMEM's host library carries them,
+/// and the one symbol DeepEP's loader looks for.
 pub fn nvshmem_like_source(use_nccl: &str, version: &str) -> String {
-    format!(
-        r#"
-#include <stdio.h>
-#define NVSHMEM_BUILD_VARS "NVSHMEM_DEBUG=OFF NVSHMEM_DEVEL=OFF NVSHMEM_IBGDA_SUPPORT=ON NVSHMEM_IBRC_SUPPORT=OFF NVSHMEM_MPI_SUPPORT=OFF NVSHMEM_SHMEM_SUPPORT=OFF NVSHMEM_UCX_SUPPORT=OFF NVSHMEM_USE_NCCL={use_nccl} NVSHMEM_USE_GDRCOPY=OFF CUDA_HOME=/opt/commstack/cuda NCCL_HOME=/usr/local/nccl NVSHMEM_PREFIX=/opt/commstack/nvshmem"
-#define NVSHMEM_VENDOR_STRING "NVSHMEM v{version}"
-void nvshmemi_print_build_info(void) {{
-    printf("%s\n%s\n", NVSHMEM_BUILD_VARS, NVSHMEM_VENDOR_STRING);
-}}
-int nvshmemx_my_pe(void) {{ return 0; }}
-"#
+    commstack_testkit::native::nvshmem_like_source(
+        use_nccl,
+        version,
+        "int nvshmemx_my_pe(void) { return 0; }",
     )
 }
 
