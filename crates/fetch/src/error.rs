@@ -10,6 +10,9 @@ pub enum FetchError {
     /// Some artifacts could not be had from any source (the others were fetched).
     #[error("{}", render_failures(.0))]
     Artifacts(Vec<ArtifactFailure>),
+    /// `preflight`: some artifacts cannot be had from any source; nothing was downloaded.
+    #[error("{}", render_unreachable(.0))]
+    Unreachable(Vec<ArtifactFailure>),
     /// `--offline` and some artifacts are in neither the cache nor a local mirror.
     #[error("{}", render_offline(.0))]
     Offline(Vec<ArtifactFailure>),
@@ -277,6 +280,22 @@ fn render_failures(failures: &[ArtifactFailure]) -> String {
     }
     out.push_str(
         "  - what was fetched is in the cache; the next `cargo xtask fetch` only gets the rest.",
+    );
+    out
+}
+
+fn render_unreachable(failures: &[ArtifactFailure]) -> String {
+    let mut out = format!(
+        "{} artifact(s) cannot be had from the cache, a mirror or upstream (checked before downloading anything):\n",
+        failures.len()
+    );
+    for failure in failures {
+        failure.render(&mut out);
+    }
+    out.push_str(
+        "what to do: nothing was downloaded. Give a mirror that holds them (`--mirror DIR`; \
+         `cargo xtask mirror export DIR` on a machine that reaches upstream makes one), or run \
+         again once upstream answers.",
     );
     out
 }

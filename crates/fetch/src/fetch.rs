@@ -356,7 +356,7 @@ async fn preflight_async(artifacts: &[Artifact], options: &FetchOptions) -> Resu
     match (failures.is_empty(), options.offline) {
         (true, _) => Ok(()),
         (false, true) => Err(FetchError::Offline(failures)),
-        (false, false) => Err(FetchError::Artifacts(failures)),
+        (false, false) => Err(FetchError::Unreachable(failures)),
     }
 }
 

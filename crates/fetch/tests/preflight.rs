@@ -31,7 +31,10 @@ fn a_missing_source_fails_before_any_download_and_is_named() {
 
     let all = [served, gone, mirrored, cached];
     let err = preflight(&all, &options).unwrap_err().to_string();
-    assert!(err.contains("1 artifact(s)"), "{err}");
+    assert!(
+        err.contains("1 artifact(s) cannot be had") && err.contains("nothing was downloaded"),
+        "{err}"
+    );
     assert!(
         err.contains("nvshmem_src.tar.gz") && err.contains("404"),
         "{err}"

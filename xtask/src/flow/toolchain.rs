@@ -74,8 +74,9 @@ fn wheels_from_lock(ctx: &Ctx) -> Result<Vec<WheelInput>> {
     for w in &lock.toolchain {
         let file = cache.get(&w.sha256, &w.filename)?.with_context(|| {
             format!(
-                "{} is not in the download cache: run `cargo xtask fetch`",
-                w.filename
+                "the toolchain wheel {} is not in the download cache: run `cargo xtask fetch --only toolchain{}`",
+                w.filename,
+                ctx.stack_flag()
             )
         })?;
         out.push(WheelInput {
