@@ -11,7 +11,7 @@
 #   <bundle>/kernels/gpu/run-selftest.sh      (this script; <bundle> = two levels up,
 #                                              or COMMSTACK_BUNDLE)
 # Environment: GPUS (default 1), SEED (default: fresh, recorded in the JSON),
-# REQUIRE_PUT_COPY_RATIO (default 0.85, the benchmark bar; empty to skip),
+# REQUIRE_PUT_COPY_RATIO (default 0.85, the self-test's benchmark bar; empty to skip),
 # and any NVSHMEM_* variable (passed through; e.g. NVSHMEM_DEBUG=INFO).
 #
 # Writes OUT_DIR/selftest-<N>gpu.{json,txt,log,exit}; exits with the selftest's status:

@@ -61,7 +61,7 @@ pub struct Cli {
     pub timeout: u64,
 
     /// Fail with exit status 3 unless every GPU's put to itself at the largest size
-    /// reaches this fraction of its device-to-device copy (e.g. 0.85; unset: reported, not enforced).
+    /// reaches this fraction of its device-to-device copy (gpu runs ask 0.85; unset: reported only).
     #[arg(long, value_name = "FRACTION")]
     pub require_put_copy_ratio: Option<f64>,
 

@@ -205,7 +205,7 @@ pub fn median(samples: &[f64]) -> f64 {
     }
 }
 
-/// The ratio the benchmark asks for: a GPU's put to itself at the largest size
+/// The put/copy ratio the self-test's benchmark checks: a GPU's put to itself at the largest size
 /// over its device-to-device copy at that size, both medians from the same run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PutCopyRatio {
