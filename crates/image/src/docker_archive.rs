@@ -1,0 +1,171 @@
+//! The docker-archive format (what `docker load` of Docker 20.10 reads): `manifest.json`,
+//! the image config as `<sha256>.json`, and each layer uncompressed as
+//! `<diff_id hex>/layer.tar`. No compressor touches the identity: the image ID Docker
+//! reports after a load is the sha256 of the config bytes, and the config is canonical
+//! JSON (sorted keys, no whitespace, `created` from the epoch), so the same inputs give
+//! the same ID on any machine.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use oci_spec::image::{
+    Arch, ConfigBuilder, HistoryBuilder, ImageConfigurationBuilder, Os, RootFsBuilder,
+};
+use serde_json::json;
+
+use crate::layer::Layer;
+
+/// What the image runs as and with.
+#[derive(Clone, Debug, Default)]
+pub struct ImageSpec {
+    /// `name:tag` recorded in manifest.json (`docker load` tags the image with it).
+    pub tag: String,
+    pub env: Vec<String>,
+    pub cmd: Vec<String>,
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Seconds since 1970 for `created` and the history: the lock's epoch.
+    pub epoch: u64,
+    /// One line per layer for the history (`created_by`), in layer order.
+    pub layer_comments: Vec<String>,
+}
+
+/// A written docker-archive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DockerArchive {
+    /// `sha256:<hex>` of the config bytes: the ID `docker load` gives the image.
+    pub image_id: String,
+    /// The canonical config JSON.
+    pub config: String,
+    pub diff_ids: Vec<String>,
+}
+
+/// The canonical image config for `layers` (in order, bottom first) and `spec`.
+pub fn image_config(spec: &ImageSpec, layers: &[Layer]) -> Result<String> {
+    let created = rfc3339(spec.epoch);
+    let mut config = ConfigBuilder::default()
+        .env(spec.env.clone())
+        .cmd(spec.cmd.clone())
+        .labels(
+            spec.labels
+                .clone()
+                .into_iter()
+                .collect::<std::collections::HashMap<_, _>>(),
+        );
+    if let Some(user) = &spec.user {
+        config = config.user(user.clone());
+    }
+    if let Some(dir) = &spec.working_dir {
+        config = config.working_dir(dir.clone());
+    }
+    let history = layers
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            HistoryBuilder::default()
+                .created(created.clone())
+                .created_by(
+                    spec.layer_comments
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| format!("commstack layer {i}")),
+                )
+                .build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let image = ImageConfigurationBuilder::default()
+        .created(created)
+        .architecture(Arch::Amd64)
+        .os(Os::Linux)
+        .config(config.build()?)
+        .rootfs(
+            RootFsBuilder::default()
+                .typ("layers")
+                .diff_ids(layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>())
+                .build()?,
+        )
+        .history(history)
+        .build()?;
+    Ok(commstack_digest::canonical_json(&serde_json::to_value(
+        &image,
+    )?))
+}
+
+/// Writes the docker-archive of `layers` and `spec` to `out` (a tar, itself written with
+/// fixed headers so the archive's own bytes are reproducible too).
+pub fn write_docker_archive(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    out: &Path,
+) -> Result<DockerArchive> {
+    let config = image_config(spec, layers)?;
+    let config_hex = commstack_digest::sha256_hex(config.as_bytes());
+    let layer_names: Vec<String> = layers
+        .iter()
+        .map(|l| format!("{}/layer.tar", l.diff_id.trim_start_matches("sha256:")))
+        .collect();
+    let manifest = json!([{
+        "Config": format!("{config_hex}.json"),
+        "RepoTags": [spec.tag],
+        "Layers": layer_names,
+    }]);
+    let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut tar = tar::Builder::new(BufWriter::new(file));
+    let mut put = |name: &str, size: u64, data: &mut dyn std::io::Read| -> Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(spec.epoch);
+        h.set_size(size);
+        h.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut h, name, data)
+            .with_context(|| format!("writing {name} into {}", out.display()))
+    };
+    for (layer, name) in layers.iter().zip(&layer_names) {
+        let mut f = File::open(&layer.path)
+            .with_context(|| format!("cannot read the layer {}", layer.path.display()))?;
+        put(name, layer.size, &mut f)?;
+    }
+    put(
+        &format!("{config_hex}.json"),
+        config.len() as u64,
+        &mut config.as_bytes(),
+    )?;
+    let manifest = commstack_digest::canonical_json(&manifest);
+    put(
+        "manifest.json",
+        manifest.len() as u64,
+        &mut manifest.as_bytes(),
+    )?;
+    tar.into_inner()?.flush()?;
+    Ok(DockerArchive {
+        image_id: format!("sha256:{config_hex}"),
+        config,
+        diff_ids: layers.iter().map(|l| l.diff_id.clone()).collect(),
+    })
+}
+
+/// `epoch` seconds since 1970 as RFC 3339 in UTC (`2025-12-01T00:00:00Z`).
+fn rfc3339(epoch: u64) -> String {
+    let seconds = i64::try_from(epoch).unwrap_or(i64::MAX);
+    jiff::Timestamp::from_second(seconds)
+        .unwrap_or(jiff::Timestamp::MAX)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_render_as_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_764_547_200), "2025-12-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
+    }
+}

@@ -1,0 +1,130 @@
+//! One image layer: a directory tree written as a tar whose bytes depend only on the
+//! tree's contents. Entries sorted by path, mtimes clamped to the epoch, uid/gid 0 with no
+//! names, modes normalised (0755 for directories and executables, 0644 for other files),
+//! hard links kept as hard links to the first path seen, GNU long names (no PAX headers,
+//! so no PAX timestamps). Umask, the build directory and the clock do not reach the bytes.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+/// A written layer tar and its identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layer {
+    pub path: PathBuf,
+    /// `sha256:<hex>` of the uncompressed tar: the image config's rootfs diff_id.
+    pub diff_id: String,
+    pub size: u64,
+}
+
+/// Writes `root`'s tree (its contents, not `root` itself) as a layer tar at `out`.
+pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
+    let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let hashing = HashingWriter {
+        inner: BufWriter::new(file),
+        hasher: Sha256::new(),
+        size: 0,
+    };
+    let mut builder = tar::Builder::new(hashing);
+    builder.follow_symlinks(false);
+    // Path of the first entry seen for each (device, inode) with several links.
+    let mut first_of: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    let walk = walkdir::WalkDir::new(root)
+        .min_depth(1)
+        .follow_links(false)
+        .sort_by(|a, b| {
+            a.file_name()
+                .as_encoded_bytes()
+                .cmp(b.file_name().as_encoded_bytes())
+        });
+    for entry in walk {
+        let entry = entry.with_context(|| format!("cannot walk {}", root.display()))?;
+        let rel = entry
+            .path()
+            .strip_prefix(root)
+            .expect("under root")
+            .to_path_buf();
+        let meta = entry
+            .path()
+            .symlink_metadata()
+            .with_context(|| format!("cannot stat {}", entry.path().display()))?;
+        let mut header = tar::Header::new_gnu();
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime((meta.mtime().max(0) as u64).min(epoch));
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(0o755);
+            header.set_size(0);
+            builder.append_data(&mut header, &rel, std::io::empty())?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(entry.path())?;
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_mode(0o777);
+            header.set_size(0);
+            builder.append_link(&mut header, &rel, &target)?;
+        } else if ft.is_file() {
+            let key = (meta.dev(), meta.ino());
+            if meta.nlink() > 1 {
+                if let Some(first) = first_of.get(&key) {
+                    header.set_entry_type(tar::EntryType::Link);
+                    header.set_mode(file_mode(meta.mode()));
+                    header.set_size(0);
+                    builder.append_link(&mut header, &rel, first)?;
+                    continue;
+                }
+                first_of.insert(key, rel.clone());
+            }
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(file_mode(meta.mode()));
+            header.set_size(meta.len());
+            let data = File::open(entry.path())
+                .with_context(|| format!("cannot read {}", entry.path().display()))?;
+            builder.append_data(&mut header, &rel, data)?;
+        } else {
+            bail!(
+                "{}: not a file, directory or symlink: an image layer holds none of those",
+                entry.path().display()
+            );
+        }
+    }
+    let mut hashing = builder.into_inner()?;
+    hashing.flush()?;
+    Ok(Layer {
+        path: out.to_path_buf(),
+        diff_id: format!("sha256:{}", hex::encode(hashing.hasher.finalize())),
+        size: hashing.size,
+    })
+}
+
+/// 0755 when any execute bit is set, else 0644: the same file gives the same mode
+/// whatever umask it was written under.
+fn file_mode(mode: u32) -> u32 {
+    if mode & 0o111 != 0 { 0o755 } else { 0o644 }
+}
+
+/// Hashes what it writes, so the layer's diff_id costs no second read.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
