@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
+use crate::hashing::HashingWriter;
+
 /// A written layer tar and its identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layer {
@@ -107,24 +109,4 @@ pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
 /// whatever umask it was written under.
 fn file_mode(mode: u32) -> u32 {
     if mode & 0o111 != 0 { 0o755 } else { 0o644 }
-}
-
-/// Hashes what it writes, so the layer's diff_id costs no second read.
-struct HashingWriter<W: Write> {
-    inner: W,
-    hasher: Sha256,
-    size: u64,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.size += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }

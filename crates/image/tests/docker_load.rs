@@ -150,3 +150,90 @@ fn layer_entries_are_sorted_clamped_owned_by_root_and_keep_hard_links() {
     assert_eq!(find("opt/commstack/run").1, tar::EntryType::Symlink);
     assert_eq!(layer.size, std::fs::metadata(&layer.path).unwrap().len());
 }
+
+fn tool(program: &str, args: &[&str]) -> std::process::Output {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{program} is needed for this test (apt-get install {program}): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The OCI layout, read by independent tools: umoci and skopeo accept it, and skopeo's
+/// conversion to a docker-archive loads into Docker under the same image ID (the config
+/// bytes travel unchanged). Written twice from different trees' copies: same digests.
+#[test]
+fn the_oci_layout_is_reproducible_and_read_by_skopeo_and_umoci() {
+    use commstack_image::write_oci_layout;
+    let one = tempfile::tempdir().unwrap();
+    let two = tempfile::tempdir().unwrap();
+    let (bin1, data1) = make_trees(one.path(), 10);
+    let (bin2, data2) = make_trees(two.path(), 500);
+    std::fs::copy(bin1.join("bin/hello"), bin2.join("bin/hello")).unwrap();
+    let tag = format!("commstack-oci-test:{}", std::process::id());
+    let spec = ImageSpec {
+        tag: tag.clone(),
+        env: vec!["PATH=/bin".into()],
+        cmd: vec!["/bin/hello".into()],
+        epoch: EPOCH,
+        ..ImageSpec::default()
+    };
+    let write = |dir: &Path, bin: &Path, data: &Path| {
+        let layers = vec![
+            write_layer(bin, &dir.join("bin.tar"), EPOCH).unwrap(),
+            write_layer(data, &dir.join("data.tar"), EPOCH).unwrap(),
+        ];
+        let docker = write_docker_archive(&spec, &layers, &dir.join("image.tar")).unwrap();
+        let oci = write_oci_layout(&spec, &layers, &dir.join("oci")).unwrap();
+        (docker, oci)
+    };
+    let (docker_a, oci_a) = write(one.path(), &bin1, &data1);
+    let (_, oci_b) = write(two.path(), &bin2, &data2);
+    assert_eq!(
+        oci_a, oci_b,
+        "same trees: same manifest, config and layer digests"
+    );
+    assert_eq!(oci_a.config_digest, docker_a.image_id);
+    assert_eq!(oci_a.layer_digests.len(), 2);
+
+    let layout = one.path().join("oci");
+    let reference = format!(
+        "oci:{}:{}",
+        layout.display(),
+        tag.rsplit_once(':').unwrap().1
+    );
+    let raw = tool("skopeo", &["inspect", "--raw", &reference]);
+    let manifest: serde_json::Value = serde_json::from_slice(&raw.stdout).unwrap();
+    assert_eq!(manifest["config"]["digest"], oci_a.config_digest.as_str());
+    tool(
+        "umoci",
+        &[
+            "stat",
+            "--image",
+            &format!("{}:{}", layout.display(), tag.rsplit_once(':').unwrap().1),
+        ],
+    );
+    let converted = one.path().join("from-skopeo.tar");
+    tool(
+        "skopeo",
+        &[
+            "copy",
+            &reference,
+            &format!("docker-archive:{}:{tag}", converted.display()),
+        ],
+    );
+    docker(&["load", "-i", converted.to_str().unwrap()]);
+    let id = docker(&["image", "inspect", "--format", "{{.Id}}", &tag]);
+    docker(&["rmi", "-f", &tag]);
+    assert_eq!(
+        String::from_utf8_lossy(&id.stdout).trim(),
+        oci_a.config_digest
+    );
+}

@@ -1,0 +1,131 @@
+//! The OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/`), for registries and
+//! for tools that read OCI (skopeo, umoci; `docker load` only from Docker 25). Layers are
+//! gzip-compressed here, so the compressor is part of the image's identity: flate2 with
+//! its default backend (both pinned by Cargo.lock) at [`GZIP_LEVEL`], no file name and
+//! mtime 0 in the gzip header. The config blob is the docker-archive's byte for byte.
+
+use std::fs::{self, File};
+use std::io::BufReader;
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::{Context, Result};
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use oci_spec::image::{
+    Descriptor, Digest, ImageIndexBuilder, ImageManifestBuilder, MediaType, SCHEMA_VERSION,
+};
+use sha2::{Digest as _, Sha256};
+
+use crate::docker_archive::{ImageSpec, image_config};
+use crate::hashing::HashingWriter;
+use crate::layer::Layer;
+
+/// The gzip level of every layer blob: part of the recipe, since another level gives
+/// other bytes and so other digests.
+pub const GZIP_LEVEL: u32 = 6;
+
+/// A written OCI layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciImage {
+    /// `sha256:<hex>` of the manifest: what a registry serves the image by.
+    pub manifest_digest: String,
+    /// `sha256:<hex>` of the config: the image ID, as in the docker-archive.
+    pub config_digest: String,
+    /// The compressed layers' digests, bottom first.
+    pub layer_digests: Vec<String>,
+}
+
+/// Writes `layers` and `spec` as an OCI layout in `dir` (created; must not exist), the
+/// manifest tagged `spec.tag`'s tag part in index.json.
+pub fn write_oci_layout(spec: &ImageSpec, layers: &[Layer], dir: &Path) -> Result<OciImage> {
+    let blobs = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs).with_context(|| format!("cannot create {}", blobs.display()))?;
+    let mut layer_descriptors = Vec::new();
+    for layer in layers {
+        let (digest, size) = compress_into(&layer.path, &blobs)?;
+        layer_descriptors.push(Descriptor::new(
+            MediaType::ImageLayerGzip,
+            size,
+            Digest::from_str(&digest)?,
+        ));
+    }
+    let config = image_config(spec, layers)?;
+    let config_digest = put_blob(&blobs, config.as_bytes())?;
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(SCHEMA_VERSION)
+        .media_type(MediaType::ImageManifest)
+        .config(Descriptor::new(
+            MediaType::ImageConfig,
+            config.len() as u64,
+            Digest::from_str(&config_digest)?,
+        ))
+        .layers(layer_descriptors.clone())
+        .build()?;
+    let manifest = canonical(&manifest)?;
+    let manifest_digest = put_blob(&blobs, manifest.as_bytes())?;
+    let tag = spec.tag.rsplit_once(':').map_or("latest", |(_, t)| t);
+    let mut manifest_descriptor = Descriptor::new(
+        MediaType::ImageManifest,
+        manifest.len() as u64,
+        Digest::from_str(&manifest_digest)?,
+    );
+    manifest_descriptor.set_annotations(Some(
+        [(
+            "org.opencontainers.image.ref.name".to_string(),
+            tag.to_string(),
+        )]
+        .into(),
+    ));
+    let index = ImageIndexBuilder::default()
+        .schema_version(SCHEMA_VERSION)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![manifest_descriptor])
+        .build()?;
+    fs::write(dir.join("index.json"), canonical(&index)?)?;
+    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    Ok(OciImage {
+        manifest_digest,
+        config_digest,
+        layer_digests: layer_descriptors
+            .iter()
+            .map(|d| d.digest().to_string())
+            .collect(),
+    })
+}
+
+fn canonical(value: &impl serde::Serialize) -> Result<String> {
+    Ok(commstack_digest::canonical_json(&serde_json::to_value(
+        value,
+    )?))
+}
+
+/// Stores `bytes` as a blob; returns `sha256:<hex>`.
+fn put_blob(blobs: &Path, bytes: &[u8]) -> Result<String> {
+    let hex = commstack_digest::sha256_hex(bytes);
+    fs::write(blobs.join(&hex), bytes)?;
+    Ok(format!("sha256:{hex}"))
+}
+
+/// gzip `tar` into a blob; returns its digest and size.
+fn compress_into(tar: &Path, blobs: &Path) -> Result<(String, u64)> {
+    let temp = tempfile::NamedTempFile::new_in(blobs)?;
+    let mut hashing = HashingWriter {
+        inner: temp.as_file(),
+        hasher: Sha256::new(),
+        size: 0,
+    };
+    {
+        // GzBuilder's defaults: no name, no comment, mtime 0.
+        let mut gz = GzEncoder::new(&mut hashing, Compression::new(GZIP_LEVEL));
+        let mut input = BufReader::new(
+            File::open(tar).with_context(|| format!("cannot read the layer {}", tar.display()))?,
+        );
+        std::io::copy(&mut input, &mut gz)?;
+        gz.finish()?;
+    }
+    let hex = hex::encode(hashing.hasher.finalize());
+    let size = hashing.size;
+    temp.persist(blobs.join(&hex))?;
+    Ok((format!("sha256:{hex}"), size))
+}
