@@ -311,17 +311,24 @@ fn contained(base: &Path, entry: &str, prefix: &Path) -> Result<PathBuf, String>
     }
     let prefix = clean(prefix);
     let path = clean(&base.join(entry));
-    if !path.starts_with(&prefix) {
+    if path == prefix || !path.starts_with(&prefix) {
         return Err(format!("resolves to {}", path.display()));
     }
+    // Resolve the deepest ancestor that exists (directories may be created later, under
+    // it): a symlinked directory anywhere above the file must stay inside too.
     let real_prefix = prefix.canonicalize().unwrap_or_else(|_| prefix.clone());
-    if let Some(real_dir) = path.parent().and_then(|d| d.canonicalize().ok())
-        && !real_dir.starts_with(&real_prefix)
+    let existing = path
+        .ancestors()
+        .skip(1)
+        .find(|a| a.symlink_metadata().is_ok())
+        .unwrap_or(&prefix);
+    if let Ok(real) = existing.canonicalize()
+        && !real.starts_with(&real_prefix)
     {
         return Err(format!(
-            "lies in {}, a symlink to {}",
-            path.parent().unwrap_or(&path).display(),
-            real_dir.display()
+            "lies under {}, which leads to {}",
+            existing.display(),
+            real.display()
         ));
     }
     Ok(path)

@@ -124,6 +124,7 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
 
     // The drop-in: the dry run says what changes, the apply does it.
     let env = PythonEnv::probe(&python).unwrap();
+    let before_plan = tree(&site);
     let p = adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap();
     let shown = p.render();
     assert!(
@@ -135,7 +136,7 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
             .iter()
             .any(|f| f.ends_with("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
     );
-    assert_eq!(tree(&site), tree(&site), "planning changes nothing");
+    assert_eq!(tree(&site), before_plan, "planning changes nothing");
     adopt::apply(&p, &env, &adopt_root).unwrap();
     let after = adopt::runtime_check(&python, &expect, timeout).unwrap();
     assert_eq!(after.status(), Status::Passed, "{:#?}", after.checks);
@@ -332,7 +333,8 @@ fn record_entries_outside_the_environment_are_refused_and_nothing_moves() {
     let escape = format!("{}outside.txt", "../".repeat(depth));
     let mut text = std::fs::read_to_string(&record).unwrap();
     text.push_str(&format!("{escape},,\n{},,\n", absolute.display()));
-    std::fs::write(&record, text).unwrap();
+    std::fs::write(&record, &text).unwrap();
+    let tampered = text;
     let before = tree(&root.join("env"));
 
     let err = format!(
@@ -340,6 +342,29 @@ fn record_entries_outside_the_environment_are_refused_and_nothing_moves() {
         adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap_err()
     );
     assert!(err.contains(&format!("entry {escape:?}")), "{err}");
+
+    // Through a symlinked directory whose subdirectory does not exist yet: refused too.
+    let elsewhere = root.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let site = env.site_packages().to_path_buf();
+    std::os::unix::fs::symlink(&elsewhere, site.join("linked")).unwrap();
+    let clean_record = std::fs::read_to_string(&record).unwrap();
+    let clean_record: String = clean_record
+        .lines()
+        .filter(|l| !l.starts_with("../") && !l.starts_with('/'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&record, format!("{clean_record}linked/new/x.so,,\n")).unwrap();
+    let linked = format!(
+        "{:#}",
+        adopt::plan(&env, std::slice::from_ref(&fake.dropin)).unwrap_err()
+    );
+    assert!(
+        linked.contains("entry \"linked/new/x.so\"") && linked.contains("which leads to"),
+        "{linked}"
+    );
+    std::fs::remove_file(site.join("linked")).unwrap();
+    std::fs::write(&record, &tampered).unwrap();
     assert!(
         err.contains("outside the environment") && err.contains("2 such entries"),
         "{err}"
