@@ -689,20 +689,6 @@ impl Unpacker {
             })?;
         }
 
-        let mut dirs: Vec<(PathBuf, u32)> = self
-            .kinds
-            .iter()
-            .filter_map(|(rel, k)| match k {
-                Kind::Dir(mode) => Some((rel.clone(), *mode)),
-                _ => None,
-            })
-            .collect();
-        if top.is_none() {
-            // The temporary directory is 0700; the tree's root gets what mkdir would give.
-            dirs.push((PathBuf::new(), 0o755));
-        }
-        set_dir_modes(&self.root, dirs)?;
-
         let files = self
             .order
             .iter()
@@ -713,8 +699,27 @@ impl Unpacker {
             Some(t) => self.root.join(t),
             None => self.root.clone(),
         };
+        // Moved while every directory is still writable (moving a directory to another
+        // parent needs write access to it, and a failure must still be able to clean up);
+        // the archive's directory modes are applied in place afterwards.
         fs::rename(&from, dest)
             .with_context(|| format!("cannot move the unpacked {archive} to {}", dest.display()))?;
+        let mut dirs: Vec<(PathBuf, u32)> = self
+            .kinds
+            .iter()
+            .filter_map(|(rel, k)| match k {
+                Kind::Dir(mode) => Some((in_root(rel), *mode)),
+                _ => None,
+            })
+            .collect();
+        if top.is_none() {
+            // The temporary directory is 0700; the tree's root gets what mkdir would give.
+            dirs.push((PathBuf::new(), 0o755));
+        }
+        if let Err(e) = set_dir_modes(dest, dirs) {
+            let _ = fs::remove_dir_all(dest);
+            return Err(e);
+        }
         drop(tmp);
         Ok(Unpacked {
             files,

@@ -614,3 +614,26 @@ fn hostile_names_are_escaped_in_errors() {
     let err = s.refused(&top(), &["\\x1b[2J"]);
     assert!(!err.contains('\u{1b}'), "{err:?}");
 }
+
+/// Read-only directories keep their modes, applied after the tree is moved into place
+/// (moving a read-only directory to another parent is refused to a non-root user).
+#[test]
+fn read_only_directories_get_their_modes_after_the_move() {
+    let s = Sandbox::new(
+        "ro.tar.gz",
+        &gz(&tar_bytes(&[
+            dir("top", 0o555),
+            dir("top/sub", 0o555),
+            file("top/sub/f.txt", 0o444, b"x"),
+        ])),
+    );
+    unpack(&s.archive, &s.dest(), &top()).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&s.dest()), 0o555);
+    assert_eq!(mode(&s.dest().join("sub")), 0o555);
+    assert_eq!(fs::read(s.dest().join("sub/f.txt")).unwrap(), b"x");
+    assert_eq!(s.written().len(), 4, "{:?}", s.written());
+    for d in [s.dest().join("sub"), s.dest()] {
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
