@@ -41,9 +41,14 @@ impl Ctx {
         let home =
             std::path::absolute(&home).with_context(|| format!("--home {}", home.display()))?;
         let stack_given = args.stack.is_some();
+        // Not found is not an error here: doctor, logscan, verify, cache and store read no
+        // manifest. A command that does gets "cannot read stack.toml" with the hint.
         let stack_path = match args.stack {
             Some(path) => path,
-            None => find_stack_toml(&std::env::current_dir().context("the current directory")?)?,
+            None => std::env::current_dir()
+                .ok()
+                .and_then(|cwd| find_stack_toml(&cwd).ok())
+                .unwrap_or_else(|| PathBuf::from("stack.toml")),
         };
         Ok(Ctx {
             stack_path,

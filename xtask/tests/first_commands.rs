@@ -91,3 +91,19 @@ fn a_stale_lock_is_refused_by_every_command_that_reads_it() {
         text(&out)
     );
 }
+
+/// Commands that read no manifest work outside a checkout; one that does says what to do.
+#[test]
+fn outside_a_checkout_only_manifest_commands_need_stack_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let out = xtask(dir.path(), &home, &["cache", "ls"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = xtask(dir.path(), &home, &["lock", "--check"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("none in this directory or a parent: run from a commstack checkout, or pick one with --stack FILE"),
+        "{}",
+        text(&out)
+    );
+}
