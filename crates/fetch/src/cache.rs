@@ -96,8 +96,9 @@ impl Cache {
         self.root.join("sha256").join(sha256).join(filename)
     }
 
-    /// Moves a damaged cached file out of `sha256/` into `quarantine/` (kept for the user
-    /// to inspect; `cache gc` does not look there), so the next fetch downloads it again.
+    /// Moves a damaged cached file, or its whole `sha256/<digest>` directory, out of
+    /// `sha256/` into `quarantine/` (kept for the user to inspect; `cache gc` does not
+    /// look there), so the next fetch downloads it again.
     pub fn quarantine(&self, path: &Path) -> io::Result<PathBuf> {
         let dir = self.root.join("quarantine");
         fs::create_dir_all(&dir)?;
@@ -445,8 +446,9 @@ pub fn check_cached_file(path: &Path, sha256: &str) -> Result<(), String> {
         .and_then(Path::parent)
         .filter(|dir| dir.file_name().is_some_and(|d| d == "sha256"))
         .and_then(Path::parent);
+    // The whole digest directory goes: other names in it are links to the same bytes.
     let moved = match cache_root {
-        Some(root) => match Cache::new(root).quarantine(path) {
+        Some(root) => match Cache::new(root).quarantine(path.parent().expect("in a digest dir")) {
             Ok(to) => format!(
                 "moved it to {}; run `cargo xtask fetch` to download it again",
                 to.display()

@@ -635,31 +635,21 @@ impl Run<'_> {
 
     /// The artifact as a previous run cached it.
     fn cached(&self, artifact: &Artifact) -> std::io::Result<Option<(PathBuf, Provenance)>> {
-        match (&artifact.sha256, &artifact.tree_sha256) {
-            (Some(sha256), _) => {
-                if let Some(path) = self.cache.get(sha256, &artifact.filename)? {
-                    if self.options.verify
-                        && let Err(damaged) = crate::cache::check_cached_file(&path, sha256)
-                    {
-                        // Quarantined: fall through to the sources.
-                        self.progress.println(&format!("WARNING {damaged}"));
-                        return Ok(None);
-                    }
-                    return Ok(Some((
-                        path,
-                        Provenance::Locked {
-                            sha256: sha256.clone(),
-                        },
-                    )));
-                }
-                if self.options.accept_tree_match
-                    && let Some((record, path)) = self.cache.tree_match(sha256)?
-                {
-                    return Ok(Some((path, tree_match_provenance(record))));
-                }
-                Ok(None)
-            }
-            (None, Some(tree)) => Ok(self.cache.by_tree(tree)?.map(|(record, path)| {
+        let hit = match (&artifact.sha256, &artifact.tree_sha256) {
+            (Some(sha256), _) => match self.cache.get(sha256, &artifact.filename)? {
+                Some(path) => Some((
+                    path,
+                    Provenance::Locked {
+                        sha256: sha256.clone(),
+                    },
+                )),
+                None if self.options.accept_tree_match => self
+                    .cache
+                    .tree_match(sha256)?
+                    .map(|(record, path)| (path, tree_match_provenance(record))),
+                None => None,
+            },
+            (None, Some(tree)) => self.cache.by_tree(tree)?.map(|(record, path)| {
                 (
                     path,
                     Provenance::LockedTree {
@@ -667,9 +657,25 @@ impl Run<'_> {
                         tree_sha256: record.tree_sha256,
                     },
                 )
-            })),
-            (None, None) => Ok(None),
+            }),
+            (None, None) => None,
+        };
+        // --verify: every kind of hit is re-hashed against the sha256 it was cached under.
+        if self.options.verify
+            && let Some((path, provenance)) = &hit
+        {
+            let cached_as = match provenance {
+                Provenance::Locked { sha256 } | Provenance::LockedTree { sha256, .. } => sha256,
+                Provenance::TreeMatch { actual_sha256, .. } => actual_sha256,
+                Provenance::Override { .. } => return Ok(hit),
+            };
+            if let Err(damaged) = crate::cache::check_cached_file(path, cached_as) {
+                // Quarantined: fall through to the sources.
+                self.progress.println(&format!("WARNING {damaged}"));
+                return Ok(None);
+            }
         }
+        Ok(hit)
     }
 
     /// Checks what one source gave against the lock's pin.

@@ -194,7 +194,14 @@ fn damaged_cache_files_are_quarantined_and_fetched_again() {
     };
     flip(&path);
 
+    // Under a second name too (a hard link to the same damaged bytes): both go.
+    let alias = path.with_file_name("alias.whl");
+    std::fs::hard_link(&path, &alias).unwrap();
     let err = commstack_fetch::check_cached_file(&path, &sha256(&data)).unwrap_err();
+    assert!(
+        !alias.exists(),
+        "the damaged bytes' other name stayed in the cache"
+    );
     assert!(
         err.contains("is damaged")
             && err.contains("quarantine")

@@ -336,6 +336,15 @@ fn an_archive_pinned_by_tree_alone_is_checked_by_its_tree() {
         (Origin::Cache, expected)
     );
     assert_eq!(server.hits("/archive/567632d.tar.gz"), 1);
+    // --verify re-hashes a hit pinned by tree alone too: a damaged one is fetched again.
+    let mut bytes = std::fs::read(&again[0].path).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&again[0].path, bytes).unwrap();
+    let mut verify = options(cache_dir.path());
+    verify.verify = true;
+    let repaired = fetch_all(std::slice::from_ref(&pinned), &verify).unwrap();
+    assert_eq!(server.hits("/archive/567632d.tar.gz"), 2, "fetched again");
+    assert_eq!(std::fs::read(&repaired[0].path).unwrap(), a.repacked);
     // gc keeps it when told which artifacts are in use.
     let cache = Cache::new(cache_dir.path());
     let keep = cache.digests_in_use(std::slice::from_ref(&pinned)).unwrap();
