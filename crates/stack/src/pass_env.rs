@@ -69,7 +69,16 @@ pub fn refusal(name: &str) -> Option<String> {
             "{name} is read by NVSHMEM's CMake as a default; set the matching stack option instead"
         ));
     }
-    if TOOL_VARIABLES.contains(&name) || name.starts_with("CMAKE_") || name.starts_with("NINJA") {
+    // NVCC_APPEND_FLAGS/NVCC_PREPEND_FLAGS, LD_PRELOAD and friends, MAKEFLAGS: each one
+    // changes what a tool does behind the recipe's explicit command lines.
+    let tool_prefixes = ["CMAKE_", "NINJA", "NVCC_", "LD_", "CCACHE_"];
+    if TOOL_VARIABLES.contains(&name)
+        || matches!(
+            name,
+            "MAKEFLAGS" | "MFLAGS" | "GCC_EXEC_PREFIX" | "COMPILER_PATH"
+        )
+        || tool_prefixes.iter().any(|p| name.starts_with(p))
+    {
         return Some(format!(
             "{name} changes how the compilers, linker or CMake behave; the recipe passes tools and flags explicitly"
         ));
@@ -102,5 +111,11 @@ fn is_build_option(name: &str) -> bool {
                 | "NVSHMEM_PREFIX"
                 | "NVSHMEM_CLANG_DIR"
                 | "NVSHMEM_EXAMPLES_INSTALL"
+                // Build-variable string entries (debug and trace code compiled in).
+                | "NVSHMEM_DEBUG"
+                | "NVSHMEM_DEVEL"
+                | "NVSHMEM_VERBOSE"
+                | "NVSHMEM_TRACE"
+                | "NVSHMEM_TIMEOUT_DEVICE_POLLING"
         )
 }

@@ -236,6 +236,19 @@ fn pass_env_is_validated_with_the_builds_rule() {
         ("NCCL_DEBUG", "no NCCL_* variable belongs"),
         ("NVSHMEM_MPI_SUPPORT", "is an NVSHMEM build option"),
         ("PATH", "is set by the recipe itself"),
+        (
+            "NVCC_APPEND_FLAGS",
+            "changes how the compilers, linker or CMake behave",
+        ),
+        (
+            "LD_PRELOAD",
+            "changes how the compilers, linker or CMake behave",
+        ),
+        (
+            "MAKEFLAGS",
+            "changes how the compilers, linker or CMake behave",
+        ),
+        ("NVSHMEM_DEBUG", "is an NVSHMEM build option"),
         ("A-B", "is not an environment variable name"),
     ] {
         let text = MINIMAL.replace(
