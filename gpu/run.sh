@@ -51,6 +51,7 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 JOBS="${JOBS:-$(nproc)}"
 cd "$repo" || exit 2
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)"
+[ -d "$site" ] || { echo "cannot find site-packages of $PY (set PYTHON)"; exit 2; }
 summary="$work/summary.tsv"
 : >"$summary"
 
@@ -178,8 +179,10 @@ step_dropin() {
     [ -n "$wheel" ] || { echo "no drop-in wheel: the nvshmem step failed"; return 1; }
     # The env's own NVSHMEM files (and their listing), for undo-dropin; once per machine.
     if [ ! -f "$backup" ]; then
-        nvshmem_files >"$backup.list"
-        (cd "$site" && tar -czf "$backup" nvidia/nvshmem nvidia_nvshmem_cu*.dist-info) || return 1
+        # Written whole or not at all: a half backup must never be taken for a good one.
+        nvshmem_files >"$backup.list.tmp" &&
+            (cd "$site" && tar -czf "$backup.tmp" nvidia/nvshmem nvidia_nvshmem_cu*.dist-info) &&
+            mv "$backup.list.tmp" "$backup.list" && mv "$backup.tmp" "$backup" || return 1
     fi
     "$PY" -m pip install --no-index --no-deps --force-reinstall "$wheel"
     "$PY" -m pip show nvidia-nvshmem-cu13
@@ -188,8 +191,9 @@ step_dropin() {
 
 step_verify_after() { verify_env verify-after --nvshmem-prefix "$site/nvidia/nvshmem"; }
 
-# Outside $work: a second run on the same machine must not back up our drop-in as "theirs".
-backup=/tmp/commstack-gpu-nvshmem-backup.tgz
+# Outside $work, so that a second run on the same machine does not back up our drop-in
+# as "theirs"; one per environment (keyed by its site-packages path).
+backup="/tmp/commstack-gpu-nvshmem-backup-$(printf %s "$site" | sha256sum | cut -c1-12).tgz"
 nvshmem_files() { # the env's NVSHMEM files with their sha256
     (cd "$site" && find nvidia/nvshmem nvidia_nvshmem_cu*.dist-info -type f 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum)
 }
@@ -222,3 +226,5 @@ echo
 echo "step              rc  expected   seconds  verdict"
 awk -F'\t' '{ printf "%-16s %3s %9s %9s  %s\n", $1, $2, $3, $4, $5 }' "$summary"
 ls -la "$out"
+# The run's own status: 1 when any step's verdict is UNEXPECTED.
+! grep -q 'UNEXPECTED' "$summary"

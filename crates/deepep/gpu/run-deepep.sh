@@ -59,6 +59,7 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 JOBS="${JOBS:-$(nproc)}"
 cd "$repo" || exit 2
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)"
+[ -d "$site" ] || { echo "cannot find site-packages of $PY (set PYTHON)"; exit 2; }
 summary="$out/summary.tsv"
 : >"$summary"
 vars="$work/inputs.sh" # what `prepare` found, for the later steps (each runs in a subshell)
@@ -205,9 +206,13 @@ step_documented() {
 step_negative() {
     "$X" adopt --python "$PY" --only deepep --force
     local rc=$?
-    grep -q "NVIDIA's nvidia-nvshmem wheel is still installed" "$out/negative.log" &&
+    # Expected: status 1 *because* NVIDIA's NVSHMEM is still mapped; any other failure is
+    # reported as status 3, which reads UNEXPECTED.
+    if grep -q "NVIDIA's nvidia-nvshmem wheel is still installed" "$out/negative.log"; then
         echo "NEGATIVE CASE: the check failed and named NVIDIA's NVSHMEM (expected)"
-    return $rc
+        return $rc
+    fi
+    return 3
 }
 
 step_adopt() {
@@ -274,3 +279,5 @@ PYEOF
     done
     grep -h '=> ' "$out/check-before.log" "$out/negative.log" "$out/adopt.log" 2>/dev/null | sed 's/^ */runtime check: /'
 } | tee "$out/summary.txt"
+# The run's own status: 1 when any step's verdict is UNEXPECTED.
+! grep -q ' UNEXPECTED$' "$out/summary.txt"
