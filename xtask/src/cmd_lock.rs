@@ -182,23 +182,24 @@ fn online_differences(
             .collect())
     };
     let (ours, theirs) = (pins(lock)?, pins(&fresh)?);
+    let name = ctx.lock_path().display().to_string();
     let mut out = Vec::new();
     for (key, pin) in &ours {
         match theirs.get(key) {
             Some(t) if t == pin => {}
             Some(t) => out.push(format!(
-                "{} ({}): stack.lock pins {pin}, the index and known sources give {t}",
+                "{} ({}): {name} pins {pin}, the index and known sources give {t}",
                 key.0, key.1
             )),
             None => out.push(format!(
-                "{} ({}): in stack.lock, not in a fresh resolution",
+                "{} ({}): in {name}, not in a fresh resolution",
                 key.0, key.1
             )),
         }
     }
     for key in theirs.keys().filter(|k| !ours.contains_key(*k)) {
         out.push(format!(
-            "{} ({}): a fresh resolution has it, stack.lock does not",
+            "{} ({}): a fresh resolution has it, {name} does not",
             key.0, key.1
         ));
     }

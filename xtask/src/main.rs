@@ -66,7 +66,7 @@ enum Command {
     Adopt(cmd_adopt::Args),
     /// Assemble the folder that runs every GPU check on a machine with no Rust or network.
     GpuBundle(cmd_gpu_bundle::Args),
-    /// Prove a Python environment or image holds the stack: static, runtime, tests, exit-clean.
+    /// Prove a Python environment holds the stack: static, runtime, selftest, tests, exit-clean.
     Verify(cmd_verify::Args),
     /// Classify the NCCL / NVSHMEM / DeepEP lines of log files: cause, phase, fix.
     Logscan(cmd_logscan::Args),

@@ -102,7 +102,9 @@ fn outside_a_checkout_only_manifest_commands_need_stack_toml() {
     let out = xtask(dir.path(), &home, &["lock", "--check"]);
     assert!(!out.status.success());
     assert!(
-        text(&out).contains("none in this directory or a parent: run from a commstack checkout, or pick one with --stack FILE"),
+        text(&out)
+            .contains("cannot read the stack manifest stack.toml (pick one with --stack FILE")
+            && text(&out).contains("the nearest stack.toml in this directory or a parent"),
         "{}",
         text(&out)
     );

@@ -314,7 +314,7 @@ pub async fn fetch_all_async(
 
 /// Checks, before any byte is downloaded, that every artifact can be had: from the cache,
 /// a local mirror file, or an http(s) source that answers a one-byte ranged GET (some
-/// servers refuse HEAD). Long jobs (`mirror export`, `gpu-bundle`) call it first, so a
+/// servers refuse HEAD). Long jobs (`mirror export`) call it first, so a
 /// source this network cannot reach fails in seconds, not after gigabytes of the others.
 /// It reports every artifact that no source has, with what each source answered.
 pub fn preflight(artifacts: &[Artifact], options: &FetchOptions) -> Result<(), FetchError> {
