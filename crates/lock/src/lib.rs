@@ -181,6 +181,8 @@ pub async fn lock(
         sources,
         packages,
         toolchain: toolchain.packages.iter().map(wheel).collect(),
+        base: None,
+        debs: Vec::new(),
     };
     let s = &client.stats;
     let requests = [&s.pages, &s.metadata_files, &s.metadata_from_wheel]

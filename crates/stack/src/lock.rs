@@ -54,6 +54,52 @@ pub struct Lock {
     /// Wheels that run on the build host: the CUDA compiler, cmake, ninja.
     #[serde(default, rename = "toolchain")]
     pub toolchain: Vec<Wheel>,
+    /// The image's base root filesystem: where its Debian packages come from. Absent when
+    /// the stack has no `[image]` section (e.g. a stack adopted into an existing machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseLock>,
+    /// The base's Debian packages, one file each, pinned by the Packages index's sha256.
+    #[serde(default, rename = "deb")]
+    pub debs: Vec<Deb>,
+}
+
+/// `[base]`: how the base root filesystem is made from `[[deb]]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct BaseLock {
+    /// "debian" or "ubuntu".
+    pub distribution: String,
+    /// e.g. "bookworm".
+    pub suite: String,
+    /// The mirror the index was read from (the packages' URLs start with it).
+    pub mirror: String,
+    /// Debian's name of the architecture, e.g. "amd64".
+    pub architecture: String,
+    pub components: Vec<String>,
+    /// mmdebstrap's variant, e.g. "essential".
+    pub variant: String,
+    /// The packages asked for on top of the variant (`[image] include`).
+    pub include: Vec<String>,
+    /// `Date:` of the signed InRelease the index came from.
+    pub release_date: String,
+    /// sha256 of the Packages index file read (as listed in the signed InRelease).
+    pub packages_sha256: String,
+    /// SOURCE_DATE_EPOCH for the base and the image: every recorded time is clamped to it.
+    pub epoch: u64,
+}
+
+/// One Debian package file of the base.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Deb {
+    pub name: String,
+    pub version: String,
+    pub architecture: String,
+    /// The pool path from the index, e.g. "pool/main/b/bash/bash_5.2.15-2+b8_amd64.deb".
+    pub filename: String,
+    pub url: String,
+    pub sha256: String,
+    pub size: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -157,6 +203,8 @@ pub enum Role {
     Replaced,
     Toolchain,
     Source,
+    /// A Debian package of the image's base.
+    Deb,
 }
 
 impl Lock {
@@ -211,7 +259,7 @@ impl Lock {
         merged.to_string()
     }
 
-    /// Every artifact, in a stable order: sources, toolchain, packages.
+    /// Every artifact, in a stable order: sources, toolchain, packages, debs.
     pub fn artifacts(&self) -> Vec<ArtifactRef> {
         let mut out = Vec::new();
         for s in &self.sources {
@@ -246,6 +294,23 @@ impl Lock {
                     size: Some(w.size),
                 });
             }
+        }
+        for d in &self.debs {
+            out.push(ArtifactRef {
+                role: Role::Deb,
+                name: d.name.clone(),
+                version: d.version.clone(),
+                filename: d
+                    .filename
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(&d.filename)
+                    .to_string(),
+                url: d.url.clone(),
+                sha256: Some(d.sha256.clone()),
+                tree: None,
+                size: Some(d.size),
+            });
         }
         out
     }
@@ -429,6 +494,8 @@ mod tests {
                 },
             ],
             toolchain: vec![],
+            base: None,
+            debs: Vec::new(),
         }
     }
 

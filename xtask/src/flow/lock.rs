@@ -41,6 +41,8 @@ pub enum Part {
     Toolchain,
     Wheels,
     Replaced,
+    /// The Debian packages of the image's base.
+    Debs,
 }
 
 impl Part {
@@ -51,6 +53,7 @@ impl Part {
             Role::Toolchain => Part::Toolchain,
             Role::Package => Part::Wheels,
             Role::Replaced => Part::Replaced,
+            Role::Deb => Part::Debs,
         }
     }
 }

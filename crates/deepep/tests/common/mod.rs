@@ -373,6 +373,8 @@ pub fn fake_lock(packages: &[(&LockedWheel, bool)]) -> commstack_stack::Lock {
             })
             .collect(),
         toolchain: vec![],
+        base: None,
+        debs: Vec::new(),
     }
 }
 
