@@ -7,7 +7,9 @@
 //! - [`expect`]: what "right" means, one struct filled from arguments or the lock.
 //! - [`check`], [`report`]: passed / failed / not run with cause and fix; the report.
 //! - [`verify`]: the levels run against one Python environment.
+//! - [`cli`]: the command line (`cargo xtask verify` and the `commstack-verify` binary).
 pub mod check;
+pub mod cli;
 pub mod environment;
 pub mod expect;
 pub mod process;
