@@ -19,9 +19,10 @@ use serde_json::json;
 use crate::layer::Layer;
 
 /// What the image runs as and with.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImageSpec {
-    /// `name:tag` recorded in manifest.json (`docker load` tags the image with it).
+    /// `name:tag` recorded in manifest.json (`docker load` tags the image with it; empty:
+    /// no tag, the image is loaded by ID only).
     pub tag: String,
     pub env: Vec<String>,
     pub cmd: Vec<String>,
@@ -102,19 +103,46 @@ pub fn write_docker_archive(
     layers: &[Layer],
     out: &Path,
 ) -> Result<DockerArchive> {
-    let config = image_config(spec, layers)?;
-    let config_hex = commstack_digest::sha256_hex(config.as_bytes());
-    let layer_names: Vec<String> = layers
+    let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut writer = BufWriter::new(file);
+    let archive = write_docker_archive_to(spec, layers, &mut writer)
+        .with_context(|| format!("writing {}", out.display()))?;
+    writer.flush()?;
+    Ok(archive)
+}
+
+/// The docker-archive's manifest.json: the config's file name, the tag (none when
+/// `spec.tag` is empty) and the layer files.
+pub fn archive_manifest(spec: &ImageSpec, config_hex: &str, layers: &[Layer]) -> String {
+    let tags: Vec<&str> = [spec.tag.as_str()]
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect();
+    commstack_digest::canonical_json(&json!([{
+        "Config": format!("{config_hex}.json"),
+        "RepoTags": tags,
+        "Layers": layer_names(layers),
+    }]))
+}
+
+fn layer_names(layers: &[Layer]) -> Vec<String> {
+    layers
         .iter()
         .map(|l| format!("{}/layer.tar", l.diff_id.trim_start_matches("sha256:")))
-        .collect();
-    let manifest = json!([{
-        "Config": format!("{config_hex}.json"),
-        "RepoTags": [spec.tag],
-        "Layers": layer_names,
-    }]);
-    let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let mut tar = tar::Builder::new(BufWriter::new(file));
+        .collect()
+}
+
+/// The docker-archive as a stream (into `docker load`'s stdin, or a file): the layers as
+/// they are on disk, then the config, then manifest.json.
+pub fn write_docker_archive_to<W: Write>(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    out: W,
+) -> Result<DockerArchive> {
+    let config = image_config(spec, layers)?;
+    let config_hex = commstack_digest::sha256_hex(config.as_bytes());
+    let manifest = archive_manifest(spec, &config_hex, layers);
+    let mut tar = tar::Builder::new(out);
     let mut put = |name: &str, size: u64, data: &mut dyn std::io::Read| -> Result<()> {
         let mut h = tar::Header::new_gnu();
         h.set_mode(0o644);
@@ -124,19 +152,18 @@ pub fn write_docker_archive(
         h.set_size(size);
         h.set_entry_type(tar::EntryType::Regular);
         tar.append_data(&mut h, name, data)
-            .with_context(|| format!("writing {name} into {}", out.display()))
+            .with_context(|| format!("writing {name} into the docker-archive"))
     };
-    for (layer, name) in layers.iter().zip(&layer_names) {
+    for (layer, name) in layers.iter().zip(layer_names(layers)) {
         let mut f = File::open(&layer.path)
             .with_context(|| format!("cannot read the layer {}", layer.path.display()))?;
-        put(name, layer.size, &mut f)?;
+        put(&name, layer.size, &mut f)?;
     }
     put(
         &format!("{config_hex}.json"),
         config.len() as u64,
         &mut config.as_bytes(),
     )?;
-    let manifest = commstack_digest::canonical_json(&manifest);
     put(
         "manifest.json",
         manifest.len() as u64,
@@ -151,7 +178,7 @@ pub fn write_docker_archive(
 }
 
 /// `epoch` seconds since 1970 as RFC 3339 in UTC (`2025-12-01T00:00:00Z`).
-fn rfc3339(epoch: u64) -> String {
+pub(crate) fn rfc3339(epoch: u64) -> String {
     let seconds = i64::try_from(epoch).unwrap_or(i64::MAX);
     jiff::Timestamp::from_second(seconds)
         .unwrap_or(jiff::Timestamp::MAX)

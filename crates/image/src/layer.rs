@@ -3,6 +3,8 @@
 //! names, modes normalised (0755 for directories and executables, 0644 for other files),
 //! hard links kept as hard links to the first path seen, GNU long names (no PAX headers,
 //! so no PAX timestamps). Umask, the build directory and the clock do not reach the bytes.
+//! [`write_layer_owned`] gives chosen paths another owner (the image user's home); with
+//! no rule the bytes are [`write_layer`]'s.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -24,8 +26,22 @@ pub struct Layer {
     pub size: u64,
 }
 
+/// An owner rule: the entry at `path` (relative, as in the tar) and everything under it
+/// get `uid`/`gid` instead of 0. The longest matching rule wins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub path: PathBuf,
+    pub uid: u64,
+    pub gid: u64,
+}
+
 /// Writes `root`'s tree (its contents, not `root` itself) as a layer tar at `out`.
 pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
+    write_layer_owned(root, out, epoch, &[])
+}
+
+/// [`write_layer`] with owner rules: what belongs to the image user is owned by it.
+pub fn write_layer_owned(root: &Path, out: &Path, epoch: u64, owners: &[Owner]) -> Result<Layer> {
     let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
     let hashing = HashingWriter {
         inner: BufWriter::new(file),
@@ -56,8 +72,13 @@ pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
             .symlink_metadata()
             .with_context(|| format!("cannot stat {}", entry.path().display()))?;
         let mut header = tar::Header::new_gnu();
-        header.set_uid(0);
-        header.set_gid(0);
+        let (uid, gid) = owners
+            .iter()
+            .filter(|o| rel.starts_with(&o.path))
+            .max_by_key(|o| o.path.components().count())
+            .map_or((0, 0), |o| (o.uid, o.gid));
+        header.set_uid(uid);
+        header.set_gid(gid);
         header.set_mtime((meta.mtime().max(0) as u64).min(epoch));
         let ft = meta.file_type();
         if ft.is_dir() {
@@ -109,4 +130,51 @@ pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
 /// whatever umask it was written under.
 fn file_mode(mode: u32) -> u32 {
     if mode & 0o111 != 0 { 0o755 } else { 0o644 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_rules_own_a_subtree_and_no_rule_is_write_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("tree");
+        fs::create_dir_all(root.join("home/u/.config")).unwrap();
+        fs::write(root.join("home/u/.config/x"), "x").unwrap();
+        fs::create_dir_all(root.join("home/other")).unwrap();
+        fs::write(root.join("etc"), "e").unwrap();
+        let plain = write_layer(&root, &dir.path().join("a.tar"), 0).unwrap();
+        let none = write_layer_owned(&root, &dir.path().join("b.tar"), 0, &[]).unwrap();
+        assert_eq!(plain.diff_id, none.diff_id);
+        let owners = [Owner {
+            path: PathBuf::from("home/u"),
+            uid: 1000,
+            gid: 1001,
+        }];
+        let owned = write_layer_owned(&root, &dir.path().join("c.tar"), 0, &owners).unwrap();
+        let mut archive = tar::Archive::new(File::open(&owned.path).unwrap());
+        let ids: Vec<(String, u64, u64)> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().display().to_string(),
+                    h.uid().unwrap(),
+                    h.gid().unwrap(),
+                )
+            })
+            .collect();
+        let expect = |p: &str, ids_: (u64, u64)| {
+            let found = ids.iter().find(|(n, _, _)| n.trim_end_matches('/') == p);
+            assert_eq!(found.map(|(_, u, g)| (*u, *g)), Some(ids_), "{p}: {ids:?}");
+        };
+        expect("home", (0, 0));
+        expect("home/u", (1000, 1001));
+        expect("home/u/.config/x", (1000, 1001));
+        expect("home/other", (0, 0));
+        expect("etc", (0, 0));
+    }
 }

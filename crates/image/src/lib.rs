@@ -5,12 +5,32 @@
 //! - [`docker_archive`]: the layers and a canonical config as the docker-archive
 //!   `docker load` reads; the image ID is the sha256 of the config bytes.
 //! - [`oci_layout`]: the same image as an OCI layout with gzip layers, for registries.
+//! - [`base`]: the base step's output (rootfs.tar, base.json) as the image reads it.
+//! - [`venv`]: the Python environment, each wheel installed into a staging tree of its own.
+//! - [`plan`]: which layers, holding what.
+//! - [`provenance`]: every file of the image mapped to its source.
+//! - [`sbom`]: the SPDX 2.3 SBOM.
+//! - [`assemble`]: the image step (and its layer steps) in the store.
+//! - [`load`]: `docker load` of an image step, and its OCI export.
 
+pub mod assemble;
+pub mod base;
 pub mod docker_archive;
 mod hashing;
 pub mod layer;
+pub mod load;
 pub mod oci_layout;
+pub mod plan;
+pub mod provenance;
+pub mod sbom;
+pub mod venv;
 
-pub use docker_archive::{DockerArchive, ImageSpec, image_config, write_docker_archive};
-pub use layer::{Layer, write_layer};
+pub use assemble::{Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image};
+pub use docker_archive::{
+    DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
+    write_docker_archive_to,
+};
+pub use layer::{Layer, Owner, write_layer, write_layer_owned};
+pub use load::{docker_load, export_oci};
 pub use oci_layout::{GZIP_LEVEL, OciImage, write_oci_layout};
+pub use plan::LARGE_WHEEL_BYTES;

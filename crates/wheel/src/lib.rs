@@ -1,6 +1,7 @@
 //! Python wheels: read and verify them (METADATA, WHEEL, RECORD with hashes and sizes),
 //! unpack or install them into a directory (keeping executable bits), and write them
-//! deterministically (sorted entries, fixed timestamps, correct RECORD).
+//! deterministically (sorted entries, fixed timestamps, correct RECORD); console-script
+//! launchers from `entry_points.txt`.
 //!
 //! Names and versions follow the packaging specs: distribution names are normalised per
 //! PEP 503 and escaped for file names per the binary distribution format; versions are
@@ -8,6 +9,7 @@
 
 mod headers;
 mod install;
+mod launcher;
 mod name;
 mod read;
 mod record;
@@ -15,6 +17,7 @@ mod write;
 
 pub use headers::Headers;
 pub use install::{InstallLayout, Installed, install, unpack};
+pub use launcher::{EntryPoint, entry_points, launcher_script, parse_entry_points};
 pub use name::{Tag, WheelFilename, escape_name, escape_version, normalize_name, parse_version};
 pub use read::{RecordMismatch, RecordProblem, Wheel, WheelEntry};
 pub use record::{RecordEntry, parse_record, record_hash, render_record};

@@ -1,0 +1,742 @@
+//! The image step on a fixture stack, through the real `docker load`, skopeo and umoci:
+//! a tiny base (a tree written by write_layer and its base.json), tiny wheels made by
+//! WheelBuilder (a "torch" and an "nccl" above the test's size threshold, so they get
+//! layers of their own), the real wheelhouse step, fake drop-in and DeepEP wheels, and a
+//! static binary as the tool. No network.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use commstack_deepep::LockedWheel;
+use commstack_deepep::wheelhouse::{WheelhouseKind, assemble_wheelhouse};
+use commstack_image::assemble::ENV;
+use commstack_image::base::{BaseLayer, BaseManifest, BasePackage};
+use commstack_image::provenance::{Origin, Provenance};
+use commstack_image::{
+    Image, ImageInputs, Tool, assemble_image, docker_load, export_oci, write_layer,
+};
+use commstack_store::Store;
+use commstack_wheel::WheelBuilder;
+
+const EPOCH: u64 = 1_764_547_200; // 2025-12-01T00:00:00Z
+/// "Large" for the fixture: torch and nccl are above it, the rest below.
+const LARGE: u64 = 100_000;
+
+fn run(program: &str, args: &[&str]) -> std::process::Output {
+    Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{program} is needed for this test (apt-get install docker.io skopeo umoci): {e}"
+            )
+        })
+}
+
+fn ok(program: &str, args: &[&str]) -> String {
+    let out = run(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Deterministic filler bytes (a "library").
+fn blob(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// The fake tool: a static binary printing who and where it runs. Built once; every
+/// fixture copies the same bytes.
+fn tool_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let src = dir.join("tool.c");
+        std::fs::write(
+            &src,
+            "#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n\
+             int main(void){printf(\"uid=%d gid=%d home=%s path=%s\\n\",(int)getuid(),(int)getgid(),\
+             getenv(\"HOME\"),getenv(\"PATH\"));return 0;}\n",
+        )
+        .unwrap();
+        let bin = dir.join("commstack-verify");
+        let status = Command::new("gcc")
+            .args(["-static", "-O1", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("gcc");
+        assert!(status.success());
+        bin
+    })
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Store,
+    inputs: ImageInputs,
+    wheels_dir: PathBuf,
+}
+
+fn wheel(
+    out: &Path,
+    name: &str,
+    version: &str,
+    files: &[(&str, Vec<u8>)],
+    entry_points: Option<&str>,
+) -> LockedWheel {
+    let mut b =
+        WheelBuilder::new(name, version)
+            .unwrap()
+            .tag("cp311", "cp311", "manylinux_2_28_x86_64");
+    for (path, bytes) in files {
+        b.add_bytes(
+            path,
+            bytes.clone(),
+            path.ends_with(".so") || path.contains(".so."),
+        )
+        .unwrap();
+    }
+    if let Some(ep) = entry_points {
+        b.add_dist_info_bytes("entry_points.txt", ep.as_bytes().to_vec())
+            .unwrap();
+    }
+    let written = b.write(out).unwrap();
+    LockedWheel::from_file(&written.path).unwrap()
+}
+
+/// A fixture stack in a fresh directory and store; `deepep_seed` varies the DeepEP wheel.
+fn fixture(name: &str, deepep_seed: u8) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let store = Store::open(root.join("store")).unwrap();
+
+    // The base: a tiny root filesystem and its base.json.
+    let tree = root.join("base-tree");
+    for d in ["etc", "usr/bin", "usr/lib/python3.11", "tmp"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::write(tree.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(tree.join("etc/group"), "root:x:0:\n").unwrap();
+    std::fs::write(tree.join("etc/hostname"), "commstack\n").unwrap();
+    std::fs::write(tree.join("usr/bin/python3.11"), blob(1, 5000)).unwrap();
+    std::fs::write(tree.join("usr/lib/python3.11/os.py"), "# os\n").unwrap();
+    std::os::unix::fs::symlink("python3.11", tree.join("usr/bin/python3")).unwrap();
+    let base_dir = root.join("steps-elsewhere/base-fixture");
+    std::fs::create_dir_all(&base_dir).unwrap();
+    let layer = write_layer(&tree, &base_dir.join("rootfs.tar"), EPOCH).unwrap();
+    let deb_sha = "a".repeat(64);
+    let files = [
+        ("etc/passwd", "generated:passwd"),
+        ("etc/group", "generated:group"),
+        ("etc/hostname", "generated:hostname"),
+        ("usr/bin/python3.11", "deb:python3.11-minimal"),
+        ("usr/bin/python3", "deb:python3-minimal"),
+        ("usr/lib/python3.11/os.py", "deb:libpython3.11-stdlib"),
+    ];
+    let base = BaseManifest {
+        schema: 1,
+        key: "base-fixture".into(),
+        epoch: EPOCH,
+        suite: "bookworm".into(),
+        architecture: "amd64".into(),
+        python: "3.11.2".into(),
+        layer: BaseLayer {
+            diff_id: layer.diff_id.clone(),
+            size: layer.size,
+        },
+        packages: [
+            "libpython3.11-stdlib",
+            "python3-minimal",
+            "python3.11-minimal",
+        ]
+        .iter()
+        .map(|n| BasePackage {
+            name: n.to_string(),
+            version: "3.11.2-6+deb12u6".into(),
+            architecture: "amd64".into(),
+            sha256: deb_sha.clone(),
+        })
+        .collect(),
+        files: files
+            .iter()
+            .map(|(p, o)| (p.to_string(), o.to_string()))
+            .collect(),
+    };
+    std::fs::write(
+        base_dir.join("base.json"),
+        serde_json::to_string_pretty(&base).unwrap(),
+    )
+    .unwrap();
+
+    // The wheels.
+    let w = root.join("built-wheels");
+    let torch = wheel(
+        &w,
+        "torch",
+        "2.11.0",
+        &[
+            ("torch/__init__.py", b"import os\n".to_vec()),
+            ("torch/lib/libtorch_cpu.so", blob(2, 150_000)),
+            (
+                "torch/distributed/run.py",
+                b"def main():\n    pass\n".to_vec(),
+            ),
+        ],
+        Some("[console_scripts]\ntorchrun = torch.distributed.run:main\n"),
+    );
+    let nccl = wheel(
+        &w,
+        "nvidia-nccl-cu13",
+        "2.28.9",
+        &[
+            ("nvidia/__init__.py", Vec::new()),
+            ("nvidia/nccl/lib/libnccl.so.2", blob(3, 120_000)),
+        ],
+        None,
+    );
+    let cudart = wheel(
+        &w,
+        "nvidia-cuda-runtime",
+        "13.0.96",
+        &[
+            ("nvidia/__init__.py", Vec::new()),
+            ("nvidia/cuda_runtime/lib/libcudart.so.13", blob(4, 3000)),
+        ],
+        None,
+    );
+    let cublas = wheel(
+        &w,
+        "nvidia-cublas",
+        "13.1.0.3",
+        &[
+            ("nvidia/__init__.py", Vec::new()),
+            ("nvidia/cublas/lib/libcublas.so.13", blob(5, 4000)),
+        ],
+        None,
+    );
+    let filelock = wheel(
+        &w,
+        "filelock",
+        "3.20.0",
+        &[("filelock/__init__.py", b"# filelock\n".to_vec())],
+        None,
+    );
+    let dropin = wheel(
+        &w,
+        "nvidia-nvshmem-cu13",
+        "3.4.5+commstack.g1a2b3c",
+        &[
+            ("nvidia/__init__.py", Vec::new()),
+            ("nvidia/nvshmem/lib/libnvshmem_host.so.3", blob(6, 2000)),
+        ],
+        None,
+    );
+    let deepep = wheel(
+        &w,
+        "deep_ep",
+        "1.2.1+commstack.g567632d",
+        &[
+            (
+                "deep_ep/__init__.py",
+                b"from deep_ep_cpp import *\n".to_vec(),
+            ),
+            (
+                "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so",
+                blob(deepep_seed, 3000),
+            ),
+        ],
+        None,
+    );
+    let closure = [&torch, &nccl, &cudart, &cublas, &filelock];
+    let mut runtime: Vec<LockedWheel> = closure.iter().map(|w| (*w).clone()).collect();
+    runtime.push(dropin.clone());
+    let house = assemble_wheelhouse(
+        &store,
+        WheelhouseKind::Full,
+        &runtime,
+        &dropin,
+        &deepep,
+        false,
+    )
+    .unwrap();
+
+    // The lock: the closure, NVIDIA's NVSHMEM (replaced by the drop-in), the base's debs.
+    let mut lock = fake_lock(&closure);
+    lock.packages.push(commstack_stack::lock::Wheel {
+        name: "nvidia-nvshmem-cu13".into(),
+        version: "3.4.5".into(),
+        filename: "nvidia_nvshmem_cu13-3.4.5-py3-none-manylinux_2_28_x86_64.whl".into(),
+        url: "http://127.0.0.1/files/nvshmem.whl".into(),
+        sha256: "f".repeat(64),
+        size: 1,
+        requires: vec![],
+        replaced_by: Some("nvshmem".into()),
+    });
+    lock.base = Some(commstack_stack::lock::BaseLock {
+        distribution: "debian".into(),
+        suite: "bookworm".into(),
+        mirror: "http://127.0.0.1/debian".into(),
+        architecture: "amd64".into(),
+        components: vec!["main".into()],
+        variant: "essential".into(),
+        include: vec!["python3".into()],
+        release_date: "2025-11-15".into(),
+        packages_sha256: "b".repeat(64),
+        epoch: EPOCH,
+    });
+    lock.debs = base
+        .packages
+        .iter()
+        .map(|p| commstack_stack::lock::Deb {
+            name: p.name.clone(),
+            version: p.version.clone(),
+            architecture: p.architecture.clone(),
+            filename: format!("pool/main/p/{}.deb", p.name),
+            url: format!("http://127.0.0.1/debian/pool/main/p/{}.deb", p.name),
+            sha256: p.sha256.clone(),
+            size: 1,
+        })
+        .collect();
+    let lock_path = root.join("stack.lock");
+    std::fs::write(&lock_path, lock.render(None)).unwrap();
+    let lock_sha256 = commstack_digest::sha256_file(&lock_path).unwrap();
+
+    let inputs = ImageInputs {
+        lock,
+        lock_path,
+        lock_sha256,
+        base_dir,
+        wheelhouse_dir: house.dir.clone(),
+        tools: vec![Tool {
+            name: "commstack-verify".into(),
+            version: "0.1.0".into(),
+            image_path: "/opt/commstack/bin/commstack-verify".into(),
+            host_path: tool_binary().to_path_buf(),
+            source: "target/release/commstack-verify".into(),
+        }],
+        name: name.to_string(),
+        user: "commstack".into(),
+        source_url: "https://example.invalid/commstack".into(),
+        revision: "0123abc".into(),
+        large_wheel_bytes: LARGE,
+    };
+    Fixture {
+        wheels_dir: house.dir.join("wheels"),
+        _dir: dir,
+        store,
+        inputs,
+    }
+}
+
+fn fake_lock(closure: &[&LockedWheel]) -> commstack_stack::Lock {
+    use commstack_stack::lock::{Inputs, LOCK_VERSION, Resolved, Wheel};
+    commstack_stack::Lock {
+        version: LOCK_VERSION,
+        inputs: Inputs {
+            stack: "sha256:fixture".into(),
+            rules: commstack_stack::rules::fingerprint(),
+            resolver: "fixture".into(),
+            index_url: "http://127.0.0.1/simple".into(),
+            exclude_newer: None,
+        },
+        resolved: Resolved {
+            python_tag: "cp311".into(),
+            platform: "manylinux_2_28_x86_64".into(),
+            torch: "2.11.0".into(),
+            cuda: "13.0.2".into(),
+            nccl: "nvidia-nccl-cu13==2.28.9".parse().unwrap(),
+            nvshmem_pin: Some("nvidia-nvshmem-cu13==3.4.5".parse().unwrap()),
+            nvshmem: "3.4.5".into(),
+            deepep_rev: "567632dd59810d77b3cc05553df953cc0f779799".into(),
+            deepep_api: commstack_stack::manifest::DeepEpApi::V1,
+        },
+        manifest: Default::default(),
+        rules: vec![],
+        sources: vec![],
+        packages: closure
+            .iter()
+            .map(|w| Wheel {
+                name: w.name.clone(),
+                version: w.version.clone(),
+                filename: w.filename.clone(),
+                url: format!("http://127.0.0.1/files/{}", w.filename),
+                sha256: w.sha256.clone(),
+                size: std::fs::metadata(&w.path).unwrap().len(),
+                requires: vec![],
+                replaced_by: None,
+            })
+            .collect(),
+        toolchain: vec![],
+        base: None,
+        debs: Vec::new(),
+    }
+}
+
+fn diff_ids(image: &Image) -> Vec<String> {
+    image
+        .manifest
+        .layers
+        .iter()
+        .map(|l| l.diff_id.clone())
+        .collect()
+}
+
+fn rmi(reference: &str) {
+    let _ = run("docker", &["rmi", "-f", reference]);
+}
+
+fn not_in_docker(tag: &str) {
+    let out = run("docker", &["image", "inspect", tag]);
+    assert!(
+        !out.status.success(),
+        "{tag} is tagged in Docker after a failure"
+    );
+}
+
+/// (1) The same inputs give the same image ID, layer digests and OCI digests: after the
+/// image step's output is removed from the store and the image from Docker, and again
+/// from a fresh fixture in another directory and store. A rerun is a no-op.
+#[test]
+fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
+    let name = format!("commstack-fixture-det-{}", std::process::id());
+    let a = fixture(&name, 7);
+    let first = assemble_image(&a.store, &a.inputs, false).unwrap();
+    assert!(!first.cached);
+    let layers: Vec<&str> = first
+        .manifest
+        .layers
+        .iter()
+        .map(|l| l.holds.as_str())
+        .collect();
+    assert_eq!(layers.len(), 8, "{layers:?}");
+    assert!(
+        layers[1].contains("nvidia-nccl-cu13") && layers[2].contains("torch"),
+        "{layers:?}"
+    );
+    assert!(layers[3].contains("3 more wheels"), "{layers:?}");
+    assert!(
+        layers[5].contains("drop-in") && layers[6].contains("DeepEP"),
+        "{layers:?}"
+    );
+    rmi(first.tag());
+    rmi(first.id());
+    let id = docker_load(&first).unwrap();
+    assert_eq!(id, first.id());
+    let inspected = ok(
+        "docker",
+        &["image", "inspect", "--format", "{{.Id}}", first.tag()],
+    );
+    assert_eq!(
+        inspected.trim(),
+        first.id(),
+        "Docker's ID is the config digest"
+    );
+    let oci_a = export_oci(&first, &a._dir.path().join("oci")).unwrap();
+    assert_eq!(oci_a.config_digest, first.id());
+
+    // A rerun: nothing is built, Docker already has it.
+    let again = assemble_image(&a.store, &a.inputs, false).unwrap();
+    assert!(again.cached);
+    assert_eq!(docker_load(&again).unwrap(), first.id());
+
+    // The image step's output and the image gone: the same ID and layers.
+    std::fs::remove_dir_all(&first.dir).unwrap();
+    rmi(first.tag());
+    not_in_docker(first.id());
+    let second = assemble_image(&a.store, &a.inputs, false).unwrap();
+    assert!(!second.cached);
+    assert_eq!(docker_load(&second).unwrap(), first.id());
+    assert_eq!(diff_ids(&second), diff_ids(&first));
+    let oci_b = export_oci(&second, &a._dir.path().join("oci-2")).unwrap();
+    assert_eq!(oci_b, oci_a);
+
+    // Everything again from scratch, elsewhere.
+    let b = fixture(&name, 7);
+    let third = assemble_image(&b.store, &b.inputs, false).unwrap();
+    assert_eq!(third.id(), first.id());
+    assert_eq!(diff_ids(&third), diff_ids(&first));
+    let oci_c = export_oci(&third, &b._dir.path().join("oci")).unwrap();
+    assert_eq!(oci_c, oci_a);
+    assert_eq!(
+        std::fs::read(third.dir.join("sbom.spdx.json")).unwrap(),
+        std::fs::read(second.dir.join("sbom.spdx.json")).unwrap()
+    );
+
+    // Independent readers of the OCI layout: skopeo, and umoci's unpacked root filesystem
+    // holds exactly the files provenance.json maps.
+    let tag = first.tag().rsplit_once(':').unwrap().1.to_string();
+    let layout = a._dir.path().join("oci");
+    let raw = ok(
+        "skopeo",
+        &[
+            "inspect",
+            "--raw",
+            &format!("oci:{}:{tag}", layout.display()),
+        ],
+    );
+    let manifest: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(manifest["config"]["digest"], first.id());
+    assert_eq!(manifest["layers"].as_array().unwrap().len(), 8);
+    let bundle = a._dir.path().join("bundle");
+    ok(
+        "umoci",
+        &[
+            "unpack",
+            "--rootless",
+            "--image",
+            &format!("{}:{tag}", layout.display()),
+            bundle.to_str().unwrap(),
+        ],
+    );
+    let rootfs = bundle.join("rootfs");
+    let mut unpacked = commstack_image::venv::tree_files(&rootfs).unwrap();
+    unpacked.sort();
+    let provenance: Provenance =
+        serde_json::from_slice(&std::fs::read(first_dir_provenance(&second)).unwrap()).unwrap();
+    let mapped: Vec<String> = provenance.files.iter().map(|f| f.path.clone()).collect();
+    assert_eq!(
+        unpacked, mapped,
+        "the image's files are exactly those provenance maps"
+    );
+    // The image carries its SBOM and provenance, byte for byte the ones beside it.
+    assert_eq!(
+        std::fs::read(rootfs.join("opt/commstack/sbom.spdx.json")).unwrap(),
+        std::fs::read(second.dir.join("sbom.spdx.json")).unwrap()
+    );
+    rmi(first.tag());
+    rmi(first.id());
+}
+
+fn first_dir_provenance(image: &Image) -> PathBuf {
+    image.dir.join("provenance.json")
+}
+
+/// (2) Changing only the DeepEP wheel changes only the DeepEP layer and the top layer; the
+/// other layer steps are found, not built.
+#[test]
+fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
+    let name = format!("commstack-fixture-layers-{}", std::process::id());
+    let a = fixture(&name, 7);
+    let one = assemble_image(&a.store, &a.inputs, false).unwrap();
+    let mut b = fixture(&name, 8);
+    // The second DeepEP build lands in the first fixture's store: only new layer steps appear.
+    b.store = Store::open(a.store.root()).unwrap();
+    let steps_before = layer_steps(&a.store);
+    let two = assemble_image(&b.store, &b.inputs, false).unwrap();
+    let (x, y) = (diff_ids(&one), diff_ids(&two));
+    assert_eq!(x.len(), y.len());
+    let changed: Vec<&str> = (0..x.len())
+        .filter(|&i| x[i] != y[i])
+        .map(|i| one.manifest.layers[i].holds.as_str())
+        .collect();
+    assert_eq!(changed.len(), 2, "{changed:?}");
+    assert!(
+        changed[0].starts_with("DeepEP") && changed[1].starts_with("commstack"),
+        "{changed:?}"
+    );
+    assert_eq!(
+        layer_steps(&a.store) - steps_before,
+        2,
+        "two layer steps built"
+    );
+    assert_ne!(one.id(), two.id());
+}
+
+fn layer_steps(store: &Store) -> usize {
+    std::fs::read_dir(store.root().join("steps"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("image-layer-")
+        })
+        .count()
+}
+
+/// Assemble and load as `cargo xtask image` does; on error, nothing may be tagged.
+fn build_expecting_error(f: &Fixture) -> String {
+    let tag = format!("{}:{}", f.inputs.name, &f.inputs.lock_sha256[..12]);
+    let result = assemble_image(&f.store, &f.inputs, false).and_then(|image| docker_load(&image));
+    let err = match result {
+        Ok(id) => panic!("the build succeeded with image {id}"),
+        Err(e) => format!("{e:#}"),
+    };
+    not_in_docker(&tag);
+    err
+}
+
+/// (3) Bad input: each a clear error naming the artifact, and no image tagged.
+#[test]
+fn bad_inputs_fail_naming_the_artifact_and_tag_nothing() {
+    let name = format!("commstack-fixture-bad-{}", std::process::id());
+
+    // A wheel whose bytes are not the lock's.
+    let f = fixture(&name, 7);
+    let filelock = f
+        .inputs
+        .lock
+        .packages
+        .iter()
+        .find(|p| p.name == "filelock")
+        .unwrap()
+        .clone();
+    let other = wheel(
+        &f._dir.path().join("other"),
+        "filelock",
+        "3.20.0",
+        &[("filelock/__init__.py", b"# tampered\n".to_vec())],
+        None,
+    );
+    let target = f.wheels_dir.join(&filelock.filename);
+    std::fs::remove_file(&target).unwrap();
+    std::fs::copy(&other.path, &target).unwrap();
+    let err = build_expecting_error(&f);
+    for needle in [
+        filelock.filename.as_str(),
+        filelock.sha256.as_str(),
+        other.sha256.as_str(),
+        "cargo xtask fetch --verify",
+        "cargo xtask build deepep",
+    ] {
+        assert!(err.contains(needle), "{needle} not in: {err}");
+    }
+
+    // The base step without its rootfs.tar.
+    let f = fixture(&name, 7);
+    std::fs::remove_file(f.inputs.base_dir.join("rootfs.tar")).unwrap();
+    let err = build_expecting_error(&f);
+    assert!(
+        err.contains("rootfs.tar") && err.contains("missing"),
+        "{err}"
+    );
+
+    // The wheelhouse without one of the lock's wheels.
+    let f = fixture(&name, 7);
+    let cublas = f
+        .inputs
+        .lock
+        .packages
+        .iter()
+        .find(|p| p.name == "nvidia-cublas")
+        .unwrap()
+        .clone();
+    std::fs::remove_file(f.wheels_dir.join(&cublas.filename)).unwrap();
+    let err = build_expecting_error(&f);
+    assert!(
+        err.contains(&cublas.filename) && err.contains("cargo xtask build deepep"),
+        "{err}"
+    );
+
+    // A file of the base that no provenance source claims.
+    let f = fixture(&name, 7);
+    let json = f.inputs.base_dir.join("base.json");
+    let mut base: BaseManifest = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    base.files.remove("etc/hostname");
+    std::fs::write(&json, serde_json::to_string(&base).unwrap()).unwrap();
+    let err = build_expecting_error(&f);
+    assert!(
+        err.contains("etc/hostname") && err.contains("no known source"),
+        "{err}"
+    );
+}
+
+/// (4) The loaded image has the plan's user, environment and labels, and a process in it
+/// runs as the user with the user's home.
+#[test]
+fn the_loaded_image_has_the_user_env_and_labels_of_the_plan() {
+    let name = format!("commstack-fixture-inspect-{}", std::process::id());
+    let f = fixture(&name, 7);
+    let image = assemble_image(&f.store, &f.inputs, false).unwrap();
+    docker_load(&image).unwrap();
+    let inspect = ok("docker", &["image", "inspect", image.tag()]);
+    let v: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    let config = &v[0]["Config"];
+    assert_eq!(config["User"], "1000:1000");
+    assert_eq!(config["WorkingDir"], "/home/commstack");
+    let env: Vec<&str> = config["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(env, ENV);
+    let labels = &config["Labels"];
+    assert_eq!(
+        labels["dev.commstack.lock.sha256"],
+        f.inputs.lock_sha256.as_str()
+    );
+    assert_eq!(labels["dev.commstack.torch"], "2.11.0");
+    assert_eq!(labels["dev.commstack.nccl"], "2.28.9");
+    assert_eq!(labels["dev.commstack.nvshmem"], "3.4.5+commstack.g1a2b3c");
+    assert_eq!(labels["dev.commstack.deepep"], "1.2.1+commstack.g567632d");
+    assert_eq!(labels["dev.commstack.cuda"], "13.0.2");
+    assert_eq!(labels["org.opencontainers.image.revision"], "0123abc");
+    assert_eq!(
+        labels["org.opencontainers.image.created"],
+        "2025-12-01T00:00:00Z"
+    );
+    let said = ok(
+        "docker",
+        &[
+            "run",
+            "--rm",
+            "--network=none",
+            "--entrypoint",
+            "/opt/commstack/bin/commstack-verify",
+            image.tag(),
+        ],
+    );
+    assert_eq!(
+        said.trim(),
+        format!(
+            "uid=1000 gid=1000 home=/home/commstack path={}",
+            &ENV[0]["PATH=".len()..]
+        )
+    );
+    // The home belongs to the user in the layer; the launcher and shadowing are recorded.
+    let provenance: Provenance =
+        serde_json::from_slice(&std::fs::read(image.dir.join("provenance.json")).unwrap()).unwrap();
+    let torchrun = provenance
+        .files
+        .iter()
+        .find(|f| f.path == "opt/commstack/venv/bin/torchrun")
+        .unwrap();
+    assert!(matches!(&torchrun.origin, Origin::Launcher { wheel, .. } if wheel == "torch"));
+    assert!(
+        provenance
+            .shadowed
+            .iter()
+            .any(|s| s.path == "etc/passwd" && s.layer == 0)
+    );
+    assert!(
+        provenance
+            .shadowed
+            .iter()
+            .any(|s| s.path == "opt/commstack/venv/lib/python3.11/site-packages/nvidia/__init__.py")
+    );
+    let ls = ok(
+        "docker",
+        &[
+            "run",
+            "--rm",
+            "--network=none",
+            "--entrypoint",
+            "/opt/commstack/bin/commstack-verify",
+            "--user",
+            "0",
+            image.tag(),
+        ],
+    );
+    assert!(ls.starts_with("uid=0"), "{ls}");
+    rmi(image.tag());
+    rmi(image.id());
+}
