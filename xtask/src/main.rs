@@ -9,6 +9,7 @@ mod cmd_cache;
 mod cmd_doctor;
 mod cmd_fetch;
 mod cmd_gpu_bundle;
+mod cmd_image;
 mod cmd_lock;
 mod cmd_logscan;
 mod cmd_mirror;
@@ -26,7 +27,7 @@ use clap::{Parser, Subcommand};
 /// commstack: build, pin and verify the expert-parallel communication stack
 /// (NVSHMEM without NCCL, DeepEP, PyTorch and its NCCL).
 ///
-/// Data flows one way: stack.toml -> stack.lock -> fetch -> build -> verify.
+/// Data flows one way: stack.toml -> stack.lock -> fetch -> build -> image -> verify.
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
@@ -61,6 +62,9 @@ enum Command {
     /// Build one part of the stack (nvshmem, kernels, deepep) into the store.
     // Boxed: its arguments are most of the enum's size (clippy::large_enum_variant).
     Build(Box<cmd_build::Args>),
+    /// The verified stack as a container image (base from the locked .debs, the builds,
+    /// the wheelhouse), loaded into Docker; --oci, --verify, --context.
+    Image(Box<cmd_image::Args>),
     /// Bring an existing Python environment onto the stack: compare with the lock, install
     /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
     Adopt(cmd_adopt::Args),
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
         Command::Build(args) => cmd_build::run(&ctx, *args),
+        Command::Image(args) => cmd_image::run(&ctx, *args),
         Command::Adopt(args) => cmd_adopt::run(&ctx, args),
         Command::GpuBundle(args) => cmd_gpu_bundle::run(&ctx, args),
         Command::Verify(args) => cmd_verify::run(&ctx, args),

@@ -70,6 +70,11 @@ pub enum Strip {
 pub struct Options {
     pub strip: Strip,
     pub limits: Limits,
+    /// Keep absolute symlink targets (a root filesystem's links point into its own root,
+    /// e.g. `bin/python -> /usr/bin/python3.11`). Only for archives we wrote ourselves, such
+    /// as image layers: safe to write, as links are made last and never followed while
+    /// unpacking, but such a tree is not safe to follow outside a container.
+    pub keep_absolute_symlinks: bool,
 }
 
 impl Options {
@@ -163,6 +168,7 @@ pub fn unpack(archive: &Path, dest: &Path, options: &Options) -> Result<Unpacked
         archive: archive.to_path_buf(),
         root: tmp.path().to_path_buf(),
         limits: options.limits,
+        keep_absolute_symlinks: options.keep_absolute_symlinks,
         entries: 0,
         bytes: 0,
         kinds: HashMap::new(),
@@ -309,6 +315,7 @@ struct Unpacker {
     /// The temporary directory everything is written under.
     root: PathBuf,
     limits: Limits,
+    keep_absolute_symlinks: bool,
     entries: u64,
     bytes: u64,
     kinds: HashMap<PathBuf, Kind>,
@@ -578,7 +585,7 @@ impl Unpacker {
 
     fn symlink(&mut self, rel: &Path, name: &str, target: PathBuf) -> Result<()> {
         self.check_parents(rel, name)?;
-        if target.is_absolute() {
+        if target.is_absolute() && !self.keep_absolute_symlinks {
             bail!(
                 "{}: symlink {name} -> {} points outside the destination (an absolute target): \
                  refused; the archive is unsafe to unpack",
@@ -658,6 +665,10 @@ impl Unpacker {
             let Some(Kind::Symlink(target)) = self.kinds.get(rel) else {
                 continue;
             };
+            if target.is_absolute() && self.keep_absolute_symlinks {
+                // Points into the tree's own root, not checked against this directory.
+                continue;
+            }
             let at = in_root(rel);
             let parent: Vec<OsString> = at
                 .parent()

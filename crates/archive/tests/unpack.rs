@@ -637,3 +637,29 @@ fn read_only_directories_get_their_modes_after_the_move() {
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
     }
 }
+
+/// A root filesystem layer of our own: absolute links are kept as written (never followed
+/// while unpacking), relative ones are still checked; without the option they are refused.
+#[test]
+fn absolute_symlinks_are_kept_only_when_asked() {
+    let bytes = tar_bytes(&[
+        dir("bin", 0o755),
+        sym("bin/python3", "/usr/bin/python3.11"),
+        sym("bin/up", "../../.."),
+    ]);
+    let s = Sandbox::new("layer.tar", &bytes);
+    let keep = Options {
+        keep_absolute_symlinks: true,
+        ..Options::default()
+    };
+    s.refused(&keep, &["bin/up", "leaves the destination"]);
+
+    let bytes = tar_bytes(&[dir("bin", 0o755), sym("bin/python3", "/usr/bin/python3.11")]);
+    let s = Sandbox::new("layer.tar", &bytes);
+    s.refused(&Options::default(), &["bin/python3", "absolute"]);
+    unpack(&s.archive, &s.dest(), &keep).unwrap();
+    assert_eq!(
+        fs::read_link(s.dest().join("bin/python3")).unwrap(),
+        Path::new("/usr/bin/python3.11")
+    );
+}

@@ -12,9 +12,11 @@
 //! - [`sbom`]: the SPDX 2.3 SBOM.
 //! - [`assemble`]: the image step (and its layer steps) in the store.
 //! - [`load`]: `docker load` of an image step, and its OCI export.
+//! - [`context`]: the build context of docker/Dockerfile (the same files, for `docker build`).
 
 pub mod assemble;
 pub mod base;
+pub mod context;
 pub mod docker_archive;
 mod hashing;
 pub mod layer;
@@ -26,6 +28,7 @@ pub mod sbom;
 pub mod venv;
 
 pub use assemble::{Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image};
+pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{
     DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
     write_docker_archive_to,

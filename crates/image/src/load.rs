@@ -10,10 +10,12 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::assemble::Image;
+use crate::docker_archive::ImageSpec;
+use crate::layer::Layer;
 use crate::docker_archive::write_docker_archive_to;
 use crate::oci_layout::{OciImage, write_oci_layout};
 
-fn docker(args: &[&str]) -> Result<std::process::Output> {
+pub(crate) fn docker(args: &[&str]) -> Result<std::process::Output> {
     Command::new("docker").args(args).output().with_context(|| {
         format!(
             "cannot run `docker {}`: is Docker installed?",
@@ -27,7 +29,7 @@ pub fn docker_load(image: &Image) -> Result<String> {
     let id = image.id();
     let have = docker(&["image", "inspect", "--format", "{{.Id}}", id])?;
     if !(have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == id) {
-        load(image)?;
+        load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
     }
     let tagged = docker(&["tag", id, image.tag()])?;
     if !tagged.status.success() {
@@ -40,12 +42,11 @@ pub fn docker_load(image: &Image) -> Result<String> {
     Ok(id.to_string())
 }
 
-/// Streams the archive (with no tag: the tag comes after the check) into `docker load`.
-fn load(image: &Image) -> Result<()> {
-    let id = image.id();
-    let mut spec = image.manifest.spec.clone();
+/// Streams the archive of `spec` and `layers` (with no tag: the tag comes after the check)
+/// into `docker load`; `id` is the ID it must get, `what` names the step in errors.
+pub(crate) fn load(spec: &ImageSpec, layers: &[Layer], id: &str, what: &Path) -> Result<()> {
+    let mut spec = spec.clone();
     spec.tag.clear();
-    let layers = image.layers();
     let mut child = Command::new("docker")
         .args(["load"])
         .stdin(Stdio::piped())
@@ -54,13 +55,13 @@ fn load(image: &Image) -> Result<()> {
         .spawn()
         .context("cannot run `docker load`: is Docker installed and its daemon running?")?;
     let stdin = child.stdin.take().expect("piped");
-    let written = write_docker_archive_to(&spec, &layers, BufWriter::with_capacity(1 << 20, stdin));
+    let written = write_docker_archive_to(&spec, layers, BufWriter::with_capacity(1 << 20, stdin));
     let out = child.wait_with_output().context("docker load")?;
     let said = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
             "docker load of {} failed: {}{}",
-            image.dir.display(),
+            what.display(),
             String::from_utf8_lossy(&out.stderr).trim(),
             written
                 .err()
@@ -69,11 +70,11 @@ fn load(image: &Image) -> Result<()> {
         );
     }
     let written =
-        written.with_context(|| format!("streaming {} into docker load", image.dir.display()))?;
+        written.with_context(|| format!("streaming {} into docker load", what.display()))?;
     if written.image_id != id {
         bail!(
             "{}: the config's digest is {}, image.json says {id}: the image step is damaged; remove it and run `cargo xtask image` again",
-            image.dir.display(),
+            what.display(),
             written.image_id
         );
     }

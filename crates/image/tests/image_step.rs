@@ -740,3 +740,122 @@ fn the_loaded_image_has_the_user_env_and_labels_of_the_plan() {
     rmi(image.tag());
     rmi(image.id());
 }
+
+/// One file of an image as `docker export` shows it: what the Dockerfile must reproduce.
+#[derive(Debug, PartialEq, Eq)]
+struct Listed {
+    kind: char,
+    mode: u32,
+    uid: u64,
+    gid: u64,
+    size: u64,
+    /// sha256 of a file's bytes (a hard link's target's), or a symlink's target.
+    content: String,
+}
+
+/// Every path of a container made from `image` (`docker export`), hard links resolved to
+/// their target's bytes (docker build copies them as separate files).
+fn file_list(image: &str) -> std::collections::BTreeMap<String, Listed> {
+    use std::io::Read;
+    let id = ok("docker", &["create", image]);
+    let id = id.trim();
+    let out = run("docker", &["export", id]);
+    ok("docker", &["rm", id]);
+    assert!(out.status.success());
+    let mut list = std::collections::BTreeMap::new();
+    let mut hashes = std::collections::HashMap::new();
+    let mut archive = tar::Archive::new(&out.stdout[..]);
+    for entry in archive.entries().unwrap() {
+        let mut e = entry.unwrap();
+        let path = e.path().unwrap().to_string_lossy().trim_end_matches('/').to_string();
+        let h = e.header().clone();
+        let (kind, size, content) = match h.entry_type() {
+            tar::EntryType::Directory => ('d', 0, String::new()),
+            tar::EntryType::Symlink => (
+                'l',
+                0,
+                e.link_name().unwrap().unwrap().to_string_lossy().into_owned(),
+            ),
+            tar::EntryType::Link => {
+                let target = e.link_name().unwrap().unwrap().to_string_lossy().into_owned();
+                let (size, sha): &(u64, String) = hashes.get(&target).unwrap();
+                ('f', *size, sha.clone())
+            }
+            _ => {
+                let mut bytes = Vec::new();
+                e.read_to_end(&mut bytes).unwrap();
+                let sha = commstack_digest::sha256_hex(&bytes);
+                hashes.insert(path.clone(), (bytes.len() as u64, sha.clone()));
+                ('f', bytes.len() as u64, sha)
+            }
+        };
+        let listed = Listed {
+            kind,
+            mode: h.mode().unwrap() & 0o7777,
+            uid: h.uid().unwrap(),
+            gid: h.gid().unwrap(),
+            size,
+            content,
+        };
+        list.insert(path, listed);
+    }
+    list
+}
+
+/// docker/Dockerfile, built with the context `cargo xtask image --context` writes, gives
+/// the tool's image file for file (path, type, mode, owner, size, sha256) and the same
+/// config (user, env, labels, cmd); what differs is listed in docs/image.md (mtimes, the
+/// layer split, hence the IDs).
+#[test]
+fn the_dockerfile_builds_the_same_files_as_the_tool() {
+    let name = format!("commstack-fixture-dockerfile-{}", std::process::id());
+    let f = fixture(&name, 11);
+    let image = assemble_image(&f.store, &f.inputs, false).unwrap();
+    docker_load(&image).unwrap();
+    let ctx_dir = f._dir.path().join("context");
+    let ctx = commstack_image::write_docker_context(&image, &ctx_dir).unwrap();
+    let build_args = std::fs::read_to_string(ctx_dir.join("build-args")).unwrap();
+    let dockerfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docker/Dockerfile");
+    let built_tag = format!("{name}-dockerfile:test");
+    let mut args: Vec<String> = vec!["build".into(), "-q".into(), "-f".into()];
+    args.push(dockerfile.to_string_lossy().into_owned());
+    args.extend(build_args.split_whitespace().map(String::from));
+    args.extend(["-t".into(), built_tag.clone()]);
+    args.push(ctx_dir.to_string_lossy().into_owned());
+    let out = Command::new("docker")
+        .args(&args)
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let ours = file_list(image.tag());
+    let theirs = file_list(&built_tag);
+    let differ: Vec<String> = ours
+        .keys()
+        .chain(theirs.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|p| ours.get(*p) != theirs.get(*p))
+        .map(|p| format!("{p}: tool {:?}, Dockerfile {:?}", ours.get(p), theirs.get(p)))
+        .collect();
+    assert!(differ.is_empty(), "file lists differ:\n{}", differ.join("\n"));
+    assert!(ours.len() > 20, "too few files to compare: {}", ours.len());
+
+    let config = |r: &str| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok("docker", &["image", "inspect", r])).unwrap();
+        v[0]["Config"].clone()
+    };
+    let (a, b) = (config(image.tag()), config(&built_tag));
+    for field in ["User", "Env", "Labels", "Cmd", "WorkingDir"] {
+        assert_eq!(a[field], b[field], "{field} differs");
+    }
+    for r in [built_tag.as_str(), image.tag(), ctx.base_tag.as_str()] {
+        rmi(r);
+    }
+}

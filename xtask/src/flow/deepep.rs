@@ -67,6 +67,11 @@ pub struct AdoptPointer {
 pub const POINTER_FILE: &str = "build.json";
 
 pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
+    build_deepep(ctx, args).map(|_| ExitCode::SUCCESS)
+}
+
+/// Builds (or finds) DeepEP and the wheelhouse; returns the wheelhouse's step directory.
+pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
     let started = Instant::now();
     let say = |line: &str| {
         if !ctx.quiet {
@@ -212,7 +217,7 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
         );
     }
     say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
-    Ok(ExitCode::SUCCESS)
+    Ok(house.dir)
 }
 
 fn report_step(say: &dyn Fn(&str), what: &str, outcome: &Outcome) {

@@ -5,6 +5,7 @@
 pub mod build;
 pub mod deepep;
 pub mod fetch;
+pub mod image;
 pub mod kernels;
 pub mod lock;
 pub mod nvshmem;

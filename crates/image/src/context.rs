@@ -1,0 +1,150 @@
+//! The build context of `docker/Dockerfile`: the same files as the image step, for those
+//! who prefer `docker build`. The base is loaded into Docker as an image of its own (the
+//! Dockerfile starts FROM it: there is no registry to pull from), every layer above it is
+//! unpacked in order into `rootfs/` (a later layer's file replaces an earlier one's), the
+//! user's home goes to `home/` (the Dockerfile copies it with `--chown`), and `build-args`
+//! holds the `--build-arg` flags for the labels. Written beside the target and renamed
+//! into place when complete.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use commstack_archive::{Options, unpack};
+
+use crate::assemble::Image;
+use crate::docker_archive::{ImageSpec, image_config};
+use crate::load::{docker, load};
+
+/// What the context holds besides its files.
+#[derive(Debug)]
+pub struct DockerContext {
+    pub dir: PathBuf,
+    /// The base image's tag (`<name>-base:<12 hex of its ID>`), the Dockerfile's BASE.
+    pub base_tag: String,
+    pub base_id: String,
+}
+
+/// Loads the base as its own image and writes the context into `dir` (must not exist).
+pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> {
+    if dir.symlink_metadata().is_ok() {
+        bail!("{} exists: remove it or give another --context directory", dir.display());
+    }
+    let layers = image.layers();
+    let (base_layer, above) = layers
+        .split_first()
+        .with_context(|| format!("{}: an image with no layers", image.dir.display()))?;
+    let spec = &image.manifest.spec;
+    let base_spec = ImageSpec {
+        tag: String::new(),
+        env: vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ],
+        cmd: vec!["/bin/bash".to_string()],
+        user: None,
+        working_dir: None,
+        labels: Default::default(),
+        epoch: spec.epoch,
+        layer_comments: spec.layer_comments.iter().take(1).cloned().collect(),
+    };
+    let base_layers = std::slice::from_ref(base_layer);
+    let base_id = format!(
+        "sha256:{}",
+        commstack_digest::sha256_hex(image_config(&base_spec, base_layers)?.as_bytes())
+    );
+    let have = docker(&["image", "inspect", "--format", "{{.Id}}", &base_id])?;
+    if !(have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == base_id) {
+        load(&base_spec, base_layers, &base_id, &image.dir)?;
+    }
+    let name = spec.tag.rsplit_once(':').map_or(spec.tag.as_str(), |(n, _)| n);
+    let base_tag = format!("{name}-base:{}", &base_id["sha256:".len()..][..12]);
+    let tagged = docker(&["tag", &base_id, &base_tag])?;
+    if !tagged.status.success() {
+        bail!(
+            "docker tag {base_id} {base_tag}: {}",
+            String::from_utf8_lossy(&tagged.stderr).trim()
+        );
+    }
+
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(parent)?;
+    let temp = tempfile::Builder::new()
+        .prefix(".context.")
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
+    let rootfs = temp.path().join("rootfs");
+    fs::create_dir(&rootfs)?;
+    let keep = Options {
+        keep_absolute_symlinks: true,
+        ..Options::default()
+    };
+    for (i, layer) in above.iter().enumerate() {
+        let unpacked = temp.path().join(format!("layer-{i}"));
+        unpack(&layer.path, &unpacked, &keep)
+            .with_context(|| format!("unpacking the layer {}", layer.path.display()))?;
+        overlay(&unpacked, &rootfs)?;
+        fs::remove_dir_all(&unpacked)?;
+    }
+    // The home directory is the user's: the Dockerfile copies it with --chown.
+    let home = temp.path().join("home");
+    if rootfs.join("home").is_dir() {
+        fs::rename(rootfs.join("home"), &home)?;
+    } else {
+        fs::create_dir(&home)?;
+    }
+    let mut args = vec![format!("--build-arg BASE={base_tag}")];
+    let labels = &spec.labels;
+    for (arg, label) in [
+        ("LOCK_SHA256", "dev.commstack.lock.sha256"),
+        ("SOURCE", "org.opencontainers.image.source"),
+        ("REVISION", "org.opencontainers.image.revision"),
+        ("CREATED", "org.opencontainers.image.created"),
+        ("TITLE", "org.opencontainers.image.title"),
+        ("TORCH", "dev.commstack.torch"),
+        ("NCCL", "dev.commstack.nccl"),
+        ("NVSHMEM", "dev.commstack.nvshmem"),
+        ("DEEPEP", "dev.commstack.deepep"),
+        ("CUDA", "dev.commstack.cuda"),
+    ] {
+        let value = labels.get(label).map(String::as_str).unwrap_or("");
+        if value.chars().any(|c| c.is_whitespace() || c == '\'' || c == '"') {
+            bail!("label {label} = {value:?} cannot travel as a --build-arg word");
+        }
+        args.push(format!("--build-arg {arg}={value}"));
+    }
+    fs::write(temp.path().join("build-args"), args.join(" ") + "\n")?;
+    fs::write(temp.path().join("base.tag"), format!("{base_tag}\n"))?;
+    let done = temp.keep();
+    fs::rename(&done, dir).with_context(|| format!("cannot move the context into {}", dir.display()))?;
+    Ok(DockerContext {
+        dir: dir.to_path_buf(),
+        base_tag,
+        base_id,
+    })
+}
+
+/// Moves the tree `from` over `onto`: directories merge, anything else replaces what is
+/// there (as a later image layer does).
+fn overlay(from: &Path, onto: &Path) -> Result<()> {
+    for entry in fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))? {
+        let entry = entry?;
+        let src = entry.path();
+        let dst = onto.join(entry.file_name());
+        let is_dir = entry.file_type()?.is_dir();
+        match dst.symlink_metadata() {
+            Ok(m) if is_dir && m.is_dir() => {
+                overlay(&src, &dst)?;
+                continue;
+            }
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&dst)?,
+            Ok(_) => fs::remove_file(&dst)?,
+            Err(_) => {}
+        }
+        fs::rename(&src, &dst)
+            .with_context(|| format!("cannot move {} to {}", src.display(), dst.display()))?;
+    }
+    Ok(())
+}
