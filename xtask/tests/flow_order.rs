@@ -32,7 +32,7 @@ const LAYERS: &[(u32, &[&str])] = &[
     (6, &["commstack-fetch"]),
     // Building: the toolchain, NVSHMEM, then what is built against it.
     (7, &["commstack-toolchain"]),
-    (8, &["commstack-nvshmem"]),
+    (8, &["commstack-nvshmem", "commstack-base"]),
     (9, &["commstack-deepep", "commstack-kernels"]),
     // Images and shipping them.
     (10, &["commstack-image"]),
