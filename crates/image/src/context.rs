@@ -2,7 +2,8 @@
 //! who prefer `docker build`. The base is loaded into Docker as an image of its own (the
 //! Dockerfile starts FROM it: there is no registry to pull from), every layer above it is
 //! unpacked in order into `rootfs/` (a later layer's file replaces an earlier one's), the
-//! user's home goes to `home/` (the Dockerfile copies it with `--chown`), and `build-args`
+//! user's home directory's contents go to `home/` (the Dockerfile copies them with
+//! `--chown`), and `build-args`
 //! holds the `--build-arg` flags for the labels. Written beside the target and renamed
 //! into place when complete.
 
@@ -28,7 +29,10 @@ pub struct DockerContext {
 /// Loads the base as its own image and writes the context into `dir` (must not exist).
 pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> {
     if dir.symlink_metadata().is_ok() {
-        bail!("{} exists: remove it or give another --context directory", dir.display());
+        bail!(
+            "{} exists: remove it or give another --context directory",
+            dir.display()
+        );
     }
     let layers = image.layers();
     let (base_layer, above) = layers
@@ -37,9 +41,7 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
     let spec = &image.manifest.spec;
     let base_spec = ImageSpec {
         tag: String::new(),
-        env: vec![
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        ],
+        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()],
         cmd: vec!["/bin/bash".to_string()],
         user: None,
         working_dir: None,
@@ -56,7 +58,10 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
     if !(have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == base_id) {
         load(&base_spec, base_layers, &base_id, &image.dir)?;
     }
-    let name = spec.tag.rsplit_once(':').map_or(spec.tag.as_str(), |(n, _)| n);
+    let name = spec
+        .tag
+        .rsplit_once(':')
+        .map_or(spec.tag.as_str(), |(n, _)| n);
     let base_tag = format!("{name}-base:{}", &base_id["sha256:".len()..][..12]);
     let tagged = docker(&["tag", &base_id, &base_tag])?;
     if !tagged.status.success() {
@@ -88,14 +93,24 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
         overlay(&unpacked, &rootfs)?;
         fs::remove_dir_all(&unpacked)?;
     }
-    // The home directory is the user's: the Dockerfile copies it with --chown.
+    // The user's home is the user's: the Dockerfile copies it with --chown.
+    let home_dir = spec.working_dir.clone().with_context(|| {
+        format!(
+            "{}: the image has no working directory (the user's home)",
+            image.dir.display()
+        )
+    })?;
     let home = temp.path().join("home");
-    if rootfs.join("home").is_dir() {
-        fs::rename(rootfs.join("home"), &home)?;
+    let in_rootfs = rootfs.join(home_dir.trim_start_matches('/'));
+    if in_rootfs.is_dir() {
+        fs::rename(&in_rootfs, &home)?;
     } else {
         fs::create_dir(&home)?;
     }
-    let mut args = vec![format!("--build-arg BASE={base_tag}")];
+    let mut args = vec![
+        format!("--build-arg BASE={base_tag}"),
+        format!("--build-arg HOME_DIR={home_dir}"),
+    ];
     let labels = &spec.labels;
     for (arg, label) in [
         ("LOCK_SHA256", "dev.commstack.lock.sha256"),
@@ -110,7 +125,10 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
         ("CUDA", "dev.commstack.cuda"),
     ] {
         let value = labels.get(label).map(String::as_str).unwrap_or("");
-        if value.chars().any(|c| c.is_whitespace() || c == '\'' || c == '"') {
+        if value
+            .chars()
+            .any(|c| c.is_whitespace() || c == '\'' || c == '"')
+        {
             bail!("label {label} = {value:?} cannot travel as a --build-arg word");
         }
         args.push(format!("--build-arg {arg}={value}"));
@@ -118,7 +136,8 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
     fs::write(temp.path().join("build-args"), args.join(" ") + "\n")?;
     fs::write(temp.path().join("base.tag"), format!("{base_tag}\n"))?;
     let done = temp.keep();
-    fs::rename(&done, dir).with_context(|| format!("cannot move the context into {}", dir.display()))?;
+    fs::rename(&done, dir)
+        .with_context(|| format!("cannot move the context into {}", dir.display()))?;
     Ok(DockerContext {
         dir: dir.to_path_buf(),
         base_tag,

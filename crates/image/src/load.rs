@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::assemble::Image;
 use crate::docker_archive::ImageSpec;
-use crate::layer::Layer;
 use crate::docker_archive::write_docker_archive_to;
+use crate::layer::Layer;
 use crate::oci_layout::{OciImage, write_oci_layout};
 
 pub(crate) fn docker(args: &[&str]) -> Result<std::process::Output> {

@@ -767,17 +767,31 @@ fn file_list(image: &str) -> std::collections::BTreeMap<String, Listed> {
     let mut archive = tar::Archive::new(&out.stdout[..]);
     for entry in archive.entries().unwrap() {
         let mut e = entry.unwrap();
-        let path = e.path().unwrap().to_string_lossy().trim_end_matches('/').to_string();
+        let path = e
+            .path()
+            .unwrap()
+            .to_string_lossy()
+            .trim_end_matches('/')
+            .to_string();
         let h = e.header().clone();
         let (kind, size, content) = match h.entry_type() {
             tar::EntryType::Directory => ('d', 0, String::new()),
             tar::EntryType::Symlink => (
                 'l',
                 0,
-                e.link_name().unwrap().unwrap().to_string_lossy().into_owned(),
+                e.link_name()
+                    .unwrap()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
             ),
             tar::EntryType::Link => {
-                let target = e.link_name().unwrap().unwrap().to_string_lossy().into_owned();
+                let target = e
+                    .link_name()
+                    .unwrap()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
                 let (size, sha): &(u64, String) = hashes.get(&target).unwrap();
                 ('f', *size, sha.clone())
             }
@@ -841,9 +855,19 @@ fn the_dockerfile_builds_the_same_files_as_the_tool() {
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .filter(|p| ours.get(*p) != theirs.get(*p))
-        .map(|p| format!("{p}: tool {:?}, Dockerfile {:?}", ours.get(p), theirs.get(p)))
+        .map(|p| {
+            format!(
+                "{p}: tool {:?}, Dockerfile {:?}",
+                ours.get(p),
+                theirs.get(p)
+            )
+        })
         .collect();
-    assert!(differ.is_empty(), "file lists differ:\n{}", differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "file lists differ:\n{}",
+        differ.join("\n")
+    );
     assert!(ours.len() > 20, "too few files to compare: {}", ours.len());
 
     let config = |r: &str| -> serde_json::Value {

@@ -157,8 +157,18 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     let wheelhouse = crate::flow::deepep::build_deepep(ctx, &build)?;
     let verify_bin = build_verify_tool(ctx)?;
     let tools = vec![
-        own_tool(&store, "commstack-selftest", &selftest, "cargo build --release -p commstack-kernels")?,
-        own_tool(&store, "commstack-verify", &verify_bin, "cargo build --release -p commstack-verify")?,
+        own_tool(
+            &store,
+            "commstack-selftest",
+            &selftest,
+            "cargo build --release -p commstack-kernels",
+        )?,
+        own_tool(
+            &store,
+            "commstack-verify",
+            &verify_bin,
+            "cargo build --release -p commstack-verify",
+        )?,
     ];
 
     let lock_sha256 = commstack_digest::sha256_file(&lock_path)
@@ -193,7 +203,11 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     }
     if let Some(dir) = &args.oci {
         let oci = commstack_image::export_oci(&image, dir)?;
-        println!("OCI layout: {} (manifest {})", dir.display(), oci.manifest_digest);
+        println!(
+            "OCI layout: {} (manifest {})",
+            dir.display(),
+            oci.manifest_digest
+        );
     }
     if let Some(dir) = &args.context {
         let context = commstack_image::write_docker_context(&image, dir)?;
@@ -376,7 +390,11 @@ fn verify_in_container(
     );
     for (switch, on) in stack.nvshmem.transports.iter() {
         argv.push("--nvshmem-option".into());
-        argv.push(format!("{}={}", switch.cmake, if on { "ON" } else { "OFF" }));
+        argv.push(format!(
+            "{}={}",
+            switch.cmake,
+            if on { "ON" } else { "OFF" }
+        ));
     }
     let sms: Vec<String> = stack
         .nvshmem
@@ -389,7 +407,10 @@ fn verify_in_container(
         argv.extend(["--cuda-arch".into(), sms.join(",")]);
     }
     if gpus {
-        argv.extend(["--selftest".into(), format!("{IMAGE_BIN}/commstack-selftest")]);
+        argv.extend([
+            "--selftest".into(),
+            format!("{IMAGE_BIN}/commstack-selftest"),
+        ]);
     }
     if !ctx.quiet {
         eprintln!("verify in the image: docker {}", argv.join(" "));
@@ -405,7 +426,11 @@ fn verify_in_container(
     std::fs::create_dir_all(&report_dir)
         .with_context(|| format!("cannot create {}", report_dir.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report_file = report_dir.join(if gpus { "verify-gpus.json" } else { "verify-static.json" });
+    let report_file = report_dir.join(if gpus {
+        "verify-gpus.json"
+    } else {
+        "verify-static.json"
+    });
     crate::util::write_all_atomically(&[(&report_file, &stdout)])?;
     let code = out.status.code().unwrap_or(1);
     let value: Option<serde_json::Value> = serde_json::from_str(&stdout).ok();
