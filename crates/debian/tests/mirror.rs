@@ -23,9 +23,9 @@ fn read(name: &str) -> Vec<u8> {
 /// Packages.gz bytes.
 fn mirror(inrelease: Vec<u8>, packages_gz: Vec<u8>) -> TestServer {
     let server = TestServer::start();
-    server.route("/debian/dists/fixture/InRelease", Route::ok(inrelease));
+    server.route("/debian/dists/bookworm/InRelease", Route::ok(inrelease));
     server.route(
-        "/debian/dists/fixture/main/binary-amd64/Packages.gz",
+        "/debian/dists/bookworm/main/binary-amd64/Packages.gz",
         Route::ok(packages_gz),
     );
     server
@@ -34,7 +34,7 @@ fn mirror(inrelease: Vec<u8>, packages_gz: Vec<u8>) -> TestServer {
 fn request(server: &TestServer, include: &[&str]) -> BaseRequest {
     BaseRequest {
         mirror: server.url("/debian"),
-        suite: "fixture".into(),
+        suite: "bookworm".into(),
         architecture: "amd64".into(),
         keyring: fixture("keyring.gpg"),
         include: include.iter().map(|s| s.to_string()).collect(),
@@ -135,7 +135,7 @@ fn a_bad_signature_is_refused() {
     );
     // The index is never read when the release does not verify.
     assert_eq!(
-        server.hits("/debian/dists/fixture/main/binary-amd64/Packages.gz"),
+        server.hits("/debian/dists/bookworm/main/binary-amd64/Packages.gz"),
         0
     );
 
@@ -175,14 +175,17 @@ fn unsatisfiable_dependencies_and_unknown_includes_are_named() {
 
 #[test]
 fn a_release_for_another_suite_is_refused() {
-    // The fixture's InRelease served as "bookworm": signed, but for suite "fixture".
+    // The fixture's InRelease served as "trixie": signed, but for bookworm.
     let server = TestServer::start();
     server.route(
-        "/debian/dists/bookworm/InRelease",
+        "/debian/dists/trixie/InRelease",
         Route::ok(read("InRelease")),
     );
     let mut req = request(&server, &[]);
-    req.suite = "bookworm".into();
+    req.suite = "trixie".into();
     let err = format!("{:#}", lock(&req).unwrap_err());
-    assert!(err.contains("is signed for suite \"fixture\""), "{err}");
+    assert!(
+        err.contains("is signed for suite \"stable\" (codename \"bookworm\"), not \"trixie\""),
+        "{err}"
+    );
 }
