@@ -148,6 +148,17 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         &r.deepep_rev[..r.deepep_rev.len().min(12)],
         r.deepep_api.as_str()
     );
+    if let Some(base) = &lock.base {
+        println!(
+            "  base: {} Debian packages of {} {} {} (index of {}, epoch {})",
+            lock.debs.len(),
+            base.distribution,
+            base.suite,
+            base.architecture,
+            base.release_date,
+            base.epoch
+        );
+    }
     println!("  wrote {} and {}", lock_path.display(), req_path.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -24,8 +24,8 @@ const LAYERS: &[(u32, &[&str])] = &[
     ),
     // The manifest and lock model; wheels (read, written, installed through archives).
     (2, &["commstack-stack", "commstack-wheel"]),
-    // Locking: the index, the resolver, manifest -> lock.
-    (3, &["commstack-pypi"]),
+    // Locking: the indexes (PyPI, Debian), the resolver, manifest -> lock.
+    (3, &["commstack-pypi", "commstack-debian"]),
     (4, &["commstack-resolve"]),
     (5, &["commstack-lock"]),
     // Fetching the locked artifacts.

@@ -9,6 +9,8 @@
 //! 6. The toolchain (nvcc and the CUDA headers at torch's CUDA version, cmake, ninja) is
 //!    resolved for the build host.
 //! 7. NVIDIA's NVSHMEM wheel is marked as replaced by the stack's own build.
+//! 8. With `[image]`: the base's Debian packages, from the mirror's signed index
+//!    (commstack-debian), as `[base]` and `[[deb]]`.
 
 use std::str::FromStr;
 use std::time::Instant;
@@ -16,7 +18,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 use commstack_pypi::{IndexClient, TargetPlatform};
 use commstack_resolve::{Request, Resolution};
-use commstack_stack::lock::{Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel};
+use commstack_stack::lock::{
+    BaseLock, Deb, Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel,
+};
 use commstack_stack::manifest::NvshmemVersion;
 use commstack_stack::rules::{self, Facts, Status};
 use commstack_stack::{Lock, Pin, Stack, known};
@@ -51,6 +55,8 @@ pub async fn lock(
 ) -> Result<Locked> {
     let started = Instant::now();
     fail_on_violations(&rules::check_manifest(stack))?;
+    // Before any network: a stack that cannot name its base's mirror fails at once.
+    let base_request = base_request(stack)?;
 
     let client = IndexClient::new(&stack.resolve.index_url, metadata_cache)?;
     let target = TargetPlatform {
@@ -145,7 +151,7 @@ pub async fn lock(
             stack.torch.version
         )
     })?;
-    let lock = Lock {
+    let mut lock = Lock {
         version: LOCK_VERSION,
         inputs: Inputs {
             stack: stack.fingerprint(),
@@ -184,6 +190,20 @@ pub async fn lock(
         base: None,
         debs: Vec::new(),
     };
+    if let Some(request) = &base_request {
+        progress.step(&format!(
+            "resolving the base: {} {} {}, essential + {} (mirror {})",
+            stack.target.base.name,
+            request.suite,
+            request.architecture,
+            request.include.join(", "),
+            request.mirror
+        ));
+        let (base, debs) = lock_base(stack, request).await?;
+        progress.step(&format!("{} Debian packages in the base", debs.len()));
+        lock.base = Some(base);
+        lock.debs = debs;
+    }
     let s = &client.stats;
     let requests = [&s.pages, &s.metadata_files, &s.metadata_from_wheel]
         .iter()
@@ -194,6 +214,88 @@ pub async fn lock(
         seconds: started.elapsed().as_secs_f64(),
         requests,
     })
+}
+
+/// What to ask the Debian mirror for, or None for a stack without `[image]`.
+pub fn base_request(stack: &Stack) -> Result<Option<commstack_debian::BaseRequest>> {
+    let Some(image) = &stack.image else {
+        return Ok(None);
+    };
+    let base = stack.target.base;
+    let Some(mirror) = &image.mirror else {
+        let loc = stack
+            .locate("target.base")
+            .map(|l| format!("{l}: "))
+            .unwrap_or_default();
+        bail!(
+            "{loc}the base {} is an Ubuntu release and [image] names no mirror: commstack has no default \
+             Ubuntu mirror because this network does not reach archive.ubuntu.com. Set image.mirror in {} to an \
+             Ubuntu mirror you can reach (e.g. a local apt-cacher-ng or aptly mirror of {}), or use a Debian base \
+             (target.base = \"debian-12\")",
+            base.name,
+            stack.path().display(),
+            base.suite
+        );
+    };
+    Ok(Some(commstack_debian::BaseRequest {
+        mirror: mirror.clone(),
+        suite: base.suite.to_string(),
+        architecture: debian_arch(stack.target.arch).to_string(),
+        keyring: image.keyring.clone().into(),
+        include: image.include.clone(),
+    }))
+}
+
+/// Debian's name of an architecture.
+pub fn debian_arch(arch: commstack_stack::manifest::Arch) -> &'static str {
+    match arch {
+        commstack_stack::manifest::Arch::X86_64 => "amd64",
+        commstack_stack::manifest::Arch::Aarch64 => "arm64",
+    }
+}
+
+/// `[base]` and `[[deb]]` (sorted by name) from the mirror's signed index.
+async fn lock_base(
+    stack: &Stack,
+    request: &commstack_debian::BaseRequest,
+) -> Result<(BaseLock, Vec<Deb>)> {
+    let locked = commstack_debian::lock_base(request)
+        .await
+        .with_context(|| format!("locking the base of {} ([image])", stack.path().display()))?;
+    // The image's time: exclude-newer when set (the lock's own reference time), else the
+    // release's date, so that the same lock always gives the same SOURCE_DATE_EPOCH.
+    let epoch = stack
+        .resolve
+        .exclude_newer
+        .unwrap_or(locked.release_date)
+        .as_second();
+    let base = BaseLock {
+        distribution: stack.target.base.distribution().as_str().to_string(),
+        suite: request.suite.clone(),
+        mirror: request.mirror.clone(),
+        architecture: request.architecture.clone(),
+        components: vec!["main".to_string()],
+        variant: "essential".to_string(),
+        include: request.include.clone(),
+        release_date: locked.release_date.to_string(),
+        packages_sha256: locked.packages_sha256.clone(),
+        epoch: u64::try_from(epoch).context("the base's epoch is before 1970")?,
+    };
+    let mut debs: Vec<Deb> = locked
+        .packages
+        .iter()
+        .map(|p| Deb {
+            name: p.name.clone(),
+            version: p.version.to_string(),
+            architecture: p.architecture.clone(),
+            filename: p.filename.clone(),
+            url: commstack_debian::LockedBase::url(&request.mirror, p),
+            sha256: p.sha256.clone(),
+            size: p.size,
+        })
+        .collect();
+    debs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((base, debs))
 }
 
 /// A torch version the index does not have is the most likely typo in a stack: say so at

@@ -483,3 +483,151 @@ async fn a_torch_version_the_index_lacks_points_at_the_manifest() {
     );
     assert!(err.contains("newest releases: 2.12.0, 2.11.0"), "{err}");
 }
+
+/// The Debian fixture mirror of commstack-debian's tests (signed InRelease, Packages.gz,
+/// the throwaway key's keyring), served under `/debian` beside the PyPI fixture.
+fn debian_fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../debian/tests/fixtures")
+        .join(name)
+}
+
+fn serve_debian(server: &TestServer) -> String {
+    for (route, file) in [
+        ("/debian/dists/bookworm/InRelease", "InRelease"),
+        (
+            "/debian/dists/bookworm/main/binary-amd64/Packages.gz",
+            "Packages.gz",
+        ),
+    ] {
+        server.route(
+            route,
+            commstack_testkit::Route::ok(std::fs::read(debian_fixture(file)).unwrap()),
+        );
+    }
+    server.url("/debian")
+}
+
+fn image_stack(url: &str, mirror: &str, include: &str) -> Stack {
+    let keyring = debian_fixture("keyring.gpg");
+    stack(url, |t| {
+        t.replace("python = \"3.12\"", "python = \"3.11\"")
+            .replace("ubuntu-24.04", "debian-12")
+            + &format!(
+                "\n[image]\nmirror = \"{mirror}\"\nkeyring = \"{}\"\ninclude = [{include}]\n",
+                keyring.display()
+            )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn image_stacks_lock_their_base_packages() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let mirror = serve_debian(&server);
+    let s = image_stack(&url, &mirror, "\"app\"");
+    let lock = lock(&s).await.unwrap();
+    let base = lock.base.as_ref().unwrap();
+    assert_eq!(base.distribution, "debian");
+    assert_eq!(base.suite, "bookworm");
+    assert_eq!(base.mirror, mirror);
+    assert_eq!(base.architecture, "amd64");
+    assert_eq!(base.components, ["main"]);
+    assert_eq!(base.variant, "essential");
+    assert_eq!(base.include, ["app"]);
+    assert_eq!(base.release_date, "2026-12-01T00:00:00Z");
+    // exclude-newer (2026-12-01T00:00:00Z) is the epoch.
+    assert_eq!(base.epoch, 1_796_083_200);
+    let names: Vec<&str> = lock.debs.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "app",
+            "base-files",
+            "dash",
+            "exim4",
+            "libc6",
+            "libfoo1",
+            "libssl1.1",
+            "mawk",
+            "python3",
+            "python3-minimal"
+        ]
+    );
+    let exim = &lock.debs[3];
+    assert_eq!(
+        exim.url,
+        format!("{mirror}/pool/main/e/exim4/exim4_4.96-15_all.deb")
+    );
+    assert_eq!((exim.version.as_str(), exim.size), ("4.96-15", 8000));
+    // The Python part is what it is without [image].
+    let plain = stack(&url, |t| {
+        t.replace("python = \"3.12\"", "python = \"3.11\"")
+            .replace("ubuntu-24.04", "debian-12")
+    });
+    let plain_lock = self::lock(&plain).await.unwrap();
+    assert_eq!(plain_lock.packages, lock.packages);
+    assert!(plain_lock.base.is_none() && plain_lock.debs.is_empty());
+
+    // Written and read back; keys in a fixed order.
+    let text = lock.render(None);
+    assert!(
+        text.contains("\n[base]\ndistribution = \"debian\"\nsuite = \"bookworm\"\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n[[deb]]\nname = \"app\"\nversion = \"1.0-1\"\narchitecture = \"all\"\n")
+    );
+    let back = commstack_stack::Lock::parse(Path::new("stack.lock"), &text).unwrap();
+    assert_eq!(back, lock);
+    assert!(back.staleness(&s).is_empty());
+
+    // A changed [image] is stale offline, through the manifest echo.
+    let changed = image_stack(&url, &mirror, "\"app\", \"postfix\"");
+    let stale = back.staleness(&changed);
+    assert!(
+        stale
+            .iter()
+            .any(|p| p.starts_with("image.include: the lock has \"app\"")),
+        "{stale:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ubuntu_image_without_a_mirror_is_refused_before_any_request() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let s = stack(&url, |t| t + "\n[image]\n");
+    let err = format!("{:#}", lock(&s).await.unwrap_err());
+    assert!(
+        err.starts_with(
+            "stack.toml:4:8: the base ubuntu-24.04 is an Ubuntu release and [image] names no mirror"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("archive.ubuntu.com") && err.contains("image.mirror"),
+        "{err}"
+    );
+    assert!(
+        server.requests().is_empty(),
+        "nothing was asked of any index"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unsatisfiable_include_stops_the_lock() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let mirror = serve_debian(&server);
+    let s = image_stack(&url, &mirror, "\"broken\"");
+    let err = format!("{:#}", lock(&s).await.unwrap_err());
+    assert!(
+        err.contains("locking the base of stack.toml ([image])"),
+        "{err}"
+    );
+    assert!(
+        err.contains("broken 1.0 depends on `nothere (>= 1) | alsonot`"),
+        "{err}"
+    );
+}

@@ -17,6 +17,32 @@ pub struct Base {
     pub suite: &'static str,
 }
 
+/// The distribution a base belongs to, as its name starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Distribution {
+    Debian,
+    Ubuntu,
+}
+
+impl Distribution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Distribution::Debian => "debian",
+            Distribution::Ubuntu => "ubuntu",
+        }
+    }
+}
+
+impl Base {
+    pub fn distribution(&self) -> Distribution {
+        if self.name.starts_with("ubuntu-") {
+            Distribution::Ubuntu
+        } else {
+            Distribution::Debian
+        }
+    }
+}
+
 pub const BASES: &[Base] = &[
     Base {
         name: "debian-12",

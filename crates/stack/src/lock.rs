@@ -59,7 +59,8 @@ pub struct Lock {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseLock>,
     /// The base's Debian packages, one file each, pinned by the Packages index's sha256.
-    #[serde(default, rename = "deb")]
+    // Skipped when empty: a lock without a base renders as it did before [[deb]] existed.
+    #[serde(default, rename = "deb", skip_serializing_if = "Vec::is_empty")]
     pub debs: Vec<Deb>,
 }
 

@@ -171,6 +171,40 @@ pub struct Resolve {
     pub allow: Vec<String>,
 }
 
+/// `[image]`: the container image made from the stack, and the Debian base under it.
+/// Defaults are filled in by validation, so the echo and the lock show what is used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Image {
+    /// The image's name (tag without the version), default `commstack/<target.base>`.
+    pub name: String,
+    /// The Debian/Ubuntu mirror the base's packages are locked from, without a trailing
+    /// slash. Debian bases default to [`DEFAULT_DEBIAN_MIRROR`]; Ubuntu bases have no
+    /// default (this network does not reach archive.ubuntu.com), so it may be None here
+    /// and `lock` refuses the stack, saying so.
+    pub mirror: Option<String>,
+    /// The archive keyring gpgv checks the mirror's InRelease with.
+    pub keyring: String,
+    /// Packages on top of mmdebstrap's `essential` variant.
+    pub include: Vec<String>,
+    /// The image's non-root user.
+    pub user: String,
+}
+
+pub const DEFAULT_DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+pub const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+pub const UBUNTU_KEYRING: &str = "/usr/share/keyrings/ubuntu-archive-keyring.gpg";
+/// The base's packages beyond `essential`: the stack's Python, the C++ runtime torch
+/// needs, the verbs libraries NVSHMEM's IBGDA transport loads (libmlx5 is in
+/// ibverbs-providers), and CA certificates.
+pub const DEFAULT_INCLUDE: &[&str] = &[
+    "python3",
+    "libstdc++6",
+    "libibverbs1",
+    "ibverbs-providers",
+    "ca-certificates",
+];
+pub const DEFAULT_USER: &str = "commstack";
+
 /// A validated stack.toml, with the source text kept so later errors can point into it.
 #[derive(Clone, Debug)]
 pub struct Stack {
@@ -180,6 +214,8 @@ pub struct Stack {
     pub deepep: DeepEp,
     pub toolchain: Toolchain,
     pub resolve: Resolve,
+    /// `[image]`, when the stack makes one.
+    pub image: Option<Image>,
     pub(crate) path: PathBuf,
     pub(crate) text: String,
     pub(crate) spans: BTreeMap<String, Range<usize>>,
@@ -272,6 +308,18 @@ impl Stack {
                 .join(";"),
         );
         m.insert("resolve.allow".into(), self.resolve.allow.join(","));
+        // Only when present: a stack without [image] keeps the echo (and fingerprint) it
+        // had before [image] existed.
+        if let Some(image) = &self.image {
+            m.insert("image.name".into(), image.name.clone());
+            m.insert(
+                "image.mirror".into(),
+                image.mirror.clone().unwrap_or_default(),
+            );
+            m.insert("image.keyring".into(), image.keyring.clone());
+            m.insert("image.include".into(), image.include.join(","));
+            m.insert("image.user".into(), image.user.clone());
+        }
         m
     }
 

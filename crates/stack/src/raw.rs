@@ -21,6 +21,8 @@ pub(crate) struct RawManifest {
     pub(crate) toolchain: RawToolchain,
     #[serde(default)]
     pub(crate) resolve: RawResolve,
+    /// Absent: the stack makes no image (and its lock has no `[base]`).
+    pub(crate) image: Option<RawImage>,
 }
 
 #[derive(Deserialize)]
@@ -158,4 +160,14 @@ pub(crate) struct RawResolve {
     pub(crate) extra_requirements: Vec<Spanned<String>>,
     #[serde(default)]
     pub(crate) allow: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawImage {
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) mirror: Option<Spanned<String>>,
+    pub(crate) keyring: Option<Spanned<String>>,
+    pub(crate) include: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) user: Option<Spanned<String>>,
 }

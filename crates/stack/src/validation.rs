@@ -68,6 +68,11 @@ impl Validator<'_> {
         let deepep = self.deepep(raw.deepep);
         let toolchain = self.toolchain(raw.toolchain);
         let resolve = self.resolve(raw.resolve);
+        let base = target.as_ref().map(|t| t.base);
+        let image = match raw.image {
+            None => Some(None),
+            Some(raw) => self.image(raw, base).map(Some),
+        };
         Some(Stack {
             target: target?,
             torch: torch?,
@@ -75,6 +80,7 @@ impl Validator<'_> {
             deepep: deepep?,
             toolchain: toolchain?,
             resolve: resolve?,
+            image: image?,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
             spans: std::mem::take(&mut self.spans),
@@ -457,6 +463,146 @@ impl Validator<'_> {
             exclude_newer,
             extra_requirements: extra,
             allow,
+        })
+    }
+}
+
+impl Validator<'_> {
+    fn image(&mut self, raw: RawImage, base: Option<&'static bases::Base>) -> Option<Image> {
+        let mut ok = true;
+        let distribution = base.map(|b| b.distribution());
+        let name = match &raw.name {
+            None => base.map(|b| format!("commstack/{}", b.name)),
+            Some(n) => {
+                self.span("image.name", n);
+                let name = n.get_ref();
+                // Docker's reference grammar for a repository path: lowercase components
+                // of [a-z0-9] joined by '.', '_', '__' or '-', separated by '/'.
+                let good = !name.is_empty()
+                    && name.split('/').all(|part| {
+                        !part.is_empty()
+                            && part
+                                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                            && part
+                                .ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                            && part.chars().all(|c| {
+                                c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c)
+                            })
+                    });
+                if !good {
+                    self.err(
+                        n.span(),
+                        format!("image.name {name:?} is not a Docker image name"),
+                        Some("lowercase letters, digits and . _ - in components separated by /, without a tag, e.g. \"commstack/debian-12\"".into()),
+                    );
+                    ok = false;
+                }
+                Some(name.clone())
+            }
+        };
+        let mirror = match &raw.mirror {
+            Some(m) => {
+                self.span("image.mirror", m);
+                let url = m.get_ref().trim_end_matches('/').to_string();
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    self.err(
+                        m.span(),
+                        format!("image.mirror must be an http(s) URL of a Debian or Ubuntu mirror, got {url:?}"),
+                        Some(format!("e.g. \"{DEFAULT_DEBIAN_MIRROR}\" (it has dists/ and pool/)")),
+                    );
+                    ok = false;
+                }
+                Some(url)
+            }
+            None => match distribution {
+                Some(bases::Distribution::Debian) => Some(DEFAULT_DEBIAN_MIRROR.to_string()),
+                // No default: `lock` says why (archive.ubuntu.com is not reachable here).
+                _ => None,
+            },
+        };
+        let keyring = match &raw.keyring {
+            Some(k) => {
+                self.span("image.keyring", k);
+                if !k.get_ref().starts_with('/') {
+                    self.err(
+                        k.span(),
+                        format!(
+                            "image.keyring must be an absolute path, got {:?}",
+                            k.get_ref()
+                        ),
+                        Some(format!(
+                            "e.g. \"{DEBIAN_KEYRING}\" (apt-get install debian-archive-keyring)"
+                        )),
+                    );
+                    ok = false;
+                }
+                Some(k.get_ref().clone())
+            }
+            None => distribution.map(|d| match d {
+                bases::Distribution::Debian => DEBIAN_KEYRING.to_string(),
+                bases::Distribution::Ubuntu => UBUNTU_KEYRING.to_string(),
+            }),
+        };
+        let include = match &raw.include {
+            None => DEFAULT_INCLUDE.iter().map(|s| s.to_string()).collect(),
+            Some(list) => {
+                self.span("image.include", list);
+                let mut out: Vec<String> = Vec::new();
+                for pkg in list.get_ref() {
+                    let p = pkg.get_ref();
+                    // Debian policy 5.6.7: [a-z0-9][a-z0-9+.-]+
+                    let good = p.len() >= 2
+                        && p.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                        && p.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || "+.-".contains(c)
+                        });
+                    if !good {
+                        self.err(
+                            pkg.span(),
+                            format!("image.include: {p:?} is not a Debian package name"),
+                            Some("list binary package names only (no versions: the lock pins them), e.g. \"python3\"".into()),
+                        );
+                        ok = false;
+                    } else if out.contains(p) {
+                        self.err(pkg.span(), format!("image.include lists {p:?} twice"), None);
+                        ok = false;
+                    } else {
+                        out.push(p.clone());
+                    }
+                }
+                out
+            }
+        };
+        let user = match &raw.user {
+            None => DEFAULT_USER.to_string(),
+            Some(u) => {
+                self.span("image.user", u);
+                let name = u.get_ref();
+                let good = (1..=32).contains(&name.len())
+                    && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c));
+                if !good || name == "root" {
+                    self.err(
+                        u.span(),
+                        format!("image.user {name:?} is not a usable non-root user name"),
+                        Some("lowercase letters, digits, _ and -, starting with a letter, at most 32 characters; not root".into()),
+                    );
+                    ok = false;
+                }
+                name.clone()
+            }
+        };
+        if !ok {
+            return None;
+        }
+        Some(Image {
+            name: name?,
+            mirror,
+            keyring: keyring?,
+            include,
+            user,
         })
     }
 }

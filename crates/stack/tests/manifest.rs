@@ -348,3 +348,92 @@ fn cuda_archs_are_checked_against_the_sms_nvcc_knows() {
     let volta = errors(&text.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"70\"]"));
     assert!(volta.contains("cannot build for sm_70"), "{volta}");
 }
+
+#[test]
+fn image_section_takes_defaults_from_the_base() {
+    let none = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();
+    assert!(none.image.is_none());
+    assert!(!none.echo().keys().any(|k| k.starts_with("image.")));
+
+    let debian = MINIMAL
+        .replace("python = \"3.12\"", "python = \"3.11\"")
+        .replace("ubuntu-24.04", "debian-12")
+        + "\n[image]\n";
+    let s = Stack::parse(Path::new("stack.toml"), &debian).unwrap();
+    let image = s.image.as_ref().unwrap();
+    assert_eq!(image.name, "commstack/debian-12");
+    assert_eq!(
+        image.mirror.as_deref(),
+        Some("http://deb.debian.org/debian")
+    );
+    assert_eq!(
+        image.keyring,
+        "/usr/share/keyrings/debian-archive-keyring.gpg"
+    );
+    assert_eq!(
+        image.include,
+        [
+            "python3",
+            "libstdc++6",
+            "libibverbs1",
+            "ibverbs-providers",
+            "ca-certificates"
+        ]
+    );
+    assert_eq!(image.user, "commstack");
+    assert_eq!(s.echo()["image.include"], image.include.join(","));
+    assert_ne!(s.fingerprint(), {
+        let no_image = debian.replace("\n[image]\n", "\n");
+        Stack::parse(Path::new("s"), &no_image)
+            .unwrap()
+            .fingerprint()
+    });
+
+    // Ubuntu: no mirror by default (lock refuses it then), Ubuntu's keyring.
+    let ubuntu = format!("{MINIMAL}\n[image]\nuser = \"ep\"\n");
+    let s = Stack::parse(Path::new("stack.toml"), &ubuntu).unwrap();
+    let image = s.image.unwrap();
+    assert_eq!(image.mirror, None);
+    assert_eq!(
+        image.keyring,
+        "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    );
+    assert_eq!(image.user, "ep");
+}
+
+#[test]
+fn image_section_is_strict() {
+    let unknown = errors(&format!("{MINIMAL}\n[image]\nmirrors = \"http://x\"\n"));
+    assert!(
+        unknown.starts_with("stack.toml:19:1: unknown field `mirrors`"),
+        "{unknown}"
+    );
+    let bad = errors(&format!(
+        "{MINIMAL}\n[image]\nname = \"Commstack:latest\"\nmirror = \"ftp://m\"\n\
+         keyring = \"keys.gpg\"\ninclude = [\"python3\", \"Python3\", \"python3\"]\nuser = \"root\"\n"
+    ));
+    for needle in [
+        "stack.toml:19:8: image.name \"Commstack:latest\" is not a Docker image name",
+        "stack.toml:20:10: image.mirror must be an http(s) URL",
+        "stack.toml:21:11: image.keyring must be an absolute path",
+        "stack.toml:22:23: image.include: \"Python3\" is not a Debian package name",
+        "stack.toml:22:34: image.include lists \"python3\" twice",
+        "stack.toml:23:8: image.user \"root\" is not a usable non-root user name",
+    ] {
+        assert!(bad.contains(needle), "missing {needle:?} in:\n{bad}");
+    }
+}
+
+/// A stack without [image] keeps the fingerprint it had before [image] existed: the
+/// committed lock of the default stack (made before) still matches it.
+#[test]
+fn default_stack_fingerprint_is_unchanged() {
+    let (name, text) = shipped("stack.toml");
+    let stack = Stack::parse(Path::new(&name), &text).unwrap();
+    let (lock_name, lock_text) = shipped("stack.lock");
+    let lock = commstack_stack::Lock::parse(Path::new(&lock_name), &lock_text).unwrap();
+    assert!(stack.image.is_none());
+    assert_eq!(lock.inputs.stack, stack.fingerprint());
+    assert_eq!(lock.manifest, stack.echo());
+    assert!(lock.base.is_none() && lock.debs.is_empty());
+}
