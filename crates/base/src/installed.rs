@@ -102,7 +102,11 @@ pub fn python_version(installed: &[Installed]) -> Result<String> {
     if found.len() > 1 {
         bail!(
             "the base holds more than one Python ({}): the image's venv needs exactly one",
-            found.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            found
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(upstream_number(&p.version))
@@ -147,30 +151,50 @@ Architecture: amd64\nVersion: 3.11.2-6+deb12u6\nDescription: x\n more\n\n";
         let i = parse_status(STATUS);
         compare(
             &i,
-            &locked(&[("bash", "amd64", "5.2.15-2+b8"), ("python3.11", "amd64", "3.11.2-6+deb12u6")]),
+            &locked(&[
+                ("bash", "amd64", "5.2.15-2+b8"),
+                ("python3.11", "amd64", "3.11.2-6+deb12u6"),
+            ]),
         )
         .unwrap();
         let err = compare(
             &i,
-            &locked(&[("bash", "amd64", "5.2.15-2+b7"), ("zlib1g", "amd64", "1:1.2.13")]),
+            &locked(&[
+                ("bash", "amd64", "5.2.15-2+b7"),
+                ("zlib1g", "amd64", "1:1.2.13"),
+            ]),
         )
         .unwrap_err()
         .to_string();
         assert!(err.contains("extra: python3.11 3.11.2-6+deb12u6"), "{err}");
-        assert!(err.contains("other version: bash (amd64) is installed at 5.2.15-2+b8, the lock has 5.2.15-2+b7"), "{err}");
+        assert!(
+            err.contains(
+                "other version: bash (amd64) is installed at 5.2.15-2+b8, the lock has 5.2.15-2+b7"
+            ),
+            "{err}"
+        );
         assert!(err.contains("missing: zlib1g 1:1.2.13"), "{err}");
         assert!(err.contains("cargo xtask lock --force"), "{err}");
     }
 
     #[test]
     fn half_installed_is_refused() {
-        let text = STATUS.replace("install ok installed\nPriority", "install ok half-configured\nPriority");
+        let text = STATUS.replace(
+            "install ok installed\nPriority",
+            "install ok half-configured\nPriority",
+        );
         let err = compare(
             &parse_status(&text),
-            &locked(&[("bash", "amd64", "5.2.15-2+b8"), ("python3.11", "amd64", "3.11.2-6+deb12u6")]),
+            &locked(&[
+                ("bash", "amd64", "5.2.15-2+b8"),
+                ("python3.11", "amd64", "3.11.2-6+deb12u6"),
+            ]),
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("bash 5.2.15-2+b8 (amd64) is not installed cleanly"), "{err}");
+        assert!(
+            err.contains("bash 5.2.15-2+b8 (amd64) is not installed cleanly"),
+            "{err}"
+        );
     }
 }

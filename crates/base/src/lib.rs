@@ -126,7 +126,10 @@ pub fn build_base(
         bail!("the lock has no [[deb]] entries: relock with `cargo xtask lock --force`");
     }
     let tool = mmdebstrap::find()?;
-    log(&format!("checking {} .deb files against the lock ...", inputs.debs.len()));
+    log(&format!(
+        "checking {} .deb files against the lock ...",
+        inputs.debs.len()
+    ));
     check_debs(&inputs.debs)?;
     let (key, json) = base_key(inputs, &tool.version);
     let result = store.run(&key, &json, false, |dir| {
@@ -220,7 +223,8 @@ fn make_base(
     let provenance = provenance::claim(&raw.entries, &raw.lists)?;
 
     log("writing rootfs.tar ...");
-    let written = normalise::write_rootfs(&raw_tar, &raw.entries, &out.join(ROOTFS_FILE), base.epoch)?;
+    let written =
+        normalise::write_rootfs(&raw_tar, &raw.entries, &out.join(ROOTFS_FILE), base.epoch)?;
     let mut packages: Vec<Package> = inputs
         .debs
         .iter()

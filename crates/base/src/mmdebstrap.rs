@@ -117,7 +117,11 @@ pub struct Failed {
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "mmdebstrap failed ({}); last lines of its log:", self.status)?;
+        writeln!(
+            f,
+            "mmdebstrap failed ({}); last lines of its log:",
+            self.status
+        )?;
         for l in &self.tail {
             writeln!(f, "  | {l}")?;
         }
@@ -133,7 +137,11 @@ pub fn run(r: &Run<'_>) -> Result<String> {
     let (program, mut full): (PathBuf, Vec<String>) = if r.cut_network {
         (
             PathBuf::from("unshare"),
-            vec!["--net".into(), "--".into(), r.tool.path.display().to_string()],
+            vec![
+                "--net".into(),
+                "--".into(),
+                r.tool.path.display().to_string(),
+            ],
         )
     } else {
         (r.tool.path.clone(), Vec::new())
@@ -150,7 +158,8 @@ pub fn run(r: &Run<'_>) -> Result<String> {
         ("SOURCE_DATE_EPOCH", r.epoch.to_string()),
         ("LC_ALL", "C.UTF-8".to_string()),
     ];
-    let mut log = File::create(r.log).with_context(|| format!("cannot create {}", r.log.display()))?;
+    let mut log =
+        File::create(r.log).with_context(|| format!("cannot create {}", r.log.display()))?;
     {
         use std::io::Write;
         for (k, v) in &env {

@@ -32,8 +32,14 @@ pub fn path_order(a: &str, b: &str) -> Ordering {
 }
 
 /// Write `entries` (read from `raw`) to `out` as the normalised layer.
-pub fn write_rootfs<'a>(raw: &Path, entries: &'a [RawEntry], out: &Path, epoch: u64) -> Result<Written> {
-    let by_path: HashMap<&'a str, &'a RawEntry> = entries.iter().map(|e| (e.path.as_str(), e)).collect();
+pub fn write_rootfs<'a>(
+    raw: &Path,
+    entries: &'a [RawEntry],
+    out: &Path,
+    epoch: u64,
+) -> Result<Written> {
+    let by_path: HashMap<&'a str, &'a RawEntry> =
+        entries.iter().map(|e| (e.path.as_str(), e)).collect();
     // Each hard link's group root: the regular file holding the data (chains followed).
     let root_of = |e: &'a RawEntry| -> Result<&'a str> {
         let mut cur: &'a RawEntry = e;
@@ -42,7 +48,10 @@ pub fn write_rootfs<'a>(raw: &Path, entries: &'a [RawEntry], out: &Path, epoch: 
                 Kind::HardLink => {
                     let target = cur.link.as_deref().expect("hard links have a target");
                     cur = by_path.get(target).with_context(|| {
-                        format!("hard link {} points at {target}, which is not in the tar", e.path)
+                        format!(
+                            "hard link {} points at {target}, which is not in the tar",
+                            e.path
+                        )
                     })?;
                 }
                 Kind::File => return Ok(cur.path.as_str()),

@@ -58,12 +58,16 @@ pub fn claim(entries: &[RawEntry], lists: &BTreeMap<String, Vec<String>>) -> Res
                 .insert(entry.path.clone(), format!("deb:{package}"));
             continue;
         }
-        let target = (entry.kind == Kind::Symlink).then_some(entry.link.as_deref()).flatten();
+        let target = (entry.kind == Kind::Symlink)
+            .then_some(entry.link.as_deref())
+            .flatten();
         match rules::rule_for(&entry.path, target) {
             Some(rule) => {
                 out.files
                     .insert(entry.path.clone(), format!("generated:{}", rule.id));
-                *out.rule_counts.get_mut(rule.id).expect("every rule counted") += 1;
+                *out.rule_counts
+                    .get_mut(rule.id)
+                    .expect("every rule counted") += 1;
             }
             None => unclaimed.push(match target {
                 Some(t) => format!("{} -> {t}", entry.path),
@@ -146,10 +150,13 @@ mod tests {
 
     #[test]
     fn merged_usr_paths_resolve() {
-        let links: HashMap<&str, &str> =
-            [("bin", "usr/bin"), ("lib64", "/usr/lib64"), ("usr/lib/x", "../share")]
-                .into_iter()
-                .collect();
+        let links: HashMap<&str, &str> = [
+            ("bin", "usr/bin"),
+            ("lib64", "/usr/lib64"),
+            ("usr/lib/x", "../share"),
+        ]
+        .into_iter()
+        .collect();
         assert_eq!(resolve_parents("bin/bash", &links), "usr/bin/bash");
         assert_eq!(resolve_parents("lib64/ld.so", &links), "usr/lib64/ld.so");
         assert_eq!(resolve_parents("usr/lib/x/y", &links), "usr/share/y");
@@ -170,7 +177,10 @@ mod tests {
             entry("etc/passwd", Kind::File, None),
         ];
         let lists: BTreeMap<String, Vec<String>> = [
-            ("bash".to_string(), vec!["/.".into(), "/bin".into(), "/bin/bash".into()]),
+            (
+                "bash".to_string(),
+                vec!["/.".into(), "/bin".into(), "/bin/bash".into()],
+            ),
             ("usrmerge".to_string(), vec!["/bin".into()]),
         ]
         .into_iter()
@@ -178,7 +188,10 @@ mod tests {
         let p = claim(&entries, &lists).unwrap();
         assert_eq!(p.files["usr/bin/bash"], "deb:bash");
         assert_eq!(p.files["bin"], "deb:bash"); // first package listing it, by name
-        assert_eq!(p.files["usr/bin/awk"], "generated:alternatives-generic-name");
+        assert_eq!(
+            p.files["usr/bin/awk"],
+            "generated:alternatives-generic-name"
+        );
         assert_eq!(p.files["etc/passwd"], "generated:accounts");
         assert!(!p.files.contains_key("usr"));
         assert_eq!(p.rule_counts["accounts"], 1);

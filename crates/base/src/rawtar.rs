@@ -73,8 +73,8 @@ pub fn read_raw(path: &Path) -> Result<RawTar> {
                 String::from_utf8_lossy(e.as_bytes())
             )
         })?;
-        let rel = normalise_path(&name)
-            .with_context(|| format!("{}: entry {name:?}", path.display()))?;
+        let rel =
+            normalise_path(&name).with_context(|| format!("{}: entry {name:?}", path.display()))?;
         let shown = rel.as_deref().unwrap_or(".");
         let kind = match et {
             tar::EntryType::Directory => Kind::Dir,
@@ -193,7 +193,10 @@ mod tests {
             list_package("var/lib/dpkg/info/libc6:amd64.list").as_deref(),
             Some("libc6")
         );
-        assert_eq!(list_package("var/lib/dpkg/info/bash.list").as_deref(), Some("bash"));
+        assert_eq!(
+            list_package("var/lib/dpkg/info/bash.list").as_deref(),
+            Some("bash")
+        );
         assert_eq!(list_package("var/lib/dpkg/info/bash.md5sums"), None);
     }
 }

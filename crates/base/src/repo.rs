@@ -32,7 +32,9 @@ pub fn write_repo(dir: &Path, base: &BaseLock, debs: &[(&Deb, PathBuf)]) -> Resu
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("LC_ALL", "C.UTF-8")
             .output()
-            .context("cannot run dpkg-deb (Debian's dpkg package): it reads each .deb's control fields")?;
+            .context(
+                "cannot run dpkg-deb (Debian's dpkg package): it reads each .deb's control fields",
+            )?;
         if !control.status.success() {
             bail!(
                 "dpkg-deb -f {} failed for deb {} ({}): {}; the cached file may be damaged: \

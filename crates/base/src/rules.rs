@@ -176,7 +176,10 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         id: "python-state",
-        paths: &["var/lib/python/python3.*_installed", "etc/python3/debian_config"],
+        paths: &[
+            "var/lib/python/python3.*_installed",
+            "etc/python3/debian_config",
+        ],
         symlink_to: None,
         why: "python3.X-minimal's postinst marker; python3's postinst writes debian_config",
     },
@@ -223,7 +226,9 @@ fn match_segments(pat: &[&str], segs: &[&str]) -> bool {
         None => segs.is_empty(),
         Some((&"**", rest)) => (0..=segs.len()).any(|skip| match_segments(rest, &segs[skip..])),
         Some((first, rest)) => match segs.split_first() {
-            Some((seg, more)) => match_one(first.as_bytes(), seg.as_bytes()) && match_segments(rest, more),
+            Some((seg, more)) => {
+                match_one(first.as_bytes(), seg.as_bytes()) && match_segments(rest, more)
+            }
             None => false,
         },
     }
@@ -247,7 +252,10 @@ mod tests {
         assert!(glob_match("var/lib/dpkg/**", "var/lib/dpkg/info/bash.list"));
         assert!(glob_match("var/lib/dpkg/**", "var/lib/dpkg/status"));
         assert!(!glob_match("var/lib/dpkg/**", "var/lib/dpkgx/status"));
-        assert!(glob_match("etc/ssl/certs/*", "etc/ssl/certs/ISRG_Root_X1.pem"));
+        assert!(glob_match(
+            "etc/ssl/certs/*",
+            "etc/ssl/certs/ISRG_Root_X1.pem"
+        ));
         assert!(!glob_match("etc/ssl/certs/*", "etc/ssl/certs/sub/x.pem"));
         assert!(glob_match(
             "usr/lib/python3.*/**/__pycache__/*.pyc",
@@ -282,6 +290,10 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), RULES.len());
-        assert!(RULES.iter().all(|r| !r.why.is_empty() && !r.paths.is_empty()));
+        assert!(
+            RULES
+                .iter()
+                .all(|r| !r.why.is_empty() && !r.paths.is_empty())
+        );
     }
 }

@@ -104,10 +104,7 @@ fn deb_of(path: &Path) -> Deb {
             .to_string()
     };
     let name = field("Package");
-    let filename = format!(
-        "pool/main/{}",
-        path.file_name().unwrap().to_string_lossy()
-    );
+    let filename = format!("pool/main/{}", path.file_name().unwrap().to_string_lossy());
     Deb {
         url: format!("http://deb.debian.org/debian/{filename}"),
         filename,
@@ -175,7 +172,10 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
     assert_eq!(m, &BaseManifest::open(&first.dir).unwrap());
     assert_eq!(m.schema, 1);
     assert_eq!(m.python, "3.11.2");
-    assert_eq!(m.network_isolation, "unshare --net", "mmdebstrap must run with no network");
+    assert_eq!(
+        m.network_isolation, "unshare --net",
+        "mmdebstrap must run with no network"
+    );
     assert_eq!(m.packages.len(), fx.debs.len());
     assert_eq!(m.files["usr/bin/bash"], "deb:bash");
     assert_eq!(m.files["etc/hostname"], "generated:commstack-fixed");
@@ -190,7 +190,10 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
     );
     assert_eq!(m.layer.size, fs::metadata(first.rootfs()).unwrap().len());
     assert!(first.dir.join("logs/mmdebstrap.log").is_file());
-    assert!(!first.dir.join("work").exists(), "the work directory is removed");
+    assert!(
+        !first.dir.join("work").exists(),
+        "the work directory is removed"
+    );
 
     // The tar: relative sorted paths, GNU headers only, clamped times, numeric owners,
     // the packages' modes, fixed hostname and resolv.conf, no devices, every file claimed.
@@ -233,7 +236,13 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
     assert!(!paths.iter().any(|p| p.starts_with("dev/")));
     assert_eq!(hostname, "commstack\n");
     assert!(resolv.starts_with('#'), "{resolv:?}");
-    assert_eq!(paths.len(), paths.iter().collect::<std::collections::BTreeSet<_>>().len());
+    assert_eq!(
+        paths.len(),
+        paths
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    );
 
     // The same inputs again: nothing runs.
     let started = Instant::now();
@@ -247,7 +256,10 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
     let store_b = Store::open(tmp.path().join("elsewhere/store-b")).unwrap();
     let second = build_base(&store_b, &inputs(&base, &fx.debs), |_| {}).unwrap();
     assert!(!second.outcome.was_cached());
-    assert_eq!(second.manifest.layer, first.manifest.layer, "rootfs.tar differs between two cold builds");
+    assert_eq!(
+        second.manifest.layer, first.manifest.layer,
+        "rootfs.tar differs between two cold builds"
+    );
     assert_eq!(second.manifest, first.manifest);
 }
 
@@ -280,7 +292,10 @@ fn a_deb_whose_sha256_is_not_the_locks_is_refused_before_anything_runs() {
     );
     assert!(err.contains("cargo xtask fetch --verify"), "{err}");
     for sub in ["steps", "tmp", "failed"] {
-        assert!(entries_of(&store_root.join(sub)).is_empty(), "{sub} is not empty");
+        assert!(
+            entries_of(&store_root.join(sub)).is_empty(),
+            "{sub} is not empty"
+        );
     }
 
     // A missing cached file names the package and the fetch command.
@@ -345,7 +360,11 @@ fn a_file_no_package_and_no_rule_claims_fails_the_step() {
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(pkg.join("DEBIAN/postinst"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(
+        pkg.join("DEBIAN/postinst"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
     let deb_path = tmp.path().join("commstack-stray_1.0_all.deb");
     let st = Command::new("dpkg-deb")
         .args(["--root-owner-group", "--build"])
@@ -368,7 +387,13 @@ fn a_file_no_package_and_no_rule_claims_fails_the_step() {
         "{:#}",
         build_base(&store, &inputs(&base, &debs), |_| {}).unwrap_err()
     );
-    assert!(err.contains("1 file(s) of the base are claimed by no package"), "{err}");
-    assert!(err.contains("usr/local/share/stray/made-by-postinst"), "{err}");
+    assert!(
+        err.contains("1 file(s) of the base are claimed by no package"),
+        "{err}"
+    );
+    assert!(
+        err.contains("usr/local/share/stray/made-by-postinst"),
+        "{err}"
+    );
     assert!(entries_of(&store_root.join("steps")).is_empty());
 }
