@@ -1,51 +1,19 @@
 //! The base step's output as the image reads it: `rootfs.tar` (the bottom layer, used as
 //! is) and `base.json` (its diff_id, Python version, packages, and the origin of every file).
-//! A small serde model of the base step's contract, so the image does not depend on the
-//! crate that runs mmdebstrap.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
 
 use crate::layer::Layer;
 
-pub const ROOTFS_FILE: &str = "rootfs.tar";
-pub const BASE_MANIFEST_FILE: &str = "base.json";
-
-/// `base.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BaseManifest {
-    pub schema: u32,
-    pub key: String,
-    pub epoch: u64,
-    pub suite: String,
-    pub architecture: String,
-    /// The base's python3, full version (`3.11.2`).
-    pub python: String,
-    pub layer: BaseLayer,
-    pub packages: Vec<BasePackage>,
-    /// Every file and symlink of rootfs.tar: `deb:<package>` or `generated:<rule>`.
-    pub files: BTreeMap<String, String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BaseLayer {
-    pub diff_id: String,
-    pub size: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BasePackage {
-    pub name: String,
-    pub version: String,
-    pub architecture: String,
-    /// sha256 of the .deb.
-    pub sha256: String,
-}
+// One model of base.json: the base step's own (commstack-base, an earlier layer).
+pub use commstack_base::manifest::{
+    BaseManifest, LayerInfo as BaseLayer, MANIFEST_FILE as BASE_MANIFEST_FILE,
+    Package as BasePackage, ROOTFS_FILE,
+};
 
 /// An opened base step directory.
 #[derive(Clone, Debug)]

@@ -147,6 +147,9 @@ fn fixture(name: &str, deepep_seed: u8) -> Fixture {
         suite: "bookworm".into(),
         architecture: "amd64".into(),
         python: "3.11.2".into(),
+        mmdebstrap: "fixture".into(),
+        network_isolation: "none".into(),
+        generated_rules: Default::default(),
         layer: BaseLayer {
             diff_id: layer.diff_id.clone(),
             size: layer.size,
