@@ -3,6 +3,8 @@
 
 // `bench fetch`'s measurements (cold fetch beside pip, kill and resume).
 mod fetch;
+// `bench image`: no-op time and size against what the image holds installed.
+mod image;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -52,6 +54,16 @@ enum Which {
         #[arg(long)]
         no_resume: bool,
     },
+    /// `cargo xtask image`: its no-op time (whole processes, the image already loaded) and
+    /// the image's size against its base's files plus its wheels' files (target <= 1.10x);
+    /// makes the image first if needed.
+    Image {
+        /// Repetitions of the no-op.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[command(flatten)]
+        fetch: crate::flow::build::SourceFetchArgs,
+    },
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
     Logscan {
@@ -63,6 +75,7 @@ enum Which {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
+        Which::Image { runs, fetch } => image::bench_image(ctx, runs, fetch),
         Which::Lock {
             runs,
             with_pip,

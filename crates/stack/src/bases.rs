@@ -13,6 +13,9 @@ pub struct Base {
     pub python: (u64, u64, u64),
     /// The distribution's glibc.
     pub glibc: (u32, u32),
+    /// The newest GLIBCXX symbol version its libstdc++6 defines (gcc 12: 3.4.30, gcc 14:
+    /// 3.4.33): a library needing a newer one does not load there.
+    pub glibcxx: (u32, u32, u32),
     /// Debian/Ubuntu suite name, used to make the base image locally.
     pub suite: &'static str,
 }
@@ -49,6 +52,7 @@ pub const BASES: &[Base] = &[
         aliases: &["bookworm", "debian:bookworm"],
         python: (3, 11, 2),
         glibc: (2, 36),
+        glibcxx: (3, 4, 30),
         suite: "bookworm",
     },
     Base {
@@ -56,6 +60,7 @@ pub const BASES: &[Base] = &[
         aliases: &["trixie", "debian:trixie"],
         python: (3, 13, 5),
         glibc: (2, 41),
+        glibcxx: (3, 4, 33),
         suite: "trixie",
     },
     Base {
@@ -63,6 +68,7 @@ pub const BASES: &[Base] = &[
         aliases: &["jammy", "ubuntu:22.04"],
         python: (3, 10, 12),
         glibc: (2, 35),
+        glibcxx: (3, 4, 30),
         suite: "jammy",
     },
     Base {
@@ -70,6 +76,7 @@ pub const BASES: &[Base] = &[
         aliases: &["noble", "ubuntu:24.04"],
         python: (3, 12, 3),
         glibc: (2, 39),
+        glibcxx: (3, 4, 33),
         suite: "noble",
     },
 ];

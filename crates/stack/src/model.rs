@@ -195,12 +195,14 @@ pub const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg
 pub const UBUNTU_KEYRING: &str = "/usr/share/keyrings/ubuntu-archive-keyring.gpg";
 /// The base's packages beyond `essential`: the stack's Python, the C++ runtime torch
 /// needs, the verbs libraries NVSHMEM's IBGDA transport loads (libmlx5 is in
-/// ibverbs-providers), and CA certificates.
+/// ibverbs-providers), librdmacm (the CUDA wheels' libcufile_rdma needs it: without it
+/// the image's ELF closure is open), and CA certificates.
 pub const DEFAULT_INCLUDE: &[&str] = &[
     "python3",
     "libstdc++6",
     "libibverbs1",
     "ibverbs-providers",
+    "librdmacm1",
     "ca-certificates",
 ];
 pub const DEFAULT_USER: &str = "commstack";

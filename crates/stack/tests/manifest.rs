@@ -377,6 +377,7 @@ fn image_section_takes_defaults_from_the_base() {
             "libstdc++6",
             "libibverbs1",
             "ibverbs-providers",
+            "librdmacm1",
             "ca-certificates"
         ]
     );

@@ -71,7 +71,21 @@ pub struct Args {
     pub rdma_core: Option<PathBuf>,
 }
 
+/// What [`make`] made: the image step, and the steps it was made from.
+pub struct Made {
+    pub image: Image,
+    pub base_dir: PathBuf,
+    pub wheelhouse_dir: PathBuf,
+    /// The verify exit code (success when --verify was not asked for).
+    pub exit: ExitCode,
+}
+
 pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
+    make(ctx, args).map(|m| m.exit)
+}
+
+/// Makes (or finds) everything the image needs, the image step, and what the flags ask.
+pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
     let started = Instant::now();
     let say = |line: &str| {
         if !ctx.quiet {
@@ -155,6 +169,7 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
         &stack.nvshmem.cuda_archs,
     )?;
     let wheelhouse = crate::flow::deepep::build_deepep(ctx, &build)?;
+    let wheelhouse_dir = wheelhouse.clone();
     let verify_bin = build_verify_tool(ctx)?;
     let tools = vec![
         own_tool(
@@ -227,7 +242,12 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
         exit = verify_in_container(ctx, &stack, &lock, &image, &base.manifest.python, args.gpus)?;
     }
     say(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
-    Ok(exit)
+    Ok(Made {
+        image,
+        base_dir: base.dir,
+        wheelhouse_dir,
+        exit,
+    })
 }
 
 /// The build flows' arguments for what the image needs, with their defaults.
@@ -265,13 +285,17 @@ fn build_verify_tool(ctx: &Ctx) -> Result<PathBuf> {
     if !ctx.quiet {
         eprintln!("building commstack-verify (release) ...");
     }
+    // A target directory of its own: built beside the self-test in one directory, the two
+    // -p builds unify dependency features differently and each rebuild the other's
+    // crates, so the self-test would be compiled (and its bytes changed) on every run.
+    let target = crate::util::cargo_target_dir().join("image-tools");
     cmd!(
         sh,
-        "cargo build --release --locked --quiet -p commstack-verify --bin commstack-verify"
+        "cargo build --release --locked --quiet --target-dir {target} -p commstack-verify --bin commstack-verify"
     )
     .run()
     .context("building commstack-verify failed")?;
-    Ok(crate::util::cargo_target_dir().join("release/commstack-verify"))
+    Ok(target.join("release/commstack-verify"))
 }
 
 /// A stripped copy of one of our binaries, in a store step keyed by the binary's sha256:
@@ -385,6 +409,11 @@ fn verify_in_container(
                 "{}.{}",
                 stack.target.base.glibc.0, stack.target.base.glibc.1
             ),
+            "--target-glibcxx",
+            &{
+                let (a, b, c) = stack.target.base.glibcxx;
+                format!("{a}.{b}.{c}")
+            },
         ]
         .map(String::from),
     );
@@ -463,7 +492,7 @@ fn print_verdicts(report: &serde_json::Value) {
             println!(
                 "  {:<8} {:<40} {}",
                 check.get("status").and_then(|v| v.as_str()).unwrap_or("?"),
-                check.get("id").and_then(|v| v.as_str()).unwrap_or("?"),
+                check.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
                 check.get("detail").and_then(|v| v.as_str()).unwrap_or("")
             );
         }

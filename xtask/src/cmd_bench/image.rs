@@ -1,0 +1,99 @@
+//! `bench image`: the image step's no-op time as whole processes, and the image's size
+//! beside what it holds installed: the base's files plus every wheel's files (what an
+//! installer would write), so bloat (a copied wheel, build leftovers) shows as a ratio.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use commstack_deepep::wheelhouse::Wheelhouse;
+
+use crate::ctx::Ctx;
+use crate::flow::build::SourceFetchArgs;
+use crate::util::human;
+
+pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<ExitCode> {
+    let args = crate::flow::image::Args {
+        oci: None,
+        verify: false,
+        gpus: false,
+        context: None,
+        no_load: false,
+        force: false,
+        fetch: fetch.clone(),
+        jobs: None,
+        rdma_core: None,
+    };
+    let made = crate::flow::image::make(ctx, &args)?;
+
+    let exe = std::env::current_exe().context("cannot find the xtask binary")?;
+    let mut noop = Vec::new();
+    for _ in 0..runs {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--quiet", "--stack"]).arg(&ctx.stack_path).arg("image");
+        for m in &fetch.mirror {
+            cmd.args(["--mirror", m]);
+        }
+        if fetch.accept_tree_match {
+            cmd.arg("--accept-tree-match");
+        }
+        let t = Instant::now();
+        let out = cmd.output()?;
+        if !out.status.success() {
+            bail!("no-op image failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        noop.push(t.elapsed().as_secs_f64());
+    }
+    let image = &made.image;
+    let size: u64 = image.manifest.layers.iter().map(|l| l.size).sum();
+    let base = tar_file_bytes(&made.base_dir.join("rootfs.tar"))?;
+    let house = Wheelhouse::open(&made.wheelhouse_dir)?;
+    let mut wheels = 0u64;
+    for w in &house.manifest.wheels {
+        let wheel = commstack_wheel::Wheel::open(&house.wheel_path(&w.filename))?;
+        wheels += wheel.entries.iter().filter(|e| !e.is_dir).map(|e| e.size).sum::<u64>();
+    }
+    let installed = base + wheels;
+    println!("| image {} | {} |", image.id(), image.tag());
+    println!(
+        "| size | {} ({size} bytes) in {} layers; base files {} + wheel files {} = {}; ratio {:.3} (target <= 1.10) |",
+        human(size),
+        image.manifest.layers.len(),
+        human(base),
+        human(wheels),
+        human(installed),
+        size as f64 / installed as f64
+    );
+    noop.sort_by(f64::total_cmp);
+    println!(
+        "| `cargo xtask image` no-op (whole process, image in Docker) | median {:.2} s of {} (min {:.2}, max {:.2}) |",
+        noop[noop.len() / 2],
+        noop.len(),
+        noop[0],
+        noop[noop.len() - 1]
+    );
+    for (i, l) in image.manifest.layers.iter().enumerate() {
+        println!("| layer {i} | {} | {} |", human(l.size), l.holds);
+    }
+    Ok(if size as f64 <= 1.10 * installed as f64 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Bytes of regular files in a tar (hard links counted once).
+fn tar_file_bytes(path: &Path) -> Result<u64> {
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut archive = tar::Archive::new(file);
+    let mut bytes = 0;
+    for entry in archive.entries()? {
+        let entry = entry?;
+        if entry.header().entry_type().is_file() {
+            bytes += entry.header().size()?;
+        }
+    }
+    Ok(bytes)
+}
