@@ -322,6 +322,7 @@ fn bombs_stop_at_the_limits() {
     let options = Options {
         strip: Strip::TopDir,
         limits,
+        ..Options::default()
     };
     // 16 MiB of zeros gzip to a few KiB.
     let zeros = vec![0u8; 16 << 20];
@@ -356,6 +357,7 @@ fn bombs_stop_at_the_limits() {
         &Options {
             strip: Strip::None,
             limits,
+            ..Options::default()
         },
         &["more than 1048576 bytes", "zeros"],
     );

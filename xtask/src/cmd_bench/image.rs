@@ -32,7 +32,9 @@ pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<Exi
     let mut noop = Vec::new();
     for _ in 0..runs {
         let mut cmd = Command::new(&exe);
-        cmd.args(["--quiet", "--stack"]).arg(&ctx.stack_path).arg("image");
+        cmd.args(["--quiet", "--stack"])
+            .arg(&ctx.stack_path)
+            .arg("image");
         for m in &fetch.mirror {
             cmd.args(["--mirror", m]);
         }
@@ -42,7 +44,10 @@ pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<Exi
         let t = Instant::now();
         let out = cmd.output()?;
         if !out.status.success() {
-            bail!("no-op image failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "no-op image failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         noop.push(t.elapsed().as_secs_f64());
     }
@@ -53,7 +58,12 @@ pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<Exi
     let mut wheels = 0u64;
     for w in &house.manifest.wheels {
         let wheel = commstack_wheel::Wheel::open(&house.wheel_path(&w.filename))?;
-        wheels += wheel.entries.iter().filter(|e| !e.is_dir).map(|e| e.size).sum::<u64>();
+        wheels += wheel
+            .entries
+            .iter()
+            .filter(|e| !e.is_dir)
+            .map(|e| e.size)
+            .sum::<u64>();
     }
     let installed = base + wheels;
     println!("| image {} | {} |", image.id(), image.tag());
