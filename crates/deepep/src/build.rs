@@ -32,7 +32,11 @@ use crate::wheel_check::{Expect, WheelFacts, check_wheel};
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 const STEP: &str = "deepep";
 /// Bumped when the recipe changes what it produces.
-const RECIPE: &str = "deepep-setup-py-1";
+const RECIPE: &str = "deepep-setup-py-2";
+/// Written into the DeepEP wheel's dist-info: the NVSHMEM its extension was built against
+/// (V1 links NVSHMEM's device library statically), so verify can check, from the files
+/// alone, that the environment's host library is of the same build.
+pub const BUILD_RECORD_FILE: &str = "commstack-build.json";
 
 /// The Python environment that builds (its torch is the one the wheel is built for).
 #[derive(Clone, Debug)]
@@ -459,6 +463,23 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
             dist.display()
         );
     };
+    if req.api == DeepEpApi::V1 {
+        let device = req.nvshmem.prefix.join("lib/libnvshmem_device.a");
+        let record = serde_json::json!({
+            "nvshmem": {
+                "version": req.nvshmem.version(),
+                "device_library_sha256": commstack_digest::sha256_file(&device)
+                    .with_context(|| format!("hashing {}", device.display()))?,
+                "host_soname": p.host_soname,
+                "use_nccl": req.nvshmem.host.build_vars.use_nccl(),
+            }
+        });
+        commstack_wheel::add_dist_info_file(
+            wheel,
+            BUILD_RECORD_FILE,
+            (commstack_digest::canonical_json(&record) + "\n").as_bytes(),
+        )?;
+    }
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
         DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],

@@ -82,6 +82,7 @@ pub fn check_static(roots: &[PathBuf], expect: &Expectations) -> StaticFindings 
     let stack: Vec<&TreeLibrary> = libs.iter().map(|(_, l)| l).collect();
 
     checks.extend(nvshmem_checks(&stack, expect));
+    checks.extend(deepep_device_check(roots, &stack));
     checks.extend(one_copy_checks(&stack, expect));
     checks.push(resolution_check(&trees, &libs, expect));
     let (needs, glibc_checks) = symbol_version_checks(&stack, expect);
@@ -188,6 +189,105 @@ fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
         });
     }
     checks
+}
+
+/// What `cargo xtask build deepep` records in DeepEP's wheel (`commstack-build.json`).
+#[derive(serde::Deserialize)]
+struct DeepEpRecord {
+    nvshmem: DeepEpNvshmem,
+}
+
+#[derive(serde::Deserialize)]
+struct DeepEpNvshmem {
+    version: Option<String>,
+    device_library_sha256: String,
+}
+
+const DEEPEP_DEVICE: &str = "static.deepep.nvshmem-device";
+
+/// DeepEP V1 links NVSHMEM's device library into its extension; that device code must run
+/// with a host library of the same build (a 3.4.5 device with a 3.6.5 host hung NeMo's
+/// nodes; SGLang hit "device library version does not match host library version"). The
+/// device code's payload is compressed, so the proof is the build's record in the wheel:
+/// the device library it linked (sha256) must be the one beside the environment's
+/// libnvshmem_host, and its version the host's.
+/// No check when no DeepEP distribution is installed (the runtime level reports a missing
+/// module).
+fn deepep_device_check(roots: &[PathBuf], stack: &[&TreeLibrary]) -> Option<Check> {
+    let dist_info = roots
+        .iter()
+        .filter_map(|r| std::fs::read_dir(r).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("deep_ep-") && n.ends_with(".dist-info")
+            })
+        })?;
+    Some(deepep_device_record_check(&dist_info, stack))
+}
+
+fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check {
+    let path = dist_info.join("commstack-build.json");
+    let record: DeepEpRecord = match std::fs::read_to_string(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| serde_json::from_str(&t).map_err(anyhow::Error::from))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::not_run_fix(
+                DEEPEP_DEVICE,
+                format!("{}: {e} (a DeepEP not built by commstack, or by an older one)", path.display()),
+                "build DeepEP with `cargo xtask build deepep` and install that wheel",
+            );
+        }
+    };
+    let Some(host) = stack.iter().find(|l| l.name.starts_with("libnvshmem_host")) else {
+        return Check::fail(
+            DEEPEP_DEVICE,
+            "DeepEP is installed but no libnvshmem_host is in the environment",
+            "install the stack's NVSHMEM drop-in wheel",
+        );
+    };
+    let device = host.path.with_file_name("libnvshmem_device.a");
+    let host_version = ElfFile::open(&host.path)
+        .ok()
+        .and_then(|e| e.nvshmem_host_info().ok())
+        .and_then(|i| i.version)
+        .map(|v| v.to_string());
+    let device_sha = commstack_digest::sha256_file(&device).ok();
+    let r = &record.nvshmem;
+    if device_sha.as_deref() == Some(r.device_library_sha256.as_str())
+        && r.version.is_some()
+        && r.version == host_version
+    {
+        Check::pass(
+            DEEPEP_DEVICE,
+            format!(
+                "DeepEP's device code was linked from {} (sha256 {}), beside the host library {} (NVSHMEM {})",
+                device.display(),
+                &r.device_library_sha256[..12],
+                host.path.display(),
+                host_version.as_deref().unwrap_or("?")
+            ),
+        )
+    } else {
+        Check::fail(
+            DEEPEP_DEVICE,
+            format!(
+                "DeepEP was built against NVSHMEM {} (device library sha256 {}); the environment has {} NVSHMEM {} with device library {}",
+                r.version.as_deref().unwrap_or("?"),
+                &r.device_library_sha256[..12.min(r.device_library_sha256.len())],
+                host.path.display(),
+                host_version.as_deref().unwrap_or("?"),
+                device_sha
+                    .as_deref()
+                    .map_or_else(|| format!("absent ({})", device.display()), |s| format!("sha256 {}", &s[..12]))
+            ),
+            "install the NVSHMEM drop-in wheel made from the NVSHMEM build DeepEP was built against (`cargo xtask build deepep` makes both)",
+        )
+    }
 }
 
 fn one_copy_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {

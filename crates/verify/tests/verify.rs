@@ -185,3 +185,48 @@ fn a_newer_glibc_than_the_target_fails() {
         )
     );
 }
+
+/// DeepEP's record of the NVSHMEM device library it linked must name the one beside the
+/// environment's libnvshmem_host, of the host's version; another one fails, a DeepEP
+/// without the record cannot be judged (not run), no DeepEP gives no check.
+#[test]
+fn deepep_device_code_must_come_from_the_host_librarys_build() {
+    use commstack_verify::static_level::check_static;
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 22809);
+    let device = site.join("nvidia/nvshmem/lib/libnvshmem_device.a");
+    std::fs::write(&device, b"!<arch>\nfake device library\n").unwrap();
+    let sha = commstack_digest::sha256_file(&device).unwrap();
+    let find = |site: &Path| {
+        let f = check_static(&[site.to_path_buf()], &Expectations::new());
+        f.checks
+            .into_iter()
+            .find(|c| c.name == "static.deepep.nvshmem-device")
+    };
+    assert!(find(&site).is_none(), "no DeepEP, no check");
+
+    let dist = site.join("deep_ep-1.2.1.dist-info");
+    std::fs::create_dir_all(&dist).unwrap();
+    assert_eq!(find(&site).unwrap().status, Status::NotRun);
+
+    let record = |version: &str, sha: &str| {
+        std::fs::write(
+            dist.join("commstack-build.json"),
+            format!(r#"{{"nvshmem":{{"device_library_sha256":"{sha}","host_soname":"libnvshmem_host.so.3","use_nccl":false,"version":"{version}"}}}}"#),
+        )
+        .unwrap();
+    };
+    record("3.4.5", &sha);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Passed, "{c:?}");
+
+    record("3.6.5", &sha);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert!(c.detail.contains("3.6.5"), "{c:?}");
+
+    record("3.4.5", &"0".repeat(64));
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert!(c.detail.contains(&sha[..12]), "{c:?}");
+}

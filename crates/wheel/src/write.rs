@@ -370,3 +370,64 @@ fn check_inner_path(path: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Adds `<dist-info>/<name>` to an existing wheel, in place: every entry is copied as it
+/// is (raw, not recompressed), the new file goes before RECORD, and RECORD gains its line.
+/// For facts a build records about the wheel it made (e.g. which NVSHMEM device library
+/// DeepEP's extension linked), where rebuilding the wheel would change its payload.
+pub fn add_dist_info_file(wheel_path: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let wheel = crate::read::Wheel::open(wheel_path)?;
+    let dist_info = wheel.dist_info.clone();
+    let record_path = wheel.record_path();
+    let new_path = format!("{dist_info}/{name}");
+    if wheel.entries.iter().any(|e| e.path == new_path) {
+        bail!("{} already holds {new_path}", wheel_path.display());
+    }
+    let dir = wheel_path
+        .parent()
+        .with_context(|| format!("{} has no directory", wheel_path.display()))?;
+    let tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    let mut zip = ZipWriter::new(io::BufWriter::new(tmp.reopen()?));
+    let mut archive = zip::ZipArchive::new(BufReader::new(
+        File::open(wheel_path).with_context(|| format!("cannot read {}", wheel_path.display()))?,
+    ))?;
+    for i in 0..archive.len() {
+        let entry = archive.by_index_raw(i)?;
+        if entry.name()? == record_path.as_str() {
+            continue;
+        }
+        zip.raw_copy_file(entry)?;
+    }
+    zip.start_file(new_path.as_str(), options(false, bytes.len() as u64))?;
+    zip.write_all(bytes)?;
+    let mut record: Vec<RecordEntry> = wheel
+        .record
+        .iter()
+        .filter(|r| r.path != record_path)
+        .cloned()
+        .collect();
+    record.push(RecordEntry {
+        path: new_path,
+        hash: Some(crate::record::record_hash(bytes)),
+        size: Some(bytes.len() as u64),
+    });
+    record.push(RecordEntry {
+        path: record_path.clone(),
+        hash: None,
+        size: None,
+    });
+    let record_bytes = render_record(&record);
+    zip.start_file(record_path, options(false, record_bytes.len() as u64))?;
+    zip.write_all(&record_bytes)?;
+    let mut writer = zip.finish().context("cannot finish the zip archive")?;
+    writer.flush()?;
+    drop(writer);
+    tmp.persist(wheel_path)
+        .with_context(|| format!("cannot replace {}", wheel_path.display()))?;
+    fs::set_permissions(wheel_path, fs::Permissions::from_mode(0o644))?;
+    // What was written must verify like any wheel.
+    crate::read::Wheel::open(wheel_path)?
+        .verify()
+        .with_context(|| format!("{} after adding {name}", wheel_path.display()))
+}

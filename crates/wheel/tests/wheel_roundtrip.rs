@@ -277,3 +277,34 @@ fn run(cmd: &mut Command) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// A file added to a built wheel's dist-info: every other entry keeps its bytes, RECORD
+/// lists the new file with its hash, the wheel verifies, and the same name twice is refused.
+#[test]
+fn a_dist_info_file_is_added_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = demo_builder(dir.path()).write(dir.path()).unwrap();
+    let before = Wheel::open(&written.path).unwrap();
+    let payload: Vec<(String, Vec<u8>)> = before
+        .entries
+        .iter()
+        .filter(|e| !e.is_dir && !e.path.ends_with("/RECORD"))
+        .map(|e| (e.path.clone(), before.read(&e.path).unwrap()))
+        .collect();
+
+    commstack_wheel::add_dist_info_file(&written.path, "commstack-build.json", b"{\"a\":1}\n")
+        .unwrap();
+    let after = Wheel::open(&written.path).unwrap();
+    after.verify().unwrap();
+    for (path, bytes) in &payload {
+        assert_eq!(&after.read(path).unwrap(), bytes, "{path} changed");
+    }
+    let added = format!("{}/commstack-build.json", after.dist_info);
+    assert_eq!(after.read(&added).unwrap(), b"{\"a\":1}\n");
+    assert!(after.record.iter().any(|r| r.path == added && r.hash.is_some()));
+    assert_eq!(after.entries.last().unwrap().path, after.record_path());
+
+    let err = commstack_wheel::add_dist_info_file(&written.path, "commstack-build.json", b"x")
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("already holds"), "{err:#}");
+}
