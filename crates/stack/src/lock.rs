@@ -1,14 +1,16 @@
 //! `stack.lock`: what a stack resolved to. Every artifact (wheels for the target, toolchain
 //! wheels for the build host, source archives) with URL and sha256.
 //!
-//! Written with toml_edit so that a re-lock keeps the comments a user added and the order of
-//! what was there: entries are merged into the old document, not regenerated.
+//! The text is a function of the model alone: keys in serde's field order, entries in the
+//! order the lock crate resolved them. A re-lock keeps the comments a user added (carried
+//! over with toml_edit onto the same keys and entries) and nothing else of the old text, so
+//! a lock made beside an old one and a lock made from nothing are the same bytes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use toml_edit::{DocumentMut, Item, Table};
+use toml_edit::{Decor, DocumentMut, Item, RawString, Table};
 
 use crate::diag::Diagnostic;
 use crate::manifest::{DeepEpApi, Stack};
@@ -247,17 +249,21 @@ impl Lock {
         })
     }
 
-    /// Render, keeping what `previous` (the old lock's text) has that we can keep: comments,
-    /// the order of tables and keys, and entries' positions.
+    /// Render in the canonical form, with the comments `previous` (the old lock's text) has
+    /// on keys, tables and entries that are still there. Nothing else of `previous` is kept:
+    /// an old lock's key order once outlived the fields it was written with (issue 17).
     pub fn render(&self, previous: Option<&str>) -> String {
         let fresh_text = toml::to_string(self).expect("the lock model serialises");
-        let fresh: DocumentMut = fresh_text.parse().expect("toml output parses");
+        let canonical = format!("{HEADER}\n{fresh_text}");
         let Some(old) = previous.and_then(|p| p.parse::<DocumentMut>().ok()) else {
-            return format!("{HEADER}\n{fresh}");
+            return canonical;
         };
-        let mut merged = old.clone();
-        merge_table(merged.as_table_mut(), fresh.as_table());
-        merged.to_string()
+        let mut doc: DocumentMut = canonical.parse().expect("toml output parses");
+        carry_comments(doc.as_table_mut(), old.as_table());
+        if has_comment(Some(old.trailing())) {
+            doc.set_trailing(old.trailing().clone());
+        }
+        doc.to_string()
     }
 
     /// Every artifact, in a stable order: sources, toolchain, packages, debs.
@@ -399,49 +405,53 @@ fn entry_key(t: &Table) -> Option<String> {
     None
 }
 
-fn merge_table(old: &mut Table, new: &Table) {
-    let stale: Vec<String> = old
-        .iter()
-        .map(|(k, _)| k.to_string())
-        .filter(|k| !new.contains_key(k))
-        .collect();
-    for k in stale {
-        old.remove(&k);
-    }
-    for (key, new_item) in new.iter() {
-        match (old.get_mut(key), new_item) {
-            (Some(Item::Table(o)), Item::Table(n)) => merge_table(o, n),
-            (Some(Item::ArrayOfTables(o)), Item::ArrayOfTables(n)) => {
-                let mut olds: Vec<Option<Table>> = o.iter().cloned().map(Some).collect();
-                let mut merged = toml_edit::ArrayOfTables::new();
-                for n in n.iter() {
-                    let id = entry_key(n);
-                    let pos = olds.iter().position(|t| {
-                        t.as_ref()
-                            .is_some_and(|t| id.is_some() && entry_key(t) == id)
-                    });
-                    let mut t = match pos {
-                        Some(p) => olds[p].take().unwrap(),
-                        None => Table::new(),
-                    };
-                    merge_table(&mut t, n);
-                    merged.push(t);
-                }
-                *o = merged;
-            }
-            (Some(Item::Value(o)), Item::Value(n)) => {
-                if o.to_string().trim() != n.to_string().trim() {
-                    // Keep the comment after the value, if any; replace the value.
-                    let decor = o.decor().clone();
-                    *o = n.clone();
-                    *o.decor_mut() = decor;
+/// Copy the comments of `old` onto the same keys, tables and entries of `new` (the
+/// canonical rendering). Only decor that holds a comment moves, so order and spacing stay
+/// canonical; comments on keys or entries the new lock no longer has are dropped with them.
+fn carry_comments(new: &mut Table, old: &Table) {
+    carry_decor(new.decor_mut(), old.decor());
+    let keys: Vec<String> = new.iter().map(|(k, _)| k.to_string()).collect();
+    for key in keys {
+        let (Some(old_key), Some(old_item)) = (old.key(&key), old.get(&key)) else {
+            continue;
+        };
+        let (mut new_key, new_item) = new.get_key_value_mut(&key).expect("listed above");
+        carry_decor(new_key.leaf_decor_mut(), old_key.leaf_decor());
+        match (new_item, old_item) {
+            (Item::Table(n), Item::Table(o)) => carry_comments(n, o),
+            (Item::ArrayOfTables(n), Item::ArrayOfTables(o)) => {
+                // Entries are matched by identity, not position: a re-lock may add, drop or
+                // reorder packages, and a comment belongs to its package.
+                let mut olds: Vec<Option<&Table>> = o.iter().map(Some).collect();
+                for n in n.iter_mut() {
+                    let Some(id) = entry_key(n) else { continue };
+                    let slot = olds
+                        .iter_mut()
+                        .find(|t| t.is_some_and(|t| entry_key(t).as_ref() == Some(&id)));
+                    if let Some(o) = slot.and_then(Option::take) {
+                        carry_comments(n, o);
+                    }
                 }
             }
-            (_, n) => {
-                old.insert(key, n.clone());
-            }
+            (Item::Value(n), Item::Value(o)) => carry_decor(n.decor_mut(), o.decor()),
+            _ => {}
         }
     }
+}
+
+fn carry_decor(new: &mut Decor, old: &Decor) {
+    if has_comment(old.prefix()) {
+        new.set_prefix(old.prefix().expect("checked").clone());
+    }
+    if has_comment(old.suffix()) {
+        new.set_suffix(old.suffix().expect("checked").clone());
+    }
+}
+
+/// Decor is whitespace and comments, so a `#` in it is a comment.
+fn has_comment(raw: Option<&RawString>) -> bool {
+    raw.and_then(RawString::as_str)
+        .is_some_and(|s| s.contains('#'))
 }
 
 #[cfg(test)]
@@ -469,9 +479,22 @@ mod tests {
                 deepep_rev: "567632dd59810d77b3cc05553df953cc0f779799".into(),
                 deepep_api: DeepEpApi::V1,
             },
-            manifest: [("torch.version".to_string(), "2.11.0".to_string())].into(),
+            manifest: [
+                ("nvshmem.static-lib".to_string(), "false".to_string()),
+                ("torch.version".to_string(), "2.11.0".to_string()),
+            ]
+            .into(),
             rules: vec![],
-            sources: vec![],
+            sources: vec![Source {
+                name: "nvshmem".into(),
+                version: "3.4.5".into(),
+                rev: None,
+                url: "https://files.example/nvshmem_src-3.4.5.tar.gz".into(),
+                filename: "nvshmem_src-3.4.5.tar.gz".into(),
+                sha256: Some("33".repeat(32)),
+                tree: Some(format!("sha256:{}", "44".repeat(32))),
+                origin: "known-hash table".into(),
+            }],
             packages: vec![
                 Wheel {
                     name: "filelock".into(),
@@ -510,7 +533,7 @@ mod tests {
     }
 
     #[test]
-    fn relock_keeps_user_comments_and_order() {
+    fn relock_keeps_user_comments() {
         let lock = sample();
         let text = lock.render(None);
         // A user annotates one package.
@@ -532,6 +555,51 @@ mod tests {
         assert_eq!(Lock::parse(Path::new("s"), &rendered).unwrap(), next);
         // Unchanged input renders byte-identical.
         assert_eq!(lock.render(Some(&text)), text);
+    }
+
+    /// An old lock with its keys in another order (as a lock merged over the years had them:
+    /// `tree` and `nvshmem.static-lib` appended after the keys that existed before them)
+    /// renders in the model's order, and the comments a user put on those keys move with
+    /// them.
+    #[test]
+    fn relock_takes_the_order_from_the_model_and_keeps_comments() {
+        let lock = sample();
+        let canonical = lock.render(None);
+        let tree = format!("tree = \"sha256:{}\"\n", "44".repeat(32));
+        let origin = "origin = \"known-hash table\"\n";
+        let static_lib = "\"nvshmem.static-lib\" = \"false\"\n";
+        let torch = "\"torch.version\" = \"2.11.0\"\n";
+        for line in [tree.as_str(), origin, static_lib, torch] {
+            assert_eq!(canonical.matches(line).count(), 1, "{line}{canonical}");
+        }
+        assert!(
+            canonical.contains(&format!("{tree}{origin}")),
+            "{canonical}"
+        );
+        assert!(
+            canonical.contains(&format!("{static_lib}{torch}")),
+            "{canonical}"
+        );
+
+        let note = "# opt-in since the 115 s build: see README\n";
+        let checked = "origin = \"known-hash table\" # checked against Spack by hand\n";
+        let end = "\n# reviewed for the 2026-12 release\n";
+        let old = canonical
+            .replace(&format!("{tree}{origin}"), &format!("{checked}{tree}"))
+            .replace(
+                &format!("{static_lib}{torch}"),
+                &format!("{torch}{note}{static_lib}"),
+            )
+            + end;
+        // The old text is the same lock, only in another order and annotated.
+        assert_eq!(Lock::parse(Path::new("s"), &old).unwrap(), lock);
+
+        let want = canonical
+            .replace(origin, checked)
+            .replace(static_lib, &format!("{note}{static_lib}"))
+            + end;
+        assert_ne!(old, want);
+        assert_eq!(lock.render(Some(&old)), want);
     }
 
     #[test]

@@ -19,6 +19,41 @@ fn round_trips(lock: &str, requirements: &str) {
     assert_eq!(parsed.requirements_txt(), req, "{requirements}");
 }
 
+/// The committed lock is what `cargo xtask lock` writes with no lock beside the manifest:
+/// its canonical rendering, byte for byte, so the lock is a function of the manifest and
+/// the index alone (issue 17). Offline: whether the index still gives these pins is
+/// `cargo xtask lock --check --online`'s question.
+fn is_canonical(lock: &str) {
+    let path = repo().join(lock);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let parsed = Lock::parse(&path, &text).unwrap();
+    let fresh = parsed.render(None);
+    if fresh != text {
+        let line = fresh
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .map_or(fresh.lines().count().min(text.lines().count()), |i| i);
+        panic!(
+            "{lock} is not the canonical rendering of its model: from line {} it has {:?} \
+             where a fresh lock has {:?}; run `cargo xtask lock --force` and commit the result",
+            line + 1,
+            text.lines().nth(line),
+            fresh.lines().nth(line)
+        );
+    }
+}
+
+#[test]
+fn stack_lock_is_canonical() {
+    is_canonical("stack.lock");
+}
+
+#[test]
+fn bookworm_lock_is_canonical() {
+    is_canonical("stacks/bookworm.lock");
+}
+
 #[test]
 fn stack_lock_round_trips() {
     round_trips("stack.lock", "requirements.lock");
