@@ -238,7 +238,10 @@ fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check
         Err(e) => {
             return Check::not_run_fix(
                 DEEPEP_DEVICE,
-                format!("{}: {e} (a DeepEP not built by commstack, or by an older one)", path.display()),
+                format!(
+                    "{}: {e} (a DeepEP not built by commstack, or by an older one)",
+                    path.display()
+                ),
                 "build DeepEP with `cargo xtask build deepep` and install that wheel",
             );
         }
@@ -281,9 +284,10 @@ fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check
                 &r.device_library_sha256[..12.min(r.device_library_sha256.len())],
                 host.path.display(),
                 host_version.as_deref().unwrap_or("?"),
-                device_sha
-                    .as_deref()
-                    .map_or_else(|| format!("absent ({})", device.display()), |s| format!("sha256 {}", &s[..12]))
+                device_sha.as_deref().map_or_else(
+                    || format!("absent ({})", device.display()),
+                    |s| format!("sha256 {}", &s[..12])
+                )
             ),
             "install the NVSHMEM drop-in wheel made from the NVSHMEM build DeepEP was built against (`cargo xtask build deepep` makes both)",
         )

@@ -301,7 +301,12 @@ fn a_dist_info_file_is_added_in_place() {
     }
     let added = format!("{}/commstack-build.json", after.dist_info);
     assert_eq!(after.read(&added).unwrap(), b"{\"a\":1}\n");
-    assert!(after.record.iter().any(|r| r.path == added && r.hash.is_some()));
+    assert!(
+        after
+            .record
+            .iter()
+            .any(|r| r.path == added && r.hash.is_some())
+    );
     assert_eq!(after.entries.last().unwrap().path, after.record_path());
 
     let err = commstack_wheel::add_dist_info_file(&written.path, "commstack-build.json", b"x")
