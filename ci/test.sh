@@ -13,6 +13,9 @@ cargo fmt --all --check
 step "build and test every crate but the kernel crate (it needs nvcc: last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
 cargo test --locked --workspace --exclude commstack-kernels
 
+step "the image step with the network cut: the fixture image tests again in a new network namespace (unshare -n; Docker is reached through its socket)"
+unshare -n cargo test --locked --offline -p commstack-image --test image_step
+
 step "clippy, warnings as errors (the kernel crate's clippy runs with its build, last step)"
 cargo clippy --locked --workspace --exclude commstack-kernels --all-targets -- -D warnings
 
