@@ -58,9 +58,9 @@ enum Which {
     /// the image's size against its base's files plus its wheels' files (target <= 1.10x);
     /// makes the image first if needed.
     Image {
-        /// Repetitions of the no-op.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
+        /// Repetitions of the no-op (at least 1).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        runs: u64,
         #[command(flatten)]
         fetch: crate::flow::build::SourceFetchArgs,
     },
@@ -75,7 +75,7 @@ enum Which {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
-        Which::Image { runs, fetch } => image::bench_image(ctx, runs, fetch),
+        Which::Image { runs, fetch } => image::bench_image(ctx, runs as usize, fetch),
         Which::Lock {
             runs,
             with_pip,

@@ -125,6 +125,8 @@ pub fn build_base(
     if inputs.debs.is_empty() {
         bail!("the lock has no [[deb]] entries: relock with `cargo xtask lock --force`");
     }
+    commstack_stack::lock::check_epoch_past(inputs.base.epoch)
+        .map_err(|e| anyhow::anyhow!("the lock's [base] {e}"))?;
     let tool = mmdebstrap::find()?;
     log(&format!(
         "checking {} .deb files against the lock ...",

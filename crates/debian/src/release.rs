@@ -68,7 +68,25 @@ pub fn verify(inrelease: &[u8], url: &str, keyring: &Path) -> Result<String> {
             .lines()
             .any(|l| l.starts_with(&format!("[GNUPG:] {tag} ")))
     };
-    if has("BADSIG") || !has("GOODSIG") || !has("VALIDSIG") {
+    // Like apt: gpgv itself must succeed (it fails, e.g., on a second signed block
+    // appended to the file), and exactly one clearsigned message with nothing around it.
+    let single_block = inrelease.starts_with(b"-----BEGIN PGP SIGNED MESSAGE-----")
+        && inrelease
+            .windows(b"-----BEGIN PGP SIGNED MESSAGE-----".len())
+            .filter(|w| *w == b"-----BEGIN PGP SIGNED MESSAGE-----")
+            .count()
+            == 1
+        && String::from_utf8_lossy(inrelease)
+            .trim_end()
+            .ends_with("-----END PGP SIGNATURE-----");
+    if !out.status.success()
+        || !single_block
+        || has("BADSIG")
+        || has("ERRSIG")
+        || has("NODATA")
+        || !has("GOODSIG")
+        || !has("VALIDSIG")
+    {
         bail!(
             "{url}: the signature does not verify against {}: the file is damaged, was changed, or \
              is signed by a key that keyring does not hold (set image.keyring to the archive's keyring)\n{}",

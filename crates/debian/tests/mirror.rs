@@ -139,6 +139,20 @@ fn a_bad_signature_is_refused() {
         0
     );
 
+    // The signed release with text around it (a second signed block appended, or
+    // unsigned lines in front): gpgv still reports a good signature for the first block,
+    // but the file is not one clearsigned message, as apt requires.
+    let signed_bytes = read("InRelease");
+    let mut appended = signed_bytes.clone();
+    appended.extend_from_slice(&signed_bytes);
+    let mut prepended = b"Suite: evil\n\n".to_vec();
+    prepended.extend_from_slice(&signed_bytes);
+    for bytes in [appended, prepended] {
+        let server = mirror(bytes, read("Packages.gz"));
+        let err = format!("{:#}", lock(&request(&server, &["app"])).unwrap_err());
+        assert!(err.contains("the signature does not verify"), "{err}");
+    }
+
     // A release signed by a key the keyring does not hold.
     let server = mirror(read("InRelease"), read("Packages.gz"));
     let other = tempfile::NamedTempFile::new().unwrap();

@@ -197,6 +197,8 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
             inputs.lock_path.display()
         )
     })?;
+    commstack_stack::lock::check_epoch_past(base_lock.epoch)
+        .map_err(|e| anyhow::anyhow!("{}: [base] {e}", inputs.lock_path.display()))?;
     let actual = commstack_digest::sha256_file(&inputs.lock_path)?;
     if actual != inputs.lock_sha256 {
         bail!(
@@ -395,7 +397,33 @@ pub fn assemble_image(store: &Store, inputs: &ImageInputs, force: bool) -> Resul
     })?;
     let mut image = Image::open(outcome.path())?;
     image.cached = outcome.was_cached();
+    // A cached image step names layer steps that `store gc` may have removed since: make
+    // the image again (its missing layers with it) rather than load or export from holes.
+    if image.cached
+        && !force
+        && let Some(why) = missing_layer(&image)
+    {
+        eprintln!("image: {why}; making the image step again");
+        return assemble_image(store, inputs, true);
+    }
     Ok(image)
+}
+
+/// The first layer file of `image` that is gone or has another size than recorded.
+fn missing_layer(image: &Image) -> Option<String> {
+    image
+        .layers()
+        .into_iter()
+        .find_map(|l| match fs::metadata(&l.path) {
+            Ok(m) if m.len() == l.size => None,
+            Ok(m) => Some(format!(
+                "the layer {} has {} bytes, the image records {}",
+                l.path.display(),
+                m.len(),
+                l.size
+            )),
+            Err(_) => Some(format!("the layer {} is gone", l.path.display())),
+        })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -574,7 +602,10 @@ fn build_image(
         }
         Ok((own_claims.clone(), vec![]))
     })?;
-    debug_assert_eq!(top_claims, own_claims);
+    anyhow::ensure!(
+        top_claims == own_claims,
+        "the top layer's claims differ from its provenance: a bug in the image step"
+    );
     built.push((
         ImageLayer {
             holds: own_holds,

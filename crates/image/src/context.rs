@@ -63,13 +63,6 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
         .rsplit_once(':')
         .map_or(spec.tag.as_str(), |(n, _)| n);
     let base_tag = format!("{name}-base:{}", &base_id["sha256:".len()..][..12]);
-    let tagged = docker(&["tag", &base_id, &base_tag])?;
-    if !tagged.status.success() {
-        bail!(
-            "docker tag {base_id} {base_tag}: {}",
-            String::from_utf8_lossy(&tagged.stderr).trim()
-        );
-    }
 
     let parent = dir
         .parent()
@@ -135,9 +128,18 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
     }
     fs::write(temp.path().join("build-args"), args.join(" ") + "\n")?;
     fs::write(temp.path().join("base.tag"), format!("{base_tag}\n"))?;
-    let done = temp.keep();
-    fs::rename(&done, dir)
+    fs::rename(temp.path(), dir)
         .with_context(|| format!("cannot move the context into {}", dir.display()))?;
+    // Renamed away: nothing left for the guard to remove.
+    let _ = temp.keep();
+    // Tagged last, so a failure above leaves no name behind.
+    let tagged = docker(&["tag", &base_id, &base_tag])?;
+    if !tagged.status.success() {
+        bail!(
+            "docker tag {base_id} {base_tag}: {}",
+            String::from_utf8_lossy(&tagged.stderr).trim()
+        );
+    }
     Ok(DockerContext {
         dir: dir.to_path_buf(),
         base_tag,

@@ -582,6 +582,15 @@ fn build_expecting_error(f: &Fixture) -> String {
 fn bad_inputs_fail_naming_the_artifact_and_tag_nothing() {
     let name = format!("commstack-fixture-bad-{}", std::process::id());
 
+    // An epoch in the future: times clamped to it would keep this machine's clock.
+    let mut f = fixture(&name, 7);
+    f.inputs.lock.base.as_mut().unwrap().epoch = 4_000_000_000;
+    let err = build_expecting_error(&f);
+    assert!(
+        err.contains("in the future") && err.contains("exclude-newer"),
+        "{err}"
+    );
+
     // A wheel whose bytes are not the lock's.
     let f = fixture(&name, 7);
     let filelock = f

@@ -91,6 +91,22 @@ pub struct BaseLock {
     pub epoch: u64,
 }
 
+/// Refuses an epoch (seconds since 1970) later than now: file times are clamped to the
+/// epoch, so with a future one the files written now would keep this machine's clock and
+/// two builds would differ.
+pub fn check_epoch_past(epoch: u64) -> Result<(), String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if epoch > now {
+        return Err(format!(
+            "epoch {epoch} is {} s in the future: times clamped to it would keep this machine's clock, so the output would not be reproducible; set resolve.exclude-newer in the stack manifest to a past time and run `cargo xtask lock`",
+            epoch - now
+        ));
+    }
+    Ok(())
+}
+
 /// One Debian package file of the base.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]

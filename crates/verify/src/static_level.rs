@@ -211,9 +211,21 @@ const DEEPEP_DEVICE: &str = "static.deepep.nvshmem-device";
 /// device code's payload is compressed, so the proof is the build's record in the wheel:
 /// the device library it linked (sha256) must be the one beside the environment's
 /// libnvshmem_host, and its version the host's.
-/// No check when no DeepEP distribution is installed (the runtime level reports a missing
-/// module).
+/// No check when no DeepEP extension links libnvshmem_host (none installed, or DeepEP V2,
+/// which uses NCCL's device API and links no NVSHMEM device code).
 fn deepep_device_check(roots: &[PathBuf], stack: &[&TreeLibrary]) -> Option<Check> {
+    let links_nvshmem = stack.iter().any(|l| {
+        l.path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("deep_ep_cpp"))
+            && l.dynamic
+                .needed
+                .iter()
+                .any(|n| n.starts_with("libnvshmem_host"))
+    });
+    if !links_nvshmem {
+        return None;
+    }
     let dist_info = roots
         .iter()
         .filter_map(|r| std::fs::read_dir(r).ok())
@@ -224,8 +236,15 @@ fn deepep_device_check(roots: &[PathBuf], stack: &[&TreeLibrary]) -> Option<Chec
                 let n = n.to_string_lossy();
                 n.starts_with("deep_ep-") && n.ends_with(".dist-info")
             })
-        })?;
-    Some(deepep_device_record_check(&dist_info, stack))
+        });
+    Some(match dist_info {
+        Some(d) => deepep_device_record_check(&d, stack),
+        None => Check::not_run_fix(
+            DEEPEP_DEVICE,
+            "a deep_ep_cpp extension links libnvshmem_host but no deep_ep-*.dist-info says how it was built",
+            "install DeepEP from the wheel `cargo xtask build deepep` makes",
+        ),
+    })
 }
 
 fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check {

@@ -187,8 +187,9 @@ fn a_newer_glibc_than_the_target_fails() {
 }
 
 /// DeepEP's record of the NVSHMEM device library it linked must name the one beside the
-/// environment's libnvshmem_host, of the host's version; another one fails, a DeepEP
-/// without the record cannot be judged (not run), no DeepEP gives no check.
+/// environment's libnvshmem_host, of the host's version; another one fails, a V1 DeepEP
+/// without the record cannot be judged (not run); no DeepEP, or a V2 one (no NVSHMEM
+/// linked), gives no check.
 #[test]
 fn deepep_device_code_must_come_from_the_host_librarys_build() {
     use commstack_verify::static_level::check_static;
@@ -205,8 +206,25 @@ fn deepep_device_code_must_come_from_the_host_librarys_build() {
     };
     assert!(find(&site).is_none(), "no DeepEP, no check");
 
+    let ext = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so";
     let dist = site.join("deep_ep-1.2.1.dist-info");
     std::fs::create_dir_all(&dist).unwrap();
+    // V2: an extension that links no NVSHMEM.
+    shared_lib(&site, ext, ext, "int deep_ep_v2(void) { return 2; }", &[]);
+    assert!(
+        find(&site).is_none(),
+        "DeepEP V2 links no NVSHMEM: no check"
+    );
+
+    std::fs::remove_file(site.join(ext)).unwrap();
+    let l_nvshmem = format!("-L{}", site.join("nvidia/nvshmem/lib").display());
+    shared_lib(
+        &site,
+        ext,
+        ext,
+        "int deep_ep_v1(void) { return 1; }",
+        &[&l_nvshmem, "-Wl,--no-as-needed", "-l:libnvshmem_host.so.3"],
+    );
     assert_eq!(find(&site).unwrap().status, Status::NotRun);
 
     let record = |version: &str, sha: &str| {

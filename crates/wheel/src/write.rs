@@ -380,6 +380,7 @@ pub fn add_dist_info_file(wheel_path: &Path, name: &str, bytes: &[u8]) -> Result
     let dist_info = wheel.dist_info.clone();
     let record_path = wheel.record_path();
     let new_path = format!("{dist_info}/{name}");
+    check_inner_path(&new_path)?;
     if wheel.entries.iter().any(|e| e.path == new_path) {
         bail!("{} already holds {new_path}", wheel_path.display());
     }

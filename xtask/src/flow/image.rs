@@ -32,7 +32,8 @@ The stack must have an [image] section (stacks/bookworm.toml has one) and a lock
 [base] (`cargo xtask lock`); the .debs and wheels come from the fetch cache (`cargo xtask
 fetch`), NVSHMEM, the self-test and DeepEP from the store (built here when missing).
 
-Prints the image ID (the sha256 of its config: the same lock gives the same ID), the tag
+Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
+the same ID), the tag
 (<name>:<first 12 hex of the lock's sha256>), the size, the layers and where the image
 step's files are (config, SBOM, provenance, image.json).")]
 pub struct Args {
@@ -42,9 +43,9 @@ pub struct Args {
     pub oci: Option<PathBuf>,
     /// Run verify's static level inside the image (`docker run --network=none`): ELF
     /// closure, one libnvshmem_host (ours, NCCL off), one libnccl at the lock's version,
-    /// DeepEP's device code of the host library's version. The report is kept under
-    /// <home>/reports/image-<id>/.
-    #[arg(long)]
+    /// DeepEP's device code of the host library's build; then `import torch` with no GPU.
+    /// The report is kept under <home>/reports/image-<id>/.
+    #[arg(long, conflicts_with = "no_load")]
     pub verify: bool,
     /// With --verify: also the runtime and selftest levels, in a container with the GPUs
     /// (`docker run --gpus all`: needs GPUs and the NVIDIA container runtime).
@@ -236,9 +237,6 @@ pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
     }
     let mut exit = ExitCode::SUCCESS;
     if args.verify {
-        if args.no_load {
-            bail!("--verify runs the image in Docker: leave out --no-load");
-        }
         exit = verify_in_container(ctx, &stack, &lock, &image, &base.manifest.python, args.gpus)?;
     }
     say(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
@@ -289,10 +287,22 @@ fn build_verify_tool(ctx: &Ctx) -> Result<PathBuf> {
     // -p builds unify dependency features differently and each rebuild the other's
     // crates, so the self-test would be compiled (and its bytes changed) on every run.
     let target = crate::util::cargo_target_dir().join("image-tools");
+    // Paths of this machine (the workspace, cargo's registry) would reach the binary's
+    // panic messages; remapped, the bytes do not depend on where the checkout is.
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".cargo")))
+        .context("no CARGO_HOME and no home directory")?;
+    let rustflags = format!(
+        "--remap-path-prefix={}=/cargo --remap-path-prefix={}=/commstack",
+        cargo_home.display(),
+        crate::util::workspace_root().display()
+    );
     cmd!(
         sh,
         "cargo build --release --locked --quiet --target-dir {target} -p commstack-verify --bin commstack-verify"
     )
+    .env("RUSTFLAGS", rustflags)
     .run()
     .context("building commstack-verify failed")?;
     Ok(target.join("release/commstack-verify"))
@@ -323,7 +333,8 @@ fn own_tool(store: &Store, name: &str, built: &Path, how: &str) -> Result<Tool> 
     })
 }
 
-/// The repository's origin URL and commit, for the image's labels (empty when unknown).
+/// The repository's origin URL (credentials removed; a local path or another non-URL
+/// origin is left out: it names a host's directory) and commit, for the image's labels.
 fn git_identity() -> (String, String) {
     let git = |args: &[&str]| -> String {
         Command::new("git")
@@ -335,10 +346,16 @@ fn git_identity() -> (String, String) {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     };
-    (
-        git(&["remote", "get-url", "origin"]),
-        git(&["rev-parse", "HEAD"]),
-    )
+    let origin = url::Url::parse(&git(&["remote", "get-url", "origin"]))
+        .ok()
+        .filter(|u| matches!(u.scheme(), "https" | "http" | "ssh" | "git"))
+        .map(|mut u| {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        })
+        .unwrap_or_default();
+    (origin, git(&["rev-parse", "HEAD"]))
 }
 
 fn print_image(image: &Image) {
@@ -471,7 +488,47 @@ fn verify_in_container(
         ),
     }
     println!("verify report: {} (exit {code})", report_file.display());
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+    let imports = import_without_gpu(image, &report_dir)?;
+    Ok(ExitCode::from(match (code, imports) {
+        (0, true) => 0,
+        (c, true) => u8::try_from(c).unwrap_or(1),
+        (_, false) => 1,
+    }))
+}
+
+/// `import torch` inside the image with no network and no GPU: the Python side that needs
+/// no driver. (deep_ep's extension needs the driver's libcuda.so.1: `--gpus`.)
+fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
+    let script = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))";
+    let out = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network=none",
+            "-e",
+            "CUDA_VISIBLE_DEVICES=",
+        ])
+        .args(["--entrypoint", &format!("{IMAGE_VENV}/bin/python")])
+        .args([image.id(), "-c", script])
+        .output()
+        .context("cannot run `docker run`")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = report_dir.join("import-torch.txt");
+    crate::util::write_all_atomically(&[(&file, &text)])?;
+    let ok = out.status.success();
+    println!(
+        "import torch (no GPU, no network): {} {}",
+        if ok { "passed" } else { "FAILED" },
+        text.lines().last().unwrap_or("").trim()
+    );
+    if !ok {
+        println!("  output: {}", file.display());
+    }
+    Ok(ok)
 }
 
 /// One line per check of the verify report.
