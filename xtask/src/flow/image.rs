@@ -520,10 +520,11 @@ fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
     let file = report_dir.join("import-torch.txt");
     crate::util::write_all_atomically(&[(&file, &text)])?;
     let ok = out.status.success();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     println!(
         "import torch (no GPU, no network): {} {}",
         if ok { "passed" } else { "FAILED" },
-        text.lines().last().unwrap_or("").trim()
+        stdout.lines().last().unwrap_or("").trim()
     );
     if !ok {
         println!("  output: {}", file.display());
