@@ -17,7 +17,6 @@
 //! `[base]` lock, every deb's name/version/architecture/sha256, mmdebstrap's version and
 //! the rules' version; the same key again is a no-op.
 
-mod hashing;
 pub mod installed;
 pub mod manifest;
 pub mod mmdebstrap;

@@ -16,8 +16,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use sha2::Digest;
 
-use crate::hashing::HashingWriter;
 use crate::rawtar::{Kind, RawEntry};
+use commstack_digest::HashingWriter;
 
 /// The written layer: `sha256:<hex>` of the tar bytes and their size.
 #[derive(Clone, Debug, PartialEq, Eq)]

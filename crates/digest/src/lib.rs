@@ -50,6 +50,37 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// A writer that hashes and counts what passes through it, so a layer's diff_id or a
+/// blob's digest costs no second read (the base's layer, the image's layers, OCI blobs).
+pub struct HashingWriter<W: io::Write> {
+    pub inner: W,
+    pub hasher: Sha256,
+    pub size: u64,
+}
+
+impl<W: io::Write> HashingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            size: 0,
+        }
+    }
+}
+
+impl<W: io::Write> io::Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 
-use crate::hashing::HashingWriter;
+use commstack_digest::HashingWriter;
 
 /// A written layer tar and its identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,11 +43,7 @@ pub fn write_layer(root: &Path, out: &Path, epoch: u64) -> Result<Layer> {
 /// [`write_layer`] with owner rules: what belongs to the image user is owned by it.
 pub fn write_layer_owned(root: &Path, out: &Path, epoch: u64, owners: &[Owner]) -> Result<Layer> {
     let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let hashing = HashingWriter {
-        inner: BufWriter::new(file),
-        hasher: Sha256::new(),
-        size: 0,
-    };
+    let hashing = HashingWriter::new(BufWriter::new(file));
     let mut builder = tar::Builder::new(hashing);
     builder.follow_symlinks(false);
     // Path of the first entry seen for each (device, inode) with several links.

@@ -18,7 +18,6 @@ pub mod assemble;
 pub mod base;
 pub mod context;
 pub mod docker_archive;
-mod hashing;
 pub mod layer;
 pub mod load;
 pub mod oci_layout;

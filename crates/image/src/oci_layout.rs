@@ -15,11 +15,11 @@ use flate2::write::GzEncoder;
 use oci_spec::image::{
     Descriptor, Digest, ImageIndexBuilder, ImageManifestBuilder, MediaType, SCHEMA_VERSION,
 };
-use sha2::{Digest as _, Sha256};
+use sha2::Digest as _;
 
 use crate::docker_archive::{ImageSpec, image_config};
-use crate::hashing::HashingWriter;
 use crate::layer::Layer;
+use commstack_digest::HashingWriter;
 
 /// The gzip level of every layer blob: part of the recipe, since another level gives
 /// other bytes and so other digests.
@@ -110,11 +110,7 @@ fn put_blob(blobs: &Path, bytes: &[u8]) -> Result<String> {
 /// gzip `tar` into a blob; returns its digest and size.
 fn compress_into(tar: &Path, blobs: &Path) -> Result<(String, u64)> {
     let temp = tempfile::NamedTempFile::new_in(blobs)?;
-    let mut hashing = HashingWriter {
-        inner: temp.as_file(),
-        hasher: Sha256::new(),
-        size: 0,
-    };
+    let mut hashing = HashingWriter::new(temp.as_file());
     {
         // GzBuilder's defaults: no name, no comment, mtime 0.
         let mut gz = GzEncoder::new(&mut hashing, Compression::new(GZIP_LEVEL));
