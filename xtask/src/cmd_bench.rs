@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::ctx::Ctx;
-use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::lock::{Part, artifacts_of_parts, read_lock};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,7 +62,7 @@ enum Which {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         runs: u64,
         #[command(flatten)]
-        fetch: crate::flow::build::SourceFetchArgs,
+        fetch: commstack_pipeline::flow::build::SourceFetchArgs,
     },
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
@@ -118,7 +118,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 }
 
 fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) -> Result<ExitCode> {
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let stack = commstack_pipeline::util::read_stack(&ctx.stack_path)?;
     let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let mut cold = Vec::new();
     let mut noop = Vec::new();

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::ctx::Ctx;
-use crate::flow;
-pub use crate::flow::build::Args;
-use crate::flow::build::Target;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow;
+pub use commstack_pipeline::flow::build::Args;
+use commstack_pipeline::flow::build::Target;
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.target {

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
-use crate::ctx::Ctx;
-use crate::flow::lock::locked_artifacts;
-use crate::util::human;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::lock::locked_artifacts;
+use commstack_pipeline::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::ctx::Ctx;
-use crate::flow::fetch::base_options;
-use crate::flow::kernels::{build_selftest, nvshmem_prefix};
-use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
-use crate::flow::toolchain::{ToolchainArgs, resolve};
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::fetch::base_options;
+use commstack_pipeline::flow::kernels::{build_selftest, nvshmem_prefix};
+use commstack_pipeline::flow::lock::{Part, artifacts_of_parts, read_lock};
+use commstack_pipeline::flow::toolchain::{ToolchainArgs, resolve};
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
 const LIMIT: u64 = 60 * 1024 * 1024;
@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    let root = crate::util::workspace_root();
+    let root = commstack_pipeline::util::workspace_root();
     let dir = std::path::absolute(&args.dir)?;
     // Every input is checked (and the sources fetched) before the long release builds, so a
     // missing one fails in seconds: the sources, the rdma-core tree, and for the self-test
@@ -71,7 +71,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let selftest_inputs = match args.no_selftest {
         true => None,
         false => {
-            let stack = crate::util::read_stack(&ctx.stack_path)?;
+            let stack = commstack_pipeline::util::read_stack(&ctx.stack_path)?;
             let tc = resolve(ctx, &args.toolchain, false)?;
             let nvshmem = nvshmem_prefix(ctx, args.nvshmem.as_deref())?;
             Some((stack, tc, nvshmem))
@@ -104,7 +104,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 type SelftestInputs = (
     commstack_stack::Stack,
     commstack_toolchain::Toolchain,
-    crate::flow::kernels::NvshmemForKernels,
+    commstack_pipeline::flow::kernels::NvshmemForKernels,
 );
 
 fn write_bundle(
@@ -126,7 +126,7 @@ fn write_bundle(
         .context("building xtask")?;
     copy_stripped(
         &sh,
-        &crate::util::cargo_target_dir().join("release/xtask"),
+        &commstack_pipeline::util::cargo_target_dir().join("release/xtask"),
         &dir.join("bin/xtask"),
     )?;
 
@@ -173,7 +173,7 @@ fn write_bundle(
         dir.join("bundle.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
-    println!("bundle: {}", crate::util::human(total));
+    println!("bundle: {}", commstack_pipeline::util::human(total));
     if total > LIMIT {
         bail!(
             "the bundle is {} MiB, over the {} MiB a GPU run can carry",

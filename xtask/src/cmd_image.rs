@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::ctx::Ctx;
-pub use crate::flow::image::Args;
+use commstack_pipeline::ctx::Ctx;
+pub use commstack_pipeline::flow::image::Args;
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    crate::flow::image::run(ctx, &args)
+    commstack_pipeline::flow::image::run(ctx, &args)
 }

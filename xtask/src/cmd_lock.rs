@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_stack::Lock;
 
-use crate::ctx::Ctx;
-use crate::util;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::util;
 
 /// Resolve the stack manifest into its lock: the target's Python closure (one wheel per
 /// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
@@ -181,7 +181,7 @@ fn online_differences(
         .block_on(commstack_lock::lock(stack, Some(cache), &progress))?
         .lock;
     let pins = |l: &Lock| -> Result<std::collections::BTreeMap<(String, String), String>> {
-        Ok(crate::flow::lock::artifacts_of_lock(l)?
+        Ok(commstack_pipeline::flow::lock::artifacts_of_lock(l)?
             .into_iter()
             .map(|a| {
                 let pin = match &a.tree_sha256 {

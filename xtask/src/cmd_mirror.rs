@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all, preflight};
 
-use crate::ctx::Ctx;
-use crate::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
-use crate::util::human;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
+use commstack_pipeline::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::ctx::Ctx;
-use crate::flow::toolchain::{ToolchainArgs, resolve};
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::toolchain::{ToolchainArgs, resolve};
 
 #[derive(clap::Args)]
 pub struct Args {

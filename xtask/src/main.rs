@@ -16,9 +16,6 @@ mod cmd_mirror;
 mod cmd_store;
 mod cmd_toolchain;
 mod cmd_verify;
-mod ctx;
-mod flow;
-mod util;
 
 use std::process::ExitCode;
 
@@ -37,7 +34,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     #[command(flatten)]
-    global: ctx::GlobalArgs,
+    global: commstack_pipeline::ctx::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,7 +79,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ctx = match ctx::Ctx::new(cli.global) {
+    let ctx = match commstack_pipeline::ctx::Ctx::new(cli.global) {
         Ok(ctx) => ctx,
         Err(err) => return report(err),
     };

@@ -10,12 +10,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use commstack_deepep::wheelhouse::Wheelhouse;
 
-use crate::ctx::Ctx;
-use crate::flow::build::SourceFetchArgs;
-use crate::util::human;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::build::SourceFetchArgs;
+use commstack_pipeline::util::human;
 
 pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<ExitCode> {
-    let args = crate::flow::image::Args {
+    let args = commstack_pipeline::flow::image::Args {
         oci: None,
         verify: false,
         gpus: false,
@@ -26,7 +26,7 @@ pub fn bench_image(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<Exi
         jobs: None,
         rdma_core: None,
     };
-    let made = crate::flow::image::make(ctx, &args)?;
+    let made = commstack_pipeline::flow::image::make(ctx, &args)?;
 
     let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let mut noop = Vec::new();

@@ -52,11 +52,12 @@ pub fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
-/// The repository root (xtask lives one level below it).
+/// The repository root (this crate lives at crates/pipeline).
 pub fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask has a parent")
+        .ancestors()
+        .nth(2)
+        .expect("crates/pipeline has a grandparent")
         .to_path_buf()
 }
 

@@ -1,4 +1,4 @@
-//! The flow layer: what several commands share, between the command modules (`cmd_*`,
+//! The flow: what several commands share, between the command modules (xtask's `cmd_*`,
 //! which parse arguments and print) and the crates under `crates/`. It never names a
 //! command module (tests/tidy.rs checks), so it can move into a crate of its own.
 

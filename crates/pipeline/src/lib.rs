@@ -1,0 +1,10 @@
+//! The build graph of commstack: stack.toml to a verified image in one call.
+//!
+//! - `ctx`: the options every command shares (stack, home) and the paths they give.
+//! - `flow`: the steps the graph is made of, one function each, also called by the single
+//!   build commands (`build nvshmem`, ...), `fetch`, `toolchain`, `gpu-bundle` and `adopt`.
+//! - `util`: small helpers (atomic writes, the manifest reader, sizes).
+
+pub mod ctx;
+pub mod flow;
+pub mod util;
