@@ -3,8 +3,8 @@
 
 // `bench fetch`'s measurements (cold fetch beside pip, kill and resume).
 mod fetch;
-// `bench image`: no-op time and size against what the image holds installed.
-mod image;
+// `bench build`: the whole graph's no-op time, and the image's size against what it holds.
+mod build;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -54,10 +54,10 @@ enum Which {
         #[arg(long)]
         no_resume: bool,
     },
-    /// `cargo xtask image`: its no-op time (whole processes, the image already loaded) and
-    /// the image's size against its base's files plus its wheels' files (target <= 1.10x);
-    /// makes the image first if needed.
-    Image {
+    /// `cargo xtask build`: its no-op time (whole processes, every step done, the image
+    /// loaded; target < 1 s) and the image's size against its base's files plus its
+    /// wheels' files (target <= 1.10x); builds everything first if needed.
+    Build {
         /// Repetitions of the no-op (at least 1).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         runs: u64,
@@ -75,7 +75,7 @@ enum Which {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
-        Which::Image { runs, fetch } => image::bench_image(ctx, runs as usize, fetch),
+        Which::Build { runs, fetch } => build::bench_build(ctx, runs as usize, fetch),
         Which::Lock {
             runs,
             with_pip,

@@ -1,19 +1,62 @@
-//! `cargo xtask build <target>`: build one part of the stack into the step store. The
-//! arguments and the builds live in the flow layer, which other commands use too.
+//! `cargo xtask build [TARGET]`: the whole graph (stack.toml to a verified image), or one
+//! target with its own flags. Parse, then one call into the pipeline crate.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
-
+use commstack_pipeline::command::{GraphArgs, ImageTarget};
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow;
-pub use commstack_pipeline::flow::build::Args;
-use commstack_pipeline::flow::build::Target;
+use commstack_pipeline::flow::build::{self, DeepepTarget, KernelsTarget, NvshmemTarget};
+
+/// With no target: every step of the graph, in order, each reused when its inputs are
+/// unchanged: lock, fetch, toolchain, nvshmem-source, nvshmem, dropin, kernels, deepep,
+/// wheelhouse, base, image, load, verify. A failed step stops the run; the same command
+/// resumes there.
+#[derive(clap::Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    after_help = "\
+Steps (for --until and --only): lock, fetch, toolchain, nvshmem-source, nvshmem, dropin,
+kernels, deepep, wheelhouse, base, image, load, verify. A stack without [image] stops after
+the wheelhouse and the kernels.
+
+The summary (each step: reused or built, time, output; the verify levels that ran and those
+that could not, and why) is also written as JSON to <home>/pipeline/<stack-id>/summary.json;
+each step's log is beside it under logs/. docs/pipeline.md explains keys and plans."
+)]
+pub struct Args {
+    #[command(subcommand)]
+    target: Option<Target>,
+    #[command(flatten)]
+    graph: GraphArgs,
+    #[command(flatten)]
+    build: build::Args,
+}
+
+#[derive(clap::Subcommand)]
+enum Target {
+    /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
+    Nvshmem(NvshmemTarget),
+    /// The NVSHMEM self-test (commstack-selftest), compiled with the toolchain's nvcc.
+    Kernels(KernelsTarget),
+    /// DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to adopt).
+    Deepep(DeepepTarget),
+    /// The verified stack as a container image, loaded into Docker (--verify, --oci, --context).
+    Image(ImageTarget),
+}
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    use commstack_pipeline::flow;
     match args.target {
-        Target::Nvshmem => flow::nvshmem::nvshmem_build(ctx, &args).map(|(code, _)| code),
-        Target::Kernels => flow::kernels::run(ctx, &args),
-        Target::Deepep => flow::deepep::run(ctx, &args),
+        None => commstack_pipeline::command::build(ctx, &args.graph, &args.build).map(|b| b.exit),
+        Some(Target::Nvshmem(t)) => {
+            flow::nvshmem::nvshmem_build(ctx, &t.into_args()).map(|(code, _)| code)
+        }
+        Some(Target::Kernels(t)) => flow::kernels::run(ctx, &t.into_args()),
+        Some(Target::Deepep(t)) => flow::deepep::run(ctx, &t.into_args()),
+        Some(Target::Image(t)) => {
+            let (graph, build) = t.into_graph();
+            commstack_pipeline::command::build(ctx, &graph, &build).map(|b| b.exit)
+        }
     }
 }

@@ -1,6 +1,5 @@
 //! `cargo xtask lock`: stack.toml -> stack.lock (+ requirements.lock).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -35,7 +34,7 @@ pub struct Args {
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let stack = util::read_stack(&ctx.stack_path)?;
     let lock_path = ctx.lock_path();
-    let req_path = requirements_path(ctx);
+    let req_path = commstack_pipeline::flow::lock::requirements_path(ctx);
     let previous = match std::fs::read_to_string(&lock_path) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -114,52 +113,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let quiet = ctx.quiet;
-    let progress = move |m: &str| {
-        if !quiet {
-            eprintln!("  {m}");
-        }
-    };
-    let cache = ctx.cache_dir().join("pypi-metadata");
-    let locked = util::runtime()?.block_on(commstack_lock::lock(&stack, Some(cache), &progress))?;
-    let lock = locked.lock;
-    let text = lock.render(previous.as_deref());
-    util::write_all_atomically(&[(&lock_path, &text), (&req_path, &lock.requirements_txt())])?;
-
-    let r = &lock.resolved;
-    println!(
-        "locked {} in {:.1} s ({} requests): {} packages for {} {}, {} toolchain wheels, {} sources",
-        ctx.stack_path.display(),
-        locked.seconds,
-        locked.requests,
-        lock.packages.len(),
-        r.python_tag,
-        r.platform,
-        lock.toolchain.len(),
-        lock.sources.len()
-    );
-    println!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
-    println!(
-        "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
-        r.nvshmem,
-        r.nvshmem_pin
-            .as_ref()
-            .map_or("nothing".to_string(), |p| p.to_string()),
-        &r.deepep_rev[..r.deepep_rev.len().min(12)],
-        r.deepep_api.as_str()
-    );
-    if let Some(base) = &lock.base {
-        println!(
-            "  base: {} Debian packages of {} {} {} (index of {}, epoch {})",
-            lock.debs.len(),
-            base.distribution,
-            base.suite,
-            base.architecture,
-            base.release_date,
-            base.epoch
-        );
-    }
-    println!("  wrote {} and {}", lock_path.display(), req_path.display());
+    commstack_pipeline::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -215,20 +169,4 @@ fn online_differences(
         ));
     }
     Ok(out)
-}
-
-/// `stack.toml` -> `requirements.lock`; `stacks/x.toml` -> `stacks/x.requirements.lock`.
-pub fn requirements_path(ctx: &Ctx) -> PathBuf {
-    let stem = ctx
-        .stack_path
-        .file_stem()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
-    let name = if stem == "stack" {
-        "requirements.lock".to_string()
-    } else {
-        format!("{stem}.requirements.lock")
-    };
-    ctx.stack_path.with_file_name(name)
 }

@@ -9,7 +9,6 @@ mod cmd_cache;
 mod cmd_doctor;
 mod cmd_fetch;
 mod cmd_gpu_bundle;
-mod cmd_image;
 mod cmd_lock;
 mod cmd_logscan;
 mod cmd_mirror;
@@ -56,12 +55,10 @@ enum Command {
     Store(cmd_store::Command),
     /// Provision the locked CUDA toolchain, cmake and ninja into the store.
     Toolchain(cmd_toolchain::Args),
-    /// Build one part of the stack (nvshmem, kernels, deepep) into the store.
+    /// stack.toml to a verified image: every step, planned, reused when unchanged,
+    /// explained; or one target (nvshmem, kernels, deepep, image).
     // Boxed: its arguments are most of the enum's size (clippy::large_enum_variant).
     Build(Box<cmd_build::Args>),
-    /// The verified stack as a container image (base from the locked .debs, the builds,
-    /// the wheelhouse), loaded into Docker; --oci, --verify, --context.
-    Image(Box<cmd_image::Args>),
     /// Bring an existing Python environment onto the stack: compare with the lock, install
     /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
     Adopt(cmd_adopt::Args),
@@ -91,7 +88,6 @@ fn main() -> ExitCode {
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
         Command::Build(args) => cmd_build::run(&ctx, *args),
-        Command::Image(args) => cmd_image::run(&ctx, *args),
         Command::Adopt(args) => cmd_adopt::run(&ctx, args),
         Command::GpuBundle(args) => cmd_gpu_bundle::run(&ctx, args),
         Command::Verify(args) => cmd_verify::run(&ctx, args),

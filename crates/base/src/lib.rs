@@ -39,7 +39,7 @@ pub use manifest::{BaseManifest, LayerInfo, MANIFEST_FILE, Package, ROOTFS_FILE}
 pub const STEP: &str = "base";
 pub const LOG_FILE: &str = "mmdebstrap.log";
 /// Bumped when the recipe (command line, hooks, normalisation) changes what it produces.
-const RECIPE: &str = "base-mmdebstrap-1";
+pub const RECIPE: &str = "base-mmdebstrap-1";
 
 /// What the base is made of: the `[base]` lock and each locked deb with its cached file.
 pub struct BaseInputs<'a> {

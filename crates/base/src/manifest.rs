@@ -59,7 +59,7 @@ impl BaseManifest {
         let path = dir.join(MANIFEST_FILE);
         let text = fs::read_to_string(&path).with_context(|| {
             format!(
-                "cannot read {}: not a complete base step (build it again: `cargo xtask image`)",
+                "cannot read {}: not a complete base step (build it again: `cargo xtask build image`)",
                 path.display()
             )
         })?;

@@ -32,7 +32,7 @@ use crate::wheel_check::{Expect, WheelFacts, check_wheel};
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 const STEP: &str = "deepep";
 /// Bumped when the recipe changes what it produces.
-const RECIPE: &str = "deepep-setup-py-2";
+pub const RECIPE: &str = "deepep-setup-py-2";
 /// Written into the DeepEP wheel's dist-info: the NVSHMEM its extension was built against
 /// (V1 links NVSHMEM's device library statically), so verify can check, from the files
 /// alone, that the environment's host library is of the same build.

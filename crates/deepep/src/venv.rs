@@ -26,7 +26,7 @@ use crate::python::{PythonEnv, normalize};
 use crate::run::{output, run_logged, tool_env};
 
 const STEP: &str = "deepep-venv";
-const RECIPE: &str = "deepep-venv-1";
+pub const RECIPE: &str = "deepep-venv-1";
 pub const VENV_FILE: &str = "venv.json";
 
 /// One wheel file, pinned.

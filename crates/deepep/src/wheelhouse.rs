@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::venv::{LockedWheel, requirements_txt};
 
 const STEP: &str = "wheelhouse";
-const RECIPE: &str = "wheelhouse-1";
+pub const RECIPE: &str = "wheelhouse-1";
 pub const MANIFEST_FILE: &str = "wheelhouse.json";
 pub const REQUIREMENTS_FILE: &str = "requirements.txt";
 pub const CONSTRAINTS_FILE: &str = "constraints.txt";

@@ -312,6 +312,33 @@ pub async fn fetch_all_async(
     }
 }
 
+/// The artifacts a fetch with `options` would not find in the cache (no hashing, no
+/// network): what a build plan reports as still to fetch.
+pub fn not_cached<'a>(
+    artifacts: &'a [Artifact],
+    options: &FetchOptions,
+) -> std::io::Result<Vec<&'a Artifact>> {
+    let run = Run {
+        cache: Cache::new(&options.cache_dir),
+        client: None,
+        options,
+        progress: Progress::new(false),
+        policy: RetryPolicy {
+            retries: 0,
+            backoff: options.backoff,
+            max_backoff: options.max_backoff,
+            max_retry_after: options.max_retry_after,
+        },
+    };
+    let mut missing = Vec::new();
+    for artifact in artifacts {
+        if run.cached(artifact)?.is_none() {
+            missing.push(artifact);
+        }
+    }
+    Ok(missing)
+}
+
 /// Checks, before any byte is downloaded, that every artifact can be had: from the cache,
 /// a local mirror file, or an http(s) source that answers a one-byte ranged GET (some
 /// servers refuse HEAD). Long jobs (`mirror export`) call it first, so a

@@ -31,7 +31,7 @@ pub use cache::{
 pub use error::{ArtifactFailure, FetchError, SourceError, SourceFailure, TreeCheck};
 pub use fetch::{
     FetchOptions, Fetched, Origin, Provenance, SourceOverride, Summary, fetch_all, fetch_all_async,
-    preflight,
+    not_cached, preflight,
 };
 pub use mirror_export::{
     ExportReport, MIRROR_MANIFEST, MirrorEntry, MirrorManifest, export_mirror, read_manifest,

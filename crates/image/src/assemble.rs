@@ -135,7 +135,7 @@ impl Image {
         let path = dir.join(IMAGE_FILE);
         let text = fs::read_to_string(&path).with_context(|| {
             format!(
-                "cannot read {}: not an image step; run `cargo xtask image`",
+                "cannot read {}: not an image step; run `cargo xtask build image`",
                 path.display()
             )
         })?;
@@ -202,7 +202,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
     let actual = commstack_digest::sha256_file(&inputs.lock_path)?;
     if actual != inputs.lock_sha256 {
         bail!(
-            "{} has sha256 {actual}, not {} as given: the lock changed while the image was made; run `cargo xtask image` again",
+            "{} has sha256 {actual}, not {} as given: the lock changed while the image was made; run `cargo xtask build image` again",
             inputs.lock_path.display(),
             inputs.lock_sha256
         );
@@ -210,7 +210,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
     let base = Base::open(&inputs.base_dir)?;
     if base.manifest.epoch != base_lock.epoch {
         bail!(
-            "{}: epoch {} is not the lock's {}: the base step is stale; run `cargo xtask image` to rebuild it",
+            "{}: epoch {} is not the lock's {}: the base step is stale; run `cargo xtask build image` to rebuild it",
             inputs.base_dir.display(),
             base.manifest.epoch,
             base_lock.epoch
@@ -221,7 +221,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
         match locked_debs.get(p.name.as_str()) {
             Some(d) if d.version == p.version && d.sha256 == p.sha256 => {}
             Some(d) => bail!(
-                "the base package {} is {} with sha256 {}, the lock says {} with sha256 {}: rebuild the base with `cargo xtask fetch --verify` and `cargo xtask image`",
+                "the base package {} is {} with sha256 {}, the lock says {} with sha256 {}: rebuild the base with `cargo xtask fetch --verify` and `cargo xtask build image`",
                 p.name,
                 p.version,
                 p.sha256,
@@ -229,7 +229,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
                 d.sha256
             ),
             None => bail!(
-                "the base has the package {} {}, which the lock's [[deb]] list does not have: rebuild the base with `cargo xtask image`",
+                "the base has the package {} {}, which the lock's [[deb]] list does not have: rebuild the base with `cargo xtask build image`",
                 p.name,
                 p.version
             ),
@@ -237,7 +237,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
     }
     if base.manifest.packages.len() != lock.debs.len() {
         bail!(
-            "the base {} has {} packages, the lock {}: rebuild the base with `cargo xtask image`",
+            "the base {} has {} packages, the lock {}: rebuild the base with `cargo xtask build image`",
             inputs.base_dir.display(),
             base.manifest.packages.len(),
             lock.debs.len()

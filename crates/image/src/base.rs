@@ -28,7 +28,7 @@ impl Base {
         let json = dir.join(BASE_MANIFEST_FILE);
         let text = std::fs::read_to_string(&json).with_context(|| {
             format!(
-                "the base step output {} is missing: run `cargo xtask image` again to rebuild the base step",
+                "the base step output {} is missing: run `cargo xtask build image` again to rebuild the base step",
                 json.display()
             )
         })?;
@@ -37,14 +37,14 @@ impl Base {
         let rootfs = dir.join(ROOTFS_FILE);
         let size = std::fs::metadata(&rootfs).map(|m| m.len()).map_err(|e| {
             anyhow::anyhow!(
-                "the base step output {} is missing ({e}): remove {} and run `cargo xtask image` again to rebuild the base step",
+                "the base step output {} is missing ({e}): remove {} and run `cargo xtask build image` again to rebuild the base step",
                 rootfs.display(),
                 dir.display()
             )
         })?;
         if size != manifest.layer.size {
             bail!(
-                "{} has {size} bytes, base.json says {}: the base step output is damaged; remove {} and run `cargo xtask image` again",
+                "{} has {size} bytes, base.json says {}: the base step output is damaged; remove {} and run `cargo xtask build image` again",
                 rootfs.display(),
                 manifest.layer.size,
                 dir.display()
@@ -71,7 +71,7 @@ impl Base {
         let actual = format!("sha256:{}", commstack_digest::sha256_file(&path)?);
         if actual != self.manifest.layer.diff_id {
             bail!(
-                "{} has {actual}, base.json says {}: the base step output is damaged; remove {} and run `cargo xtask image` again",
+                "{} has {actual}, base.json says {}: the base step output is damaged; remove {} and run `cargo xtask build image` again",
                 path.display(),
                 self.manifest.layer.diff_id,
                 self.dir.display()

@@ -73,7 +73,7 @@ pub(crate) fn load(spec: &ImageSpec, layers: &[Layer], id: &str, what: &Path) ->
         written.with_context(|| format!("streaming {} into docker load", what.display()))?;
     if written.image_id != id {
         bail!(
-            "{}: the config's digest is {}, image.json says {id}: the image step is damaged; remove it and run `cargo xtask image` again",
+            "{}: the config's digest is {}, image.json says {id}: the image step is damaged; remove it and run `cargo xtask build image` again",
             what.display(),
             written.image_id
         );

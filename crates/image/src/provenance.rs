@@ -111,7 +111,7 @@ pub fn provenance(layers: &[LayerSource]) -> Result<Provenance> {
             unclaimed.truncate(20);
             bail!(
                 "{n} file(s) of the image's {} layer come from no known source (no Debian package, wheel RECORD or commstack output claims them): {}. \
-                 Every file must have a provenance: for the base, the base step's table of generated files must name it (rebuild it with `cargo xtask image`)",
+                 Every file must have a provenance: for the base, the base step's table of generated files must name it (rebuild it with `cargo xtask build image`)",
                 layer.holds,
                 unclaimed.join(", ")
             );

@@ -565,7 +565,7 @@ fn layer_steps(store: &Store) -> usize {
         .count()
 }
 
-/// Assemble and load as `cargo xtask image` does; on error, nothing may be tagged.
+/// Assemble and load as `cargo xtask build image` does; on error, nothing may be tagged.
 fn build_expecting_error(f: &Fixture) -> String {
     let tag = format!("{}:{}", f.inputs.name, &f.inputs.lock_sha256[..12]);
     let result = assemble_image(&f.store, &f.inputs, false).and_then(|image| docker_load(&image));
@@ -828,7 +828,7 @@ fn file_list(image: &str) -> std::collections::BTreeMap<String, Listed> {
     list
 }
 
-/// docker/Dockerfile, built with the context `cargo xtask image --context` writes, gives
+/// docker/Dockerfile, built with the context `cargo xtask build image --context` writes, gives
 /// the tool's image file for file (path, type, mode, owner, size, sha256) and the same
 /// config (user, env, labels, cmd); what differs is listed in docs/image.md (mtimes, the
 /// layer split, hence the IDs).

@@ -22,7 +22,7 @@ use crate::build::Built;
 
 pub const WHEEL_REPORT_FILE: &str = "wheel-report.json";
 const STEP: &str = "nvshmem-wheel";
-const RECIPE: &str = "nvshmem-dropin-1";
+pub const RECIPE: &str = "nvshmem-dropin-1";
 /// Where NVIDIA's wheel puts NVSHMEM inside site-packages.
 const ROOT: &str = "nvidia/nvshmem";
 

@@ -5,6 +5,11 @@
 //!   build commands (`build nvshmem`, ...), `fetch`, `toolchain`, `gpu-bundle` and `adopt`.
 //! - `util`: small helpers (atomic writes, the manifest reader, sizes).
 
+pub mod command;
 pub mod ctx;
 pub mod flow;
+pub mod graph;
+pub mod record;
+pub mod settings;
+pub mod stack_steps;
 pub mod util;

@@ -1,6 +1,6 @@
-//! The arguments of `cargo xtask build`: one set of flags for its three targets, read by
-//! the flows beside this module (nvshmem, kernels, deepep): `build kernels` builds NVSHMEM
-//! on the way, so the targets cannot have separate flags until build gets subcommands.
+//! The arguments of `cargo xtask build`: the settings every build takes ([`Args`], read by
+//! [`crate::settings::Settings`] and the flows beside this module), and each target's own
+//! flags on top ([`NvshmemTarget`], [`KernelsTarget`], [`DeepepTarget`]).
 
 use std::path::PathBuf;
 
@@ -9,30 +9,18 @@ use commstack_stack::CudaArch;
 use crate::flow::deepep::DeepepArgs;
 use crate::flow::toolchain::ToolchainArgs;
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-pub enum Target {
-    /// NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its drop-in wheel.
-    Nvshmem,
-    /// The NVSHMEM self-test (commstack-selftest), compiled with the toolchain's nvcc.
-    Kernels,
-    /// DeepEP into a wheel and the wheelhouse (managed venv, or --python PATH to adopt).
-    Deepep,
-}
-
-#[derive(clap::Args)]
+/// The settings every build command takes from its command line (the whole graph and each
+/// target); the fields marked `skip` are set by one target's own flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(skip)]
 pub struct Args {
-    /// What to build.
-    #[arg(value_enum)]
-    pub target: Target,
     /// Build again even if the store has the result.
     #[arg(long)]
     pub force: bool,
     /// Parallel compile jobs (default: the CPU count).
     #[arg(long, short)]
     pub jobs: Option<usize>,
-    /// An unpacked source tree to build instead of the locked one (development only: its
-    /// tree hash keys the build, and the output says it is an override).
-    #[arg(long, value_name = "DIR")]
+    #[arg(skip)]
     pub source: Option<PathBuf>,
     /// Where the locked source comes from when it is not in the cache yet.
     #[command(flatten)]
@@ -64,38 +52,114 @@ pub struct Args {
     /// variables NVSHMEM's CMake reads as option defaults are refused.
     #[arg(long = "keep-env", value_name = "NAME")]
     pub keep_env: Vec<String>,
-    /// The NVSHMEM version torch pins (default: from stack.lock, else the source's).
-    #[arg(long)]
+    #[arg(skip)]
     pub torch_pin: Option<String>,
     /// Ship another NVSHMEM version under torch's pinned version (see the error it lifts).
     #[arg(long)]
     pub allow_version_mismatch: bool,
+    #[arg(skip)]
+    pub compare_with: Option<PathBuf>,
+    #[arg(skip)]
+    pub nvshmem_from: String,
+    #[arg(skip)]
+    pub test: bool,
+    /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).
+    #[arg(long)]
+    pub python3: Option<PathBuf>,
+    #[arg(skip)]
+    pub configure_only: Option<PathBuf>,
+    #[arg(skip)]
+    pub deepep: DeepepArgs,
+}
+
+/// `build nvshmem`: NVSHMEM from source with NVSHMEM_USE_NCCL=OFF, proven, and its
+/// drop-in wheel.
+#[derive(clap::Args)]
+pub struct NvshmemTarget {
+    #[command(flatten)]
+    pub build: Args,
+    /// An unpacked source tree to build instead of the locked one (development only: its
+    /// tree hash keys the build, and the output says it is an override).
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
+    /// The NVSHMEM version torch pins (default: from stack.lock, else the source's).
+    #[arg(long)]
+    pub torch_pin: Option<String>,
     /// NVIDIA's wheel of the same version: compare ours with it file by file; fail on
     /// unexplained differences.
     #[arg(long, value_name = "WHEEL")]
     pub compare_with: Option<PathBuf>,
-    /// kernels: the NVSHMEM to compile against: `stack` (the stack's own build, made or
-    /// found in the store), `nvidia-wheel` (NVIDIA's wheel of torch's pin, from the cache:
-    /// enough to compile and test on a CPU machine), or an install PREFIX.
+    /// Only run CMake's configure step in DIR (not the store) and print the NVSHMEM
+    /// options CMake ended up with: checks the option mapping against a source in seconds.
+    #[arg(long, value_name = "DIR")]
+    pub configure_only: Option<PathBuf>,
+}
+
+impl NvshmemTarget {
+    pub fn into_args(self) -> Args {
+        Args {
+            source: self.source,
+            torch_pin: self.torch_pin,
+            compare_with: self.compare_with,
+            configure_only: self.configure_only,
+            ..self.build
+        }
+    }
+}
+
+/// `build kernels`: the NVSHMEM self-test (commstack-selftest), compiled with the
+/// toolchain's nvcc.
+#[derive(clap::Args)]
+pub struct KernelsTarget {
+    #[command(flatten)]
+    pub build: Args,
+    /// The NVSHMEM to compile against: `stack` (the stack's own build, made or found in
+    /// the store), `nvidia-wheel` (NVIDIA's wheel of torch's pin, from the cache: enough
+    /// to compile and test on a CPU machine), or an install PREFIX.
     #[arg(
         long,
         value_name = "stack|nvidia-wheel|PREFIX",
         default_value = "stack"
     )]
     pub nvshmem_from: String,
-    /// kernels: run the crate's tests (debug build) and clippy (warnings as errors) with
-    /// that environment instead of building the release binary.
+    /// Run the crate's tests (debug build) and clippy (warnings as errors) with that
+    /// environment instead of building the release binary.
     #[arg(long)]
     pub test: bool,
-    /// The Python interpreter NVSHMEM's CMake requires (default: python3 on PATH).
-    #[arg(long)]
-    pub python3: Option<PathBuf>,
-    /// Only run CMake's configure step in DIR (not the store) and print the NVSHMEM
-    /// options CMake ended up with: checks the option mapping against a source in seconds.
-    #[arg(long, value_name = "DIR")]
-    pub configure_only: Option<PathBuf>,
+}
+
+impl KernelsTarget {
+    pub fn into_args(self) -> Args {
+        Args {
+            nvshmem_from: self.nvshmem_from,
+            test: self.test,
+            ..self.build
+        }
+    }
+}
+
+/// `build deepep`: DeepEP into a wheel and the wheelhouse (managed venv, or --python
+/// PATH to adopt).
+#[derive(clap::Args)]
+pub struct DeepepTarget {
+    #[command(flatten)]
+    pub build: Args,
+    /// A DeepEP source (directory or archive) to build instead of the locked one
+    /// (development only: it is hashed and compared with the lock, and the output says so).
+    #[arg(long, value_name = "DIR|ARCHIVE")]
+    pub source: Option<PathBuf>,
     #[command(flatten)]
     pub deepep: DeepepArgs,
+}
+
+impl DeepepTarget {
+    pub fn into_args(self) -> Args {
+        Args {
+            source: self.source,
+            deepep: self.deepep,
+            ..self.build
+        }
+    }
 }
 
 /// Mirrors and trust flags for fetching a locked source (see `cargo xtask fetch --help`).
@@ -135,11 +199,11 @@ mod tests {
     /// pins are kept as written, "9x0" is refused with the grammar's message.
     #[test]
     fn cuda_archs_flag_uses_the_stack_grammar() {
-        let cli = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,90a,100f,90-real"])
+        let cli = Cli::try_parse_from(["build", "--cuda-archs", "90,90a,100f,90-real"])
             .unwrap_or_else(|e| panic!("{e}"));
         let archs: Vec<String> = cli.args.cuda_archs.iter().map(|a| a.cmake()).collect();
         assert_eq!(archs, ["90", "90a", "100f", "90-real"]);
-        let Err(e) = Cli::try_parse_from(["build", "nvshmem", "--cuda-archs", "90,9x0"]) else {
+        let Err(e) = Cli::try_parse_from(["build", "--cuda-archs", "90,9x0"]) else {
             panic!("9x0 was accepted");
         };
         let e = e.to_string();

@@ -13,19 +13,18 @@ use anyhow::{Context, Result, bail};
 use commstack_adopt::env_dir;
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
 use commstack_deepep::venv::{managed_venv, runtime_wheels};
-use commstack_deepep::wheelhouse::{WheelhouseKind, assemble_wheelhouse};
+use commstack_deepep::wheelhouse::{Wheelhouse, WheelhouseKind, assemble_wheelhouse};
 use commstack_deepep::{LockedWheel, NvshmemInput, SourceInput};
 use commstack_fetch::{Artifact, FetchOptions};
 use commstack_nvshmem::{DropInSpec, build_dropin_wheel, dropin_distribution};
-use commstack_stack::rules::RuleId;
-use commstack_stack::{CudaArch, Lock, Stack};
+use commstack_stack::{CudaArch, Lock};
 use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::ctx::Ctx;
 use crate::flow::build::Args;
-use crate::flow::lock::read_lock;
 use crate::flow::toolchain::resolve;
+use crate::settings::Settings;
 
 /// The options only `build deepep` reads (flattened into `build`'s arguments).
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -70,7 +69,8 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
     build_deepep(ctx, args).map(|_| ExitCode::SUCCESS)
 }
 
-/// Builds (or finds) DeepEP and the wheelhouse; returns the wheelhouse's step directory.
+/// `build deepep`: DeepEP and the wheelhouse (and in adopt mode the pointer `adopt`
+/// reads); returns the wheelhouse's step directory.
 pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
     let started = Instant::now();
     let say = |line: &str| {
@@ -78,27 +78,69 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
             eprintln!("{line}");
         }
     };
+    let settings = Settings::resolve(ctx, args)?;
+    settings.print_notes();
+    let made = deepep_step(ctx, &settings, args, &say)?;
+    let house = wheelhouse_step(ctx, made.kind, &made.runtime, &made.dropin, &made.wheel)?;
+    if let Some(p) = &args.deepep.python {
+        let dir = env_dir(&ctx.home, &made.python.env);
+        std::fs::create_dir_all(&dir)?;
+        let pointer = AdoptPointer {
+            python: p.clone(),
+            wheelhouse: house.dir.clone(),
+            build_step: made.step_dir.clone(),
+            nvshmem_version: made.nvshmem_version.clone(),
+            rdc_fix: made.rdc_fix,
+        };
+        crate::util::write_all_atomically(&[(
+            &dir.join(POINTER_FILE),
+            &serde_json::to_string_pretty(&pointer)?,
+        )])?;
+        println!(
+            "next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)",
+            p.display()
+        );
+    }
+    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
+    Ok(house.dir)
+}
+
+/// What [`deepep_step`] made: DeepEP's wheel, and what the wheelhouse is made of.
+pub struct DeepepMade {
+    pub wheel: LockedWheel,
+    pub dropin: LockedWheel,
+    pub runtime: Vec<LockedWheel>,
+    pub kind: WheelhouseKind,
+    pub python: PythonTarget,
+    /// DeepEP's build step in the store.
+    pub step_dir: PathBuf,
+    pub nvshmem_version: Option<String>,
+    pub rdc_fix: Option<bool>,
+}
+
+/// DeepEP built (or found) in the store against the stack's NVSHMEM, in the managed
+/// build venv (or, with `--python`, an existing environment).
+pub fn deepep_step(
+    ctx: &Ctx,
+    settings: &Settings,
+    args: &Args,
+    say: &dyn Fn(&str),
+) -> Result<DeepepMade> {
     let d = &args.deepep;
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
-    let lock = read_lock(ctx)?;
-    let api = stack.deepep.api;
-    let archs = if args.cuda_archs.is_empty() {
-        stack.nvshmem.cuda_archs.clone()
-    } else {
-        args.cuda_archs.clone()
-    };
+    let (stack, lock) = (&settings.stack, &settings.lock);
+    let archs = &settings.cuda_archs;
     let store = Store::open(ctx.store_dir())?;
     let tc = resolve(ctx, &args.toolchain, false)?;
     say(&format!("toolchain: {}", tc.describe()));
 
-    let nvshmem = nvshmem_input(&store, d.nvshmem.as_deref(), &lock, &archs)?;
+    let nvshmem = nvshmem_input(&store, d.nvshmem.as_deref(), lock, archs)?;
     say(&format!(
         "nvshmem: {} (NVSHMEM {}, {})",
         nvshmem.prefix.display(),
         nvshmem.version().unwrap_or_else(|| "?".into()),
         nvshmem.identity
     ));
-    let dropin = dropin_wheel(&store, &nvshmem, d.nvshmem_wheel.as_deref(), &lock, &stack)?;
+    let dropin = dropin_wheel(&store, &nvshmem, d.nvshmem_wheel.as_deref(), settings)?;
     say(&format!("drop-in: {}", dropin.path.display()));
 
     let (python, runtime, kind) = match &d.python {
@@ -108,16 +150,11 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
         }
         None => {
             let cache = commstack_fetch::Cache::new(ctx.cache_dir());
-            let wheels = runtime_wheels(&lock, &cache, std::slice::from_ref(&dropin))?;
+            let wheels = runtime_wheels(lock, &cache, std::slice::from_ref(&dropin))?;
+            let base = base_python(lock, d.base_python.as_deref())?;
             let minor = python_minor(&lock.resolved.python_tag)?;
-            let base = match &d.base_python {
-                Some(p) => p.clone(),
-                None => commstack_toolchain::find_in_path(&format!("python{minor}"), None).with_context(|| {
-                    format!("no python{minor} on PATH: the lock targets Python {minor}; pass --base-python, or --python to adopt an existing environment")
-                })?,
-            };
             let venv = managed_venv(&store, &base, &minor, &wheels, false)?;
-            report_step(&say, "build venv", &venv.outcome);
+            report_step(say, "build venv", &venv.outcome);
             (PythonTarget::managed(&venv)?, wheels, WheelhouseKind::Full)
         }
     };
@@ -130,26 +167,23 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
         python.env.torch_cuda().unwrap_or("none")
     ));
 
-    let source = deepep_source(ctx, &lock, args.source.as_deref())?;
+    let source = deepep_source(ctx, lock, args.source.as_deref())?;
     if !source.is_locked() {
         println!("WARNING deepep: {}", source.provenance);
     }
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let req = BuildRequest {
-        api,
+        api: stack.deepep.api,
         source: &source,
         nvshmem: &nvshmem,
         python: &python,
         toolchain: &tc,
-        cuda_archs: &archs,
-        jobs,
-        allow_missing_rdc_fix: stack.is_allowed(RuleId::DeepEpV1RdcFix),
+        cuda_archs: archs,
+        jobs: settings.jobs,
+        allow_missing_rdc_fix: settings.allow_missing_rdc_fix,
         nccl_override: d.nccl_dir.as_deref(),
-        allow_second_nccl: d.allow_second_nccl || stack.is_allowed(RuleId::DeepEpV2Nccl),
+        allow_second_nccl: settings.allow_second_nccl,
         rdma_core: args.rdma_core.as_deref(),
-        progress: &say,
+        progress: say,
     };
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
@@ -178,14 +212,34 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
             _ => "?",
         }
     );
-    let deepep_wheel = LockedWheel {
-        name: commstack_wheel::normalize_name(&r.wheel.name),
-        version: r.wheel.version.clone(),
-        filename: r.wheel.filename.clone(),
-        sha256: r.wheel.sha256.clone(),
-        path: built.wheel.clone(),
-    };
-    let house = assemble_wheelhouse(&store, kind, &runtime, &dropin, &deepep_wheel, false)?;
+    Ok(DeepepMade {
+        wheel: LockedWheel {
+            name: commstack_wheel::normalize_name(&r.wheel.name),
+            version: r.wheel.version.clone(),
+            filename: r.wheel.filename.clone(),
+            sha256: r.wheel.sha256.clone(),
+            path: built.wheel.clone(),
+        },
+        dropin,
+        runtime,
+        kind,
+        python,
+        step_dir: built.outcome.path().to_path_buf(),
+        nvshmem_version: r.nvshmem.version.clone(),
+        rdc_fix: r.rdc_fix,
+    })
+}
+
+/// The wheelhouse of what [`deepep_step`] made (the runtime wheels, the drop-in, DeepEP).
+pub fn wheelhouse_step(
+    ctx: &Ctx,
+    kind: WheelhouseKind,
+    runtime: &[LockedWheel],
+    dropin: &LockedWheel,
+    deepep: &LockedWheel,
+) -> Result<Wheelhouse> {
+    let store = Store::open(ctx.store_dir())?;
+    let house = assemble_wheelhouse(&store, kind, runtime, dropin, deepep, false)?;
     println!(
         "wheelhouse{}: {} ({} wheels; {})",
         if house.outcome.was_cached() {
@@ -197,27 +251,19 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
         house.manifest.wheels.len(),
         house.manifest.install
     );
-    if let Some(p) = &d.python {
-        let dir = env_dir(&ctx.home, &python.env);
-        std::fs::create_dir_all(&dir)?;
-        let pointer = AdoptPointer {
-            python: p.clone(),
-            wheelhouse: house.dir.clone(),
-            build_step: built.outcome.path().to_path_buf(),
-            nvshmem_version: r.nvshmem.version.clone(),
-            rdc_fix: r.rdc_fix,
-        };
-        crate::util::write_all_atomically(&[(
-            &dir.join(POINTER_FILE),
-            &serde_json::to_string_pretty(&pointer)?,
-        )])?;
-        println!(
-            "next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)",
-            p.display()
-        );
+    Ok(house)
+}
+
+/// The interpreter the managed build venv is made from: `--base-python`, else
+/// python3.X on PATH for the lock's target.
+pub fn base_python(lock: &Lock, explicit: Option<&Path>) -> Result<PathBuf> {
+    let minor = python_minor(&lock.resolved.python_tag)?;
+    match explicit {
+        Some(p) => Ok(p.to_path_buf()),
+        None => commstack_toolchain::find_in_path(&format!("python{minor}"), None).with_context(|| {
+            format!("no python{minor} on PATH: the lock targets Python {minor}; pass --base-python, or --python to adopt an existing environment")
+        }),
     }
-    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
-    Ok(house.dir)
 }
 
 fn report_step(say: &dyn Fn(&str), what: &str, outcome: &Outcome) {
@@ -292,14 +338,12 @@ fn dropin_wheel(
     store: &Store,
     nvshmem: &NvshmemInput,
     explicit: Option<&Path>,
-    lock: &Lock,
-    stack: &Stack,
+    settings: &Settings,
 ) -> Result<LockedWheel> {
-    let pin = lock
-        .resolved
-        .nvshmem_pin
-        .as_ref()
-        .map(|p| p.version.to_string())
+    let stack = &settings.stack;
+    let pin = settings
+        .torch_pin
+        .clone()
         .context("the lock pins no NVSHMEM wheel for torch (\"\")")?;
     let distribution = dropin_distribution(stack.torch.cuda_major as u32);
     let wheel = match explicit {
@@ -314,7 +358,7 @@ fn dropin_wheel(
             let spec = DropInSpec {
                 cuda_major: stack.torch.cuda_major as u32,
                 torch_pin: pin.clone(),
-                allow_version_mismatch: stack.is_allowed(RuleId::NvshmemMatchesTorch),
+                allow_version_mismatch: settings.allow_version_mismatch,
             };
             let (dropin, _) = build_dropin_wheel(store, built, &spec, false)?;
             LockedWheel {

@@ -1,119 +1,41 @@
-//! `cargo xtask image`: the verified stack as a container image, from the store only.
-//!
-//! The base from the locked .debs (fetch cache), NVSHMEM, the self-test, DeepEP and the
-//! wheelhouse (the build flows: found in the store when built before), the verify tool,
-//! then the image step (`commstack_image`), `docker load`, and on request the OCI layout,
-//! the `docker build` context and the verify level inside a container with no network.
-//! Nothing here opens a network connection once `fetch` and the builds are done.
+//! The image's steps of the graph: the base from the locked .debs (fetch cache), the
+//! self-test and verify tools, the image step (`commstack_image`), `docker load`, verify
+//! inside the image with no network, and on request the OCI layout and the `docker build`
+//! context. Nothing here opens a network connection.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use commstack_image::{Image, ImageInputs, Tool};
 use commstack_stack::{Lock, Stack};
 use commstack_store::{StepKey, Store};
 use xshell::{Shell, cmd};
 
 use crate::ctx::Ctx;
-use crate::flow::build::SourceFetchArgs;
-use crate::flow::lock::read_lock;
+use crate::settings::Settings;
 use crate::util::human;
 
 /// Where the image's own files are (see docs/image.md).
 const IMAGE_BIN: &str = "/opt/commstack/bin";
 const IMAGE_VENV: &str = "/opt/commstack/venv";
 
-#[derive(clap::Args)]
-#[command(after_help = "\
-The stack must have an [image] section (stacks/bookworm.toml has one) and a lock with its
-[base] (`cargo xtask lock`); the .debs and wheels come from the fetch cache (`cargo xtask
-fetch`), NVSHMEM, the self-test and DeepEP from the store (built here when missing).
-
-Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
-the same ID), the tag
-(<name>:<first 12 hex of the lock's sha256>), the size, the layers and where the image
-step's files are (config, SBOM, provenance, image.json).")]
-pub struct Args {
-    /// Also write the image as an OCI image layout (gzip layers, for registries) into DIR,
-    /// which must not exist.
-    #[arg(long, value_name = "DIR")]
-    pub oci: Option<PathBuf>,
-    /// Run verify's static level inside the image (`docker run --network=none`): ELF
-    /// closure, one libnvshmem_host (ours, NCCL off), one libnccl at the lock's version,
-    /// DeepEP's device code of the host library's build; then `import torch` with no GPU.
-    /// The report is kept under <home>/reports/image-<id>/.
-    #[arg(long, conflicts_with = "no_load")]
-    pub verify: bool,
-    /// With --verify: also the runtime and selftest levels, in a container with the GPUs
-    /// (`docker run --gpus all`: needs GPUs and the NVIDIA container runtime).
-    #[arg(long, requires = "verify")]
-    pub gpus: bool,
-    /// Write the build context of docker/Dockerfile (the same files over the same base)
-    /// into DIR, which must not exist.
-    #[arg(long, value_name = "DIR")]
-    pub context: Option<PathBuf>,
-    /// Make the image step but do not load it into Docker.
-    #[arg(long)]
-    pub no_load: bool,
-    /// Make the image step again (its layers are reused when their inputs are unchanged).
-    #[arg(long)]
-    pub force: bool,
-    /// Where locked sources come from when a build needs them and they are not cached.
-    #[command(flatten)]
-    pub fetch: SourceFetchArgs,
-    /// Parallel compile jobs for builds not yet in the store (default: the CPU count).
-    #[arg(long, short)]
-    pub jobs: Option<usize>,
-    /// rdma-core's headers and libmlx5 for the NVSHMEM build (see `build --help`).
-    #[arg(long, value_name = "DIR")]
-    pub rdma_core: Option<PathBuf>,
-}
-
-/// What [`make`] made: the image step, and the steps it was made from.
-pub struct Made {
-    pub image: Image,
-    pub base_dir: PathBuf,
-    pub wheelhouse_dir: PathBuf,
-    /// The verify exit code (success when --verify was not asked for).
-    pub exit: ExitCode,
-}
-
-pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
-    make(ctx, args).map(|m| m.exit)
-}
-
-/// Makes (or finds) everything the image needs, the image step, and what the flags ask.
-pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
-    let started = Instant::now();
-    let say = |line: &str| {
-        if !ctx.quiet {
-            eprintln!("{line}");
-        }
-    };
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
-    let settings = stack.image.clone().with_context(|| {
-        format!(
-            "{}: no [image] section, so this stack is not made into an image (stacks/bookworm.toml \
-             is one that is: `cargo xtask --stack stacks/bookworm.toml image`). Add an [image] \
-             section (docs/image.md) and run `cargo xtask lock`",
-            stack.path().display()
-        )
-    })?;
-    let lock = read_lock(ctx)?;
-    let lock_path = ctx.lock_path();
+/// The base from the locked .debs in the download cache (mmdebstrap, in the store).
+pub fn base_step(
+    ctx: &Ctx,
+    settings: &Settings,
+    say: &dyn Fn(&str),
+) -> Result<commstack_base::BaseOutput> {
+    let lock = &settings.lock;
     let base_lock = lock.base.clone().with_context(|| {
         format!(
             "{}: no [base] section although the stack has [image]: run `cargo xtask{} lock`",
-            lock_path.display(),
+            ctx.lock_path().display(),
             ctx.stack_flag()
         )
     })?;
     let store = Store::open(ctx.store_dir())?;
-
-    // The base, from the cached .debs only.
     let cache = commstack_fetch::Cache::new(ctx.cache_dir());
     let mut debs = Vec::new();
     let mut missing = Vec::new();
@@ -152,14 +74,18 @@ pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
             ""
         }
     ));
+    Ok(base)
+}
 
-    // The builds: NVSHMEM, the self-test against it, DeepEP and the wheelhouse.
-    let build = build_args(args)?;
-    let (code, nvshmem_prefix) = crate::flow::nvshmem::nvshmem_build(ctx, &build)?;
-    if code != ExitCode::SUCCESS {
-        bail!("the stack's NVSHMEM build did not pass its checks: see `cargo xtask build nvshmem`");
-    }
-    let tc = crate::flow::toolchain::resolve(ctx, &build.toolchain, false)?;
+/// The self-test built against the NVSHMEM install at `nvshmem_prefix`, stripped into
+/// the store for the image.
+pub fn selftest_tool(
+    ctx: &Ctx,
+    settings: &Settings,
+    toolchain: &crate::flow::toolchain::ToolchainArgs,
+    nvshmem_prefix: PathBuf,
+) -> Result<Tool> {
+    let tc = crate::flow::toolchain::resolve(ctx, toolchain, false)?;
     let selftest = crate::flow::kernels::build_selftest(
         ctx,
         &tc.nvcc,
@@ -167,66 +93,113 @@ pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
             describe: format!("the stack's NVSHMEM at {}", nvshmem_prefix.display()),
             prefix: nvshmem_prefix,
         },
-        &stack.nvshmem.cuda_archs,
+        &settings.cuda_archs,
     )?;
-    let wheelhouse = crate::flow::deepep::build_deepep(ctx, &build)?;
-    let wheelhouse_dir = wheelhouse.clone();
-    let verify_bin = build_verify_tool(ctx)?;
-    let tools = vec![
-        own_tool(
-            &store,
-            "commstack-selftest",
-            &selftest,
-            "cargo build --release -p commstack-kernels",
-        )?,
-        own_tool(
-            &store,
-            "commstack-verify",
-            &verify_bin,
-            "cargo build --release -p commstack-verify",
-        )?,
-    ];
+    let store = Store::open(ctx.store_dir())?;
+    own_tool(
+        &store,
+        "commstack-selftest",
+        &selftest,
+        "cargo build --release -p commstack-kernels",
+    )
+}
 
-    let lock_sha256 = commstack_digest::sha256_file(&lock_path)
-        .with_context(|| format!("hashing {}", lock_path.display()))?;
+/// The verify tool, built and stripped into the store for the image.
+pub fn verify_tool(ctx: &Ctx) -> Result<Tool> {
+    let verify_bin = build_verify_tool(ctx)?;
+    let store = Store::open(ctx.store_dir())?;
+    own_tool(
+        &store,
+        "commstack-verify",
+        &verify_bin,
+        "cargo build --release -p commstack-verify",
+    )
+}
+
+/// The image step (its layers reused when their inputs are unchanged), printed.
+pub fn image_step(
+    ctx: &Ctx,
+    settings: &Settings,
+    base_dir: &Path,
+    wheelhouse_dir: &Path,
+    tools: Vec<Tool>,
+    force: bool,
+) -> Result<Image> {
+    let image_settings = settings.stack.image.clone().with_context(|| {
+        format!(
+            "{}: no [image] section, so this stack is not made into an image (stacks/bookworm.toml \
+             is one that is: `cargo xtask --stack stacks/bookworm.toml build`). Add an [image] \
+             section (docs/image.md) and run `cargo xtask lock`",
+            settings.stack.path().display()
+        )
+    })?;
+    let store = Store::open(ctx.store_dir())?;
     let (source_url, revision) = git_identity();
     let image = commstack_image::assemble_image(
         &store,
         &ImageInputs {
-            lock: lock.clone(),
-            lock_path: lock_path.clone(),
-            lock_sha256,
-            base_dir: base.dir.clone(),
-            wheelhouse_dir: wheelhouse,
+            lock: settings.lock.clone(),
+            lock_path: ctx.lock_path(),
+            lock_sha256: settings.lock_sha256.clone(),
+            base_dir: base_dir.to_path_buf(),
+            wheelhouse_dir: wheelhouse_dir.to_path_buf(),
             tools,
-            name: settings.name.clone(),
-            user: settings.user.clone(),
+            name: image_settings.name.clone(),
+            user: image_settings.user.clone(),
             source_url,
             revision,
             large_wheel_bytes: commstack_image::LARGE_WHEEL_BYTES,
         },
-        args.force,
+        force,
     )?;
     print_image(&image);
-    if !args.no_load {
-        let t = Instant::now();
-        let id = commstack_image::docker_load(&image)?;
-        println!(
-            "loaded: {id} as {} ({:.1} s)",
-            image.tag(),
-            t.elapsed().as_secs_f64()
-        );
-    }
-    if let Some(dir) = &args.oci {
-        let oci = commstack_image::export_oci(&image, dir)?;
+    Ok(image)
+}
+
+/// The image in Docker under its tag (loaded unless Docker has it).
+pub fn load_step(image: &Image) -> Result<String> {
+    let t = Instant::now();
+    let id = commstack_image::docker_load(image)?;
+    println!(
+        "loaded: {id} as {} ({:.1} s)",
+        image.tag(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(id)
+}
+
+/// Whether Docker has the image `id` under `tag` (`docker image inspect`).
+pub fn docker_has(id: &str, tag: &str) -> bool {
+    Command::new("docker")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{.Id}} {{json .RepoTags}}",
+            id,
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| {
+            let text = String::from_utf8_lossy(&o.stdout);
+            text.starts_with(id) && text.contains(&format!("\"{tag}\""))
+        })
+}
+
+/// `--oci DIR` and `--context DIR`: the image as an OCI layout, and docker/Dockerfile's
+/// build context.
+pub fn export(image: &Image, oci: Option<&Path>, context: Option<&Path>) -> Result<()> {
+    if let Some(dir) = oci {
+        let oci = commstack_image::export_oci(image, dir)?;
         println!(
             "OCI layout: {} (manifest {})",
             dir.display(),
             oci.manifest_digest
         );
     }
-    if let Some(dir) = &args.context {
-        let context = commstack_image::write_docker_context(&image, dir)?;
+    if let Some(dir) = context {
+        let context = commstack_image::write_docker_context(image, dir)?;
         println!(
             "docker build context: {} (base {}): DOCKER_BUILDKIT=0 docker build -f docker/Dockerfile $(cat {}/build-args) -t NAME {}",
             dir.display(),
@@ -235,45 +208,7 @@ pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
             dir.display()
         );
     }
-    let mut exit = ExitCode::SUCCESS;
-    if args.verify {
-        exit = verify_in_container(ctx, &stack, &lock, &image, &base.manifest.python, args.gpus)?;
-    }
-    say(&format!("done in {:.1} s", started.elapsed().as_secs_f64()));
-    Ok(Made {
-        image,
-        base_dir: base.dir,
-        wheelhouse_dir,
-        exit,
-    })
-}
-
-/// The build flows' arguments for what the image needs, with their defaults.
-fn build_args(args: &Args) -> Result<crate::flow::build::Args> {
-    #[derive(Parser)]
-    struct Build {
-        #[command(flatten)]
-        args: crate::flow::build::Args,
-    }
-    let mut argv: Vec<std::ffi::OsString> = vec!["build".into(), "deepep".into()];
-    for m in &args.fetch.mirror {
-        argv.extend(["--mirror".into(), m.into()]);
-    }
-    if args.fetch.offline {
-        argv.push("--offline".into());
-    }
-    if args.fetch.accept_tree_match {
-        argv.push("--accept-tree-match".into());
-    }
-    if let Some(j) = args.jobs {
-        argv.extend(["--jobs".into(), j.to_string().into()]);
-    }
-    if let Some(r) = &args.rdma_core {
-        argv.extend(["--rdma-core".into(), r.into()]);
-    }
-    Ok(Build::try_parse_from(argv)
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .args)
+    Ok(())
 }
 
 /// The verify tool for inside the image: a release build of `commstack-verify`.
@@ -308,6 +243,17 @@ fn build_verify_tool(ctx: &Ctx) -> Result<PathBuf> {
     Ok(target.join("release/commstack-verify"))
 }
 
+/// One of our stripped binaries in the store, as the image step takes it.
+pub fn tool_at(name: &str, version: &str, host_path: PathBuf, source: String) -> Tool {
+    Tool {
+        name: name.to_string(),
+        version: version.to_string(),
+        image_path: format!("{IMAGE_BIN}/{name}"),
+        host_path,
+        source,
+    }
+}
+
 /// A stripped copy of one of our binaries, in a store step keyed by the binary's sha256:
 /// debug info is most of a release binary and the image has no use for it.
 fn own_tool(store: &Store, name: &str, built: &Path, how: &str) -> Result<Tool> {
@@ -324,18 +270,17 @@ fn own_tool(store: &Store, name: &str, built: &Path, how: &str) -> Result<Tool> 
             .context("strip (binutils) is needed for the image's binaries")?;
         Ok(())
     })?;
-    Ok(Tool {
-        name: name.to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        image_path: format!("{IMAGE_BIN}/{name}"),
-        host_path: outcome.path().join(name),
-        source: format!("{how} (sha256 {sha} before strip)"),
-    })
+    Ok(tool_at(
+        name,
+        env!("CARGO_PKG_VERSION"),
+        outcome.path().join(name),
+        format!("{how} (sha256 {sha} before strip)"),
+    ))
 }
 
 /// The repository's origin URL (credentials removed; a local path or another non-URL
 /// origin is left out: it names a host's directory) and commit, for the image's labels.
-fn git_identity() -> (String, String) {
+pub fn git_identity() -> (String, String) {
     let git = |args: &[&str]| -> String {
         Command::new("git")
             .args(args)
@@ -377,16 +322,27 @@ fn print_image(image: &Image) {
     );
 }
 
+/// What verify inside the image found.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Verdict {
+    /// 0 when every level that ran passed and torch imported.
+    pub exit: u8,
+    pub report: PathBuf,
+    /// (level, status) as the verify tool reported them.
+    pub levels: Vec<(String, String)>,
+    pub import_torch: bool,
+}
+
 /// Runs the verify tool inside the image with no network; keeps its report under
-/// `<home>/reports/image-<id>/`. Returns the verify exit code as ours.
-fn verify_in_container(
+/// `<home>/reports/image-<id>/`.
+pub fn verify_in_container(
     ctx: &Ctx,
     stack: &Stack,
     lock: &Lock,
     image: &Image,
     python_full: &str,
     gpus: bool,
-) -> Result<ExitCode> {
+) -> Result<Verdict> {
     let minor = python_full.split('.').take(2).collect::<Vec<_>>().join(".");
     let site = format!("{IMAGE_VENV}/lib/python{minor}/site-packages");
     let mut argv: Vec<String> = vec![
@@ -480,20 +436,25 @@ fn verify_in_container(
     crate::util::write_all_atomically(&[(&report_file, &stdout)])?;
     let code = out.status.code().unwrap_or(1);
     let value: Option<serde_json::Value> = serde_json::from_str(&stdout).ok();
-    match &value {
+    let levels = match &value {
         Some(v) => print_verdicts(v),
         None => bail!(
             "the verify tool in the image gave no report (exit {code}): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ),
-    }
+    };
     println!("verify report: {} (exit {code})", report_file.display());
     let imports = import_without_gpu(image, &report_dir)?;
-    Ok(ExitCode::from(match (code, imports) {
-        (0, true) => 0,
-        (c, true) => u8::try_from(c).unwrap_or(1),
-        (_, false) => 1,
-    }))
+    Ok(Verdict {
+        exit: match (code, imports) {
+            (0, true) => 0,
+            (c, true) => u8::try_from(c).unwrap_or(1),
+            (_, false) => 1,
+        },
+        report: report_file,
+        levels,
+        import_torch: imports,
+    })
 }
 
 /// `import torch` inside the image with no network and no GPU: the Python side that needs
@@ -532,14 +493,16 @@ fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
     Ok(ok)
 }
 
-/// One line per check of the verify report.
-fn print_verdicts(report: &serde_json::Value) {
+/// One line per check of the verify report; returns each level's status.
+fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     let Some(levels) = report.get("levels").and_then(|l| l.as_array()) else {
-        return;
+        return out;
     };
     for level in levels {
         let name = level.get("level").and_then(|v| v.as_str()).unwrap_or("?");
         let status = level.get("status").and_then(|v| v.as_str()).unwrap_or("?");
+        out.push((name.to_string(), status.to_string()));
         println!("verify {name}: {status}");
         for check in level
             .get("checks")
@@ -555,4 +518,5 @@ fn print_verdicts(report: &serde_json::Value) {
             );
         }
     }
+    out
 }

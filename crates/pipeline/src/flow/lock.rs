@@ -89,3 +89,82 @@ pub fn artifacts_of_parts(lock: &commstack_stack::Lock, parts: &[Part]) -> Resul
         })
         .collect()
 }
+
+/// Resolves the manifest into its lock against the index and writes stack.lock and its
+/// requirements file (together, atomically); `previous` is the old lock's text, whose
+/// comments are kept. Prints what was locked.
+pub fn resolve_and_write(
+    ctx: &Ctx,
+    stack: &commstack_stack::Stack,
+    previous: Option<&str>,
+) -> Result<Lock> {
+    let lock_path = ctx.lock_path();
+    let req_path = requirements_path(ctx);
+    let quiet = ctx.quiet;
+    let progress = move |m: &str| {
+        if !quiet {
+            eprintln!("  {m}");
+        }
+    };
+    let cache = ctx.cache_dir().join("pypi-metadata");
+    let locked =
+        crate::util::runtime()?.block_on(commstack_lock::lock(stack, Some(cache), &progress))?;
+    let lock = locked.lock;
+    let text = lock.render(previous);
+    crate::util::write_all_atomically(&[
+        (&lock_path, &text),
+        (&req_path, &lock.requirements_txt()),
+    ])?;
+
+    let r = &lock.resolved;
+    println!(
+        "locked {} in {:.1} s ({} requests): {} packages for {} {}, {} toolchain wheels, {} sources",
+        ctx.stack_path.display(),
+        locked.seconds,
+        locked.requests,
+        lock.packages.len(),
+        r.python_tag,
+        r.platform,
+        lock.toolchain.len(),
+        lock.sources.len()
+    );
+    println!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
+    println!(
+        "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
+        r.nvshmem,
+        r.nvshmem_pin
+            .as_ref()
+            .map_or("nothing".to_string(), |p| p.to_string()),
+        &r.deepep_rev[..r.deepep_rev.len().min(12)],
+        r.deepep_api.as_str()
+    );
+    if let Some(base) = &lock.base {
+        println!(
+            "  base: {} Debian packages of {} {} {} (index of {}, epoch {})",
+            lock.debs.len(),
+            base.distribution,
+            base.suite,
+            base.architecture,
+            base.release_date,
+            base.epoch
+        );
+    }
+    println!("  wrote {} and {}", lock_path.display(), req_path.display());
+    Ok(lock)
+}
+
+/// `stack.toml` -> `requirements.lock`; `stacks/x.toml` -> `stacks/x.requirements.lock`.
+pub fn requirements_path(ctx: &Ctx) -> std::path::PathBuf {
+    let stem = ctx
+        .stack_path
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let name = if stem == "stack" {
+        "requirements.lock".to_string()
+    } else {
+        format!("{stem}.requirements.lock")
+    };
+    ctx.stack_path.with_file_name(name)
+}

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use commstack_nvshmem::{
-    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, compare_wheels,
-    env::resolve_passthrough,
+    BuildRequest, Built, DropIn, DropInSpec, build, build_dropin_wheel, compare_wheels,
 };
 use commstack_store::{Outcome, Store};
 
@@ -17,77 +16,25 @@ use crate::flow::build::{Args, SourceFetchArgs};
 use crate::flow::fetch::base_options;
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 use crate::flow::toolchain::resolve;
+use crate::settings::Settings;
 
-/// Build (or find) the stack's NVSHMEM; returns the exit code and the install prefix.
+/// `cargo xtask build nvshmem`: NVSHMEM and its drop-in wheel (and on request the CMake
+/// configure alone, or a comparison with NVIDIA's wheel). Returns the exit code and the
+/// install prefix.
 pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     let started = Instant::now();
+    let settings = Settings::resolve(ctx, args)?;
+    settings.print_notes();
     let say = |line: &str| {
         if !ctx.quiet {
             eprintln!("{line}");
         }
     };
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
-    let (source, tree) = match &args.source {
-        Some(dir) => {
-            let dir = dir
-                .canonicalize()
-                .with_context(|| format!("no source tree at {}", dir.display()))?;
-            let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
-                .with_context(|| format!("cannot hash {}", dir.display()))?;
-            println!(
-                "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
-                dir.display()
-            );
-            (dir, tree)
-        }
-        None => locked_source(ctx, &args.fetch, "nvshmem")?,
-    };
-
-    let tc = resolve(ctx, &args.toolchain, false)?;
-    say(&format!("toolchain: {}", tc.describe()));
-
-    let homes = args.with.iter().cloned().collect();
-    let mut options = NvshmemOptions::from_stack(&stack.nvshmem, &homes, args.rdma_core.clone())?;
-    if !args.cuda_archs.is_empty() {
-        println!("note: --cuda-archs overrides stack.toml's nvshmem.cuda-archs");
-        options.cuda_archs = args.cuda_archs.clone();
-    }
-    if args.no_ibgda {
-        println!("note: --no-ibgda overrides stack.toml's nvshmem.ibgda");
-        options.switches.set("ibgda", false);
-    }
-    if args.static_lib && !options.static_lib {
-        println!("note: --static-lib overrides stack.toml's nvshmem.static-lib");
-        options.static_lib = true;
-    }
-    let python3 = match &args.python3 {
-        Some(p) => p.clone(),
-        None => commstack_toolchain::find_in_path("python3", None).context(
-            "NVSHMEM's CMake requires a Python interpreter: no python3 on PATH (pass --python3)",
-        )?,
-    };
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let req = BuildRequest {
-        source_dir: &source,
-        source_tree_sha256: &tree,
-        options: &options,
-        toolchain: &tc,
-        python3,
-        passthrough: resolve_passthrough(
-            &stack
-                .nvshmem
-                .pass_env
-                .iter()
-                .chain(&args.keep_env)
-                .cloned()
-                .collect::<Vec<_>>(),
-        )?,
-        jobs,
-        progress: &say,
-    };
     if let Some(work) = &args.configure_only {
+        let (source, tree) = nvshmem_source(ctx, args)?;
+        let tc = resolve(ctx, &args.toolchain, false)?;
+        let python3 = Settings::python3(args)?;
+        let req = request(&settings, &source, &tree, &tc, python3, &say);
         let cache = commstack_nvshmem::configure_only(&req, work)?;
         for (k, v) in &cache {
             println!("{k}={v}");
@@ -99,6 +46,76 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
         );
         return Ok((ExitCode::SUCCESS, work.clone()));
     }
+    let built = nvshmem_step(ctx, &settings, args, &say)?;
+    let dropin = dropin_step(ctx, &settings, args, &built)?;
+    let mut code = ExitCode::SUCCESS;
+    if let Some(theirs) = &args.compare_with {
+        let cmp = compare_wheels(&dropin.wheel, theirs, &settings.nvshmem)?;
+        print!("{}", cmp.render());
+        if !cmp.passed() {
+            eprintln!(
+                "error: {} unexplained difference(s) with {}",
+                cmp.unexplained().len(),
+                theirs.display()
+            );
+            code = ExitCode::FAILURE;
+        }
+    }
+    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
+    Ok((code, built.prefix.clone()))
+}
+
+/// The source to build: `--source DIR` (an override, hashed here) or the locked one.
+fn nvshmem_source(ctx: &Ctx, args: &Args) -> Result<(PathBuf, String)> {
+    match &args.source {
+        Some(dir) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("no source tree at {}", dir.display()))?;
+            let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
+                .with_context(|| format!("cannot hash {}", dir.display()))?;
+            println!(
+                "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
+                dir.display()
+            );
+            Ok((dir, tree))
+        }
+        None => locked_source(ctx, &args.fetch, "nvshmem"),
+    }
+}
+
+fn request<'a>(
+    settings: &'a Settings,
+    source: &'a std::path::Path,
+    tree: &'a str,
+    tc: &'a commstack_toolchain::Toolchain,
+    python3: PathBuf,
+    say: &'a dyn Fn(&str),
+) -> BuildRequest<'a> {
+    BuildRequest {
+        source_dir: source,
+        source_tree_sha256: tree,
+        options: &settings.nvshmem,
+        toolchain: tc,
+        python3,
+        passthrough: settings.passthrough.clone(),
+        jobs: settings.jobs,
+        progress: say,
+    }
+}
+
+/// NVSHMEM built (or found) in the store, with its proof printed.
+pub fn nvshmem_step(
+    ctx: &Ctx,
+    settings: &Settings,
+    args: &Args,
+    say: &dyn Fn(&str),
+) -> Result<Built> {
+    let (source, tree) = nvshmem_source(ctx, args)?;
+    let tc = resolve(ctx, &args.toolchain, false)?;
+    say(&format!("toolchain: {}", tc.describe()));
+    let python3 = Settings::python3(args)?;
+    let req = request(settings, &source, &tree, &tc, python3, say);
     let store = Store::open(ctx.store_dir())?;
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
@@ -138,17 +155,21 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
             .join(commstack_nvshmem::REPORT_FILE)
             .display()
     );
+    Ok(built)
+}
 
-    let torch_pin = match &args.torch_pin {
-        Some(v) => v.clone(),
-        None => torch_pin_from_lock(ctx).unwrap_or_else(|| built.report.source.version.clone()),
-    };
+/// The drop-in wheel made (or found) from an NVSHMEM build, its notes printed.
+pub fn dropin_step(ctx: &Ctx, settings: &Settings, args: &Args, built: &Built) -> Result<DropIn> {
+    let store = Store::open(ctx.store_dir())?;
     let spec = DropInSpec {
-        cuda_major: tc.cuda_major(),
-        torch_pin,
-        allow_version_mismatch: args.allow_version_mismatch,
+        cuda_major: settings.stack.torch.cuda_major as u32,
+        torch_pin: settings
+            .torch_pin
+            .clone()
+            .unwrap_or_else(|| built.report.source.version.clone()),
+        allow_version_mismatch: settings.allow_version_mismatch,
     };
-    let (dropin, outcome) = build_dropin_wheel(&store, &built, &spec, args.force)?;
+    let (dropin, outcome) = build_dropin_wheel(&store, built, &spec, args.force)?;
     println!(
         "wheel{}: {}",
         if outcome.was_cached() {
@@ -161,27 +182,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     for note in &dropin.notes {
         println!("  note: {note}");
     }
-    let mut code = ExitCode::SUCCESS;
-    if let Some(theirs) = &args.compare_with {
-        let cmp = compare_wheels(&dropin.wheel, theirs, &options)?;
-        print!("{}", cmp.render());
-        if !cmp.passed() {
-            eprintln!(
-                "error: {} unexplained difference(s) with {}",
-                cmp.unexplained().len(),
-                theirs.display()
-            );
-            code = ExitCode::FAILURE;
-        }
-    }
-    say(&format!("done in {:.2} s", started.elapsed().as_secs_f64()));
-    Ok((code, built.prefix.clone()))
-}
-
-/// `nvidia-nvshmem-cu13==3.4.5` in stack.lock -> `3.4.5`.
-fn torch_pin_from_lock(ctx: &Ctx) -> Option<String> {
-    let lock = read_lock(ctx).ok()?;
-    lock.resolved.nvshmem_pin.map(|p| p.version.to_string())
+    Ok(dropin)
 }
 
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into

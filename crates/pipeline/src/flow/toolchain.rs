@@ -12,7 +12,7 @@ use crate::ctx::Ctx;
 use crate::flow::lock::read_lock;
 
 /// Where the build toolchain comes from (shared by `toolchain` and `build`).
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct ToolchainArgs {
     /// Use the CUDA toolkit installed here and cmake/ninja from PATH (no wheels, no
     /// network; e.g. the GPU machine). Recorded as "system" in every report.

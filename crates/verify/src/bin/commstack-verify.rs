@@ -1,5 +1,5 @@
 //! `commstack-verify`: the verify levels as a standalone binary, for places with no Rust
-//! toolchain and no xtask (inside the image, where `cargo xtask image --verify` runs it in a
+//! toolchain and no xtask (inside the image, where `cargo xtask build image --verify` runs it in a
 //! container with no network). Same flags and exit codes as `cargo xtask verify`.
 
 use std::path::PathBuf;

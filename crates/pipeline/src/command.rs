@@ -1,0 +1,376 @@
+//! `cargo xtask build` (the whole graph, or `--until` / `--only` a step) and `build
+//! image`: the lock first, then the plan, the run, and the summary.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::ctx::Ctx;
+use crate::flow::build::Args;
+use crate::graph::{Engine, Plan, Ran, Selection, Status, StepId};
+use crate::record::Record;
+use crate::stack_steps::{ImageOptions, StackSteps};
+
+/// The whole graph's own flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(skip)]
+pub struct GraphArgs {
+    /// Refuse to change stack.lock: a lock that does not match stack.toml is an error
+    /// (CI), not resolved again.
+    #[arg(long)]
+    pub locked: bool,
+    /// Print the plan and run nothing: every step, its key, and whether it is reused or
+    /// runs and why (the input that changed, named).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Stop after STEP: run it and the steps it depends on.
+    #[arg(long, value_enum, value_name = "STEP", conflicts_with = "only")]
+    pub until: Option<StepId>,
+    /// Run only STEP; the steps it depends on must be done already.
+    #[arg(long, value_enum, value_name = "STEP")]
+    pub only: Option<StepId>,
+    /// Print the summary (or with --dry-run the plan) as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Verify also the runtime and selftest levels in a container with the GPUs
+    /// (`docker run --gpus all`: NVIDIA GPUs and the NVIDIA container runtime).
+    #[arg(long)]
+    pub gpus: bool,
+    /// Also write the image as an OCI image layout (gzip layers) into DIR, which must not
+    /// exist.
+    #[arg(long, value_name = "DIR")]
+    pub oci: Option<PathBuf>,
+    /// Also write the build context of docker/Dockerfile into DIR, which must not exist.
+    #[arg(long, value_name = "DIR")]
+    pub context: Option<PathBuf>,
+}
+
+/// `build image`: the graph until the image is loaded (and verified with --verify).
+#[derive(clap::Args)]
+pub struct ImageTarget {
+    /// Run verify's static level inside the image (`docker run --network=none`): ELF
+    /// closure, one libnvshmem_host (ours, NCCL off), one libnccl at the lock's version,
+    /// DeepEP's device code of the host library's build; then `import torch` with no GPU.
+    #[arg(long, conflicts_with = "no_load")]
+    pub verify: bool,
+    /// Make the image step but do not load it into Docker.
+    #[arg(long)]
+    pub no_load: bool,
+    /// Refuse to change stack.lock (see `build --help`).
+    #[arg(long)]
+    pub locked: bool,
+    /// Print the plan and run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// With --verify: also the runtime and selftest levels (`docker run --gpus all`).
+    #[arg(long, requires = "verify")]
+    pub gpus: bool,
+    /// Also write the image as an OCI image layout into DIR, which must not exist.
+    #[arg(long, value_name = "DIR")]
+    pub oci: Option<PathBuf>,
+    /// Write the build context of docker/Dockerfile into DIR, which must not exist.
+    #[arg(long, value_name = "DIR")]
+    pub context: Option<PathBuf>,
+    #[command(flatten)]
+    pub build: Args,
+}
+
+impl ImageTarget {
+    /// The graph's flags this asks for.
+    pub fn into_graph(self) -> (GraphArgs, Args) {
+        let until = match (self.verify, self.no_load) {
+            (true, _) => StepId::Verify,
+            (false, true) => StepId::Image,
+            (false, false) => StepId::Load,
+        };
+        let graph = GraphArgs {
+            locked: self.locked,
+            dry_run: self.dry_run,
+            until: Some(until),
+            only: None,
+            json: self.json,
+            gpus: self.gpus,
+            oci: self.oci,
+            context: self.context,
+        };
+        (graph, self.build)
+    }
+}
+
+/// What a build run left, for the summary and for benchmarks.
+pub struct Built {
+    pub rows: Vec<Ran>,
+    pub exit: ExitCode,
+    pub summary_file: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Summary<'a> {
+    stack: String,
+    lock: String,
+    ok: bool,
+    seconds: f64,
+    steps: &'a [Ran],
+    verify: Vec<VerifyLevel>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failed: Option<Failure>,
+}
+
+#[derive(Serialize)]
+struct VerifyLevel {
+    level: String,
+    /// passed, failed, ..., or "not run"
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Failure {
+    step: StepId,
+    log: PathBuf,
+    error: Vec<String>,
+}
+
+/// `<home>/pipeline/<first 16 hex of sha256(absolute stack path)>/`: the record of step
+/// inputs, the step logs and the last summary of one stack file.
+fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
+    let abs = std::path::absolute(&ctx.stack_path)
+        .with_context(|| format!("{}", ctx.stack_path.display()))?;
+    let id = commstack_digest::sha256_hex(abs.to_string_lossy().as_bytes());
+    Ok(ctx.home.join("pipeline").join(&id[..16]))
+}
+
+/// The lock first: fresh, resolved again (unless --locked), or, in a dry run, what would
+/// change. Returns false when a dry run stops here.
+fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<bool> {
+    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let path = ctx.lock_path();
+    let previous = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let stale = match &previous {
+        None => vec![format!("{} does not exist", path.display())],
+        Some(text) => commstack_stack::Lock::parse(&path, text)?.staleness(&stack),
+    };
+    if stale.is_empty() {
+        return Ok(true);
+    }
+    if graph.locked {
+        bail!(
+            "{} does not match {} and --locked refuses to change it:\n  {}\nrun `cargo xtask{} lock`, review and commit the lock, then build",
+            path.display(),
+            ctx.stack_path.display(),
+            stale.join("\n  "),
+            ctx.stack_flag()
+        );
+    }
+    if graph.dry_run {
+        println!(
+            "lock           runs: {} (the steps after it are planned once it is resolved)",
+            stale.join("; ")
+        );
+        return Ok(false);
+    }
+    eprintln!("lock: {}: resolving again", stale.join("; "));
+    crate::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
+    Ok(true)
+}
+
+/// `cargo xtask build`: the lock, then the graph's steps of the selection, then the
+/// summary (a table, and JSON in `<home>/pipeline/<stack>/summary.json`).
+pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
+    let started = Instant::now();
+    let dir = stack_dir(ctx)?;
+    let summary_file = dir.join("summary.json");
+    if !ensure_lock(ctx, graph)? {
+        return Ok(Built {
+            rows: Vec::new(),
+            exit: ExitCode::SUCCESS,
+            summary_file,
+        });
+    }
+    let steps = StackSteps::new(ctx, args.clone(), ImageOptions { gpus: graph.gpus })?;
+    steps.settings.print_notes();
+    let store = commstack_store::Store::open(ctx.store_dir())?;
+    let record = Record::open(dir.join("inputs.json"))?;
+    let engine = Engine {
+        store: &store,
+        record: &record,
+        log_dir: dir.join("logs"),
+        quiet: ctx.quiet,
+    };
+    let selection = match (graph.until, graph.only) {
+        (Some(s), _) => Selection::Until(s),
+        (None, Some(s)) => Selection::Only(s),
+        (None, None) => Selection::All,
+    };
+    let plan = engine.plan(&steps, selection)?;
+    if graph.dry_run {
+        print_plan(&plan, graph.json)?;
+        return Ok(Built {
+            rows: Vec::new(),
+            exit: ExitCode::SUCCESS,
+            summary_file,
+        });
+    }
+    let report = engine.run(&steps, plan)?;
+    let mut exit = ExitCode::SUCCESS;
+    let failed = match &report.failed {
+        None => None,
+        Some((step, err, log)) => {
+            exit = ExitCode::FAILURE;
+            let error: Vec<String> = format!("{err:#}")
+                .lines()
+                .take(20)
+                .map(|l| commstack_digest::terminal_safe(l).into_owned())
+                .collect();
+            Some(Failure {
+                step: *step,
+                log: log.clone(),
+                error,
+            })
+        }
+    };
+    if failed.is_none() && (graph.oci.is_some() || graph.context.is_some()) {
+        let image = report
+            .rows
+            .iter()
+            .find(|r| r.step == StepId::Image)
+            .and_then(|r| r.output.clone())
+            .context("--oci and --context need the image step: it was not part of this run")?;
+        let image = commstack_image::Image::open(&image)?;
+        crate::flow::image::export(&image, graph.oci.as_deref(), graph.context.as_deref())?;
+    }
+    let summary = Summary {
+        stack: ctx.stack_path.display().to_string(),
+        lock: ctx.lock_path().display().to_string(),
+        ok: failed.is_none(),
+        seconds: started.elapsed().as_secs_f64(),
+        verify: verify_levels(&report.rows, graph.gpus),
+        steps: &report.rows,
+        failed,
+    };
+    let json = serde_json::to_string_pretty(&summary)?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::util::write_all_atomically(&[(&summary_file, &json)])?;
+    match graph.json {
+        true => println!("{json}"),
+        false => print_summary(&summary, &summary_file),
+    }
+    Ok(Built {
+        rows: report.rows,
+        exit,
+        summary_file,
+    })
+}
+
+/// The verify levels that ran with their verdicts, and those that did not and why.
+fn verify_levels(rows: &[Ran], gpus: bool) -> Vec<VerifyLevel> {
+    let verify = rows.iter().find(|r| r.step == StepId::Verify);
+    let ran: Vec<(String, String)> = verify
+        .and_then(|r| r.facts.get("levels"))
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for level in ["static", "runtime", "selftest"] {
+        let status = ran.iter().find(|(l, _)| l == level).map(|(_, s)| s.clone());
+        let why = match (&status, verify.map(|r| r.outcome)) {
+            (Some(_), _) => None,
+            (None, None) => Some("the verify step was not part of this run".to_string()),
+            (None, Some("skipped")) => verify.and_then(|r| r.reason.clone()),
+            (None, Some("reused" | "built")) if !gpus => Some(
+                "needs NVIDIA GPUs and the NVIDIA container runtime: run `cargo xtask build --gpus` on a GPU machine"
+                    .to_string(),
+            ),
+            (None, Some(outcome)) => Some(format!("the verify step {outcome}")),
+        };
+        out.push(VerifyLevel {
+            level: level.to_string(),
+            status: status.unwrap_or_else(|| "not run".into()),
+            why,
+        });
+    }
+    out
+}
+
+fn print_plan(plan: &Plan, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(plan)?);
+        return Ok(());
+    }
+    for p in &plan.steps {
+        let key = p
+            .key
+            .as_deref()
+            .and_then(|k| k.rsplit('-').next())
+            .map(|h| h[..12.min(h.len())].to_string())
+            .unwrap_or_else(|| "-".into());
+        let status = match &p.status {
+            Status::Reused => "reused".to_string(),
+            Status::Run { reason, .. } => format!("runs: {reason}"),
+            Status::Skipped { reason } => format!("skipped: {reason}"),
+        };
+        let only = if p.selected {
+            ""
+        } else {
+            " (needed by --only)"
+        };
+        println!("{:<14} {key:<12} {status}{only}", p.step.name());
+    }
+    Ok(())
+}
+
+fn print_summary(summary: &Summary, file: &std::path::Path) {
+    let color = std::io::stdout().is_terminal();
+    println!();
+    println!("{:<14} {:<8} {:>8}  output", "step", "", "time");
+    for r in summary.steps {
+        let outcome = match (r.outcome, color) {
+            ("failed", true) => "\x1b[31mfailed\x1b[0m  ",
+            (o, _) => o,
+        };
+        println!(
+            "{:<14} {outcome:<8} {:>7.1}s  {}",
+            r.step.name(),
+            r.seconds,
+            r.output
+                .as_ref()
+                .map(|o| o.display().to_string())
+                .or_else(|| r.reason.clone().filter(|_| r.outcome == "skipped"))
+                .unwrap_or_default()
+        );
+    }
+    for v in &summary.verify {
+        match &v.why {
+            None => println!("verify {:<9} {}", v.level, v.status),
+            Some(why) => println!("verify {:<9} {}: {why}", v.level, v.status),
+        }
+    }
+    if let Some(f) = &summary.failed {
+        eprintln!("\nerror: step {} failed:", f.step);
+        for line in &f.error {
+            eprintln!("  {line}");
+        }
+        eprintln!("log: {}", f.log.display());
+        eprintln!(
+            "the steps before it are kept: run the same command again to resume at {}",
+            f.step
+        );
+    }
+    println!(
+        "{} in {:.1} s; summary: {}",
+        if summary.ok { "done" } else { "FAILED" },
+        summary.seconds,
+        file.display()
+    );
+}

@@ -1,0 +1,590 @@
+//! The build graph: its steps, what each depends on, and the engine that plans and runs
+//! them through the step store.
+//!
+//! A step of the graph is keyed by its inputs: what it is asked to do (settings from the
+//! stack, the lock and the command line, probes of this machine) and the keys of the
+//! steps it depends on. So the whole plan, every key included, is known before anything
+//! runs (`--dry-run`), and a step whose key is in the store is not run again. The crates'
+//! own steps (NVSHMEM's build, DeepEP's, the image's layers) keep their content-addressed
+//! keys beneath: a graph step that runs finds them when they are still current.
+//!
+//! Three steps are not in the store because what they make lives elsewhere: `lock` (the
+//! stack.lock file, handled before the graph by its caller), `fetch` (the download cache)
+//! and `load` (the Docker engine). Each is asked whether its work is done.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use commstack_store::{StepKey, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::record::{Change, Record};
+
+/// The steps, in an order where each comes after those it depends on.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepId {
+    /// stack.toml resolved into stack.lock (resolved again when stale, unless --locked).
+    Lock,
+    /// Every locked artifact in the download cache.
+    Fetch,
+    /// The locked CUDA toolchain, cmake and ninja, provisioned into the store.
+    Toolchain,
+    /// NVSHMEM's locked source, unpacked and checked against its tree hash.
+    NvshmemSource,
+    /// NVSHMEM built with NVSHMEM_USE_NCCL=OFF, proven.
+    Nvshmem,
+    /// The drop-in NVSHMEM wheel (replaces NVIDIA's under torch's pinned version).
+    Dropin,
+    /// The self-test (commstack-selftest) compiled against the stack's NVSHMEM.
+    Kernels,
+    /// DeepEP built into a wheel against the stack's NVSHMEM and torch.
+    Deepep,
+    /// The wheelhouse: every wheel the image installs.
+    Wheelhouse,
+    /// The image's base from the locked Debian packages (mmdebstrap).
+    Base,
+    /// The image: base, venv, wheels, drop-in, DeepEP, tools, SBOM, provenance.
+    Image,
+    /// The image loaded into Docker under its tag.
+    Load,
+    /// verify inside the image (static; runtime and selftest with --gpus).
+    Verify,
+}
+
+impl StepId {
+    pub const ALL: [StepId; 13] = [
+        StepId::Lock,
+        StepId::Fetch,
+        StepId::Toolchain,
+        StepId::NvshmemSource,
+        StepId::Nvshmem,
+        StepId::Dropin,
+        StepId::Kernels,
+        StepId::Deepep,
+        StepId::Wheelhouse,
+        StepId::Base,
+        StepId::Image,
+        StepId::Load,
+        StepId::Verify,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StepId::Lock => "lock",
+            StepId::Fetch => "fetch",
+            StepId::Toolchain => "toolchain",
+            StepId::NvshmemSource => "nvshmem-source",
+            StepId::Nvshmem => "nvshmem",
+            StepId::Dropin => "dropin",
+            StepId::Kernels => "kernels",
+            StepId::Deepep => "deepep",
+            StepId::Wheelhouse => "wheelhouse",
+            StepId::Base => "base",
+            StepId::Image => "image",
+            StepId::Load => "load",
+            StepId::Verify => "verify",
+        }
+    }
+
+    /// The steps this one reads the outputs of.
+    pub fn deps(self) -> &'static [StepId] {
+        use StepId::*;
+        match self {
+            Lock => &[],
+            Fetch => &[Lock],
+            Toolchain => &[Fetch],
+            NvshmemSource => &[Fetch],
+            Nvshmem => &[Toolchain, NvshmemSource],
+            Dropin => &[Nvshmem],
+            Kernels => &[Toolchain, Nvshmem],
+            Deepep => &[Toolchain, Nvshmem, Dropin],
+            Wheelhouse => &[Deepep, Dropin],
+            Base => &[Fetch],
+            Image => &[Base, Wheelhouse, Kernels],
+            Load => &[Image],
+            Verify => &[Load],
+        }
+    }
+
+    /// Whether the step's output is a step of the store (keyed by its inputs).
+    pub fn keyed(self) -> bool {
+        !matches!(self, StepId::Lock | StepId::Fetch | StepId::Load)
+    }
+
+    /// `step` and every step it depends on, directly or not, in graph order.
+    pub fn with_ancestors(self) -> Vec<StepId> {
+        let mut set = std::collections::BTreeSet::from([self]);
+        for s in StepId::ALL.iter().rev() {
+            if set.contains(s) {
+                set.extend(s.deps().iter().copied());
+            }
+        }
+        set.into_iter().collect()
+    }
+
+    /// The store's name of the graph step (`pipeline-nvshmem-source`).
+    fn store_step(self) -> String {
+        format!("pipeline-{}", self.name())
+    }
+}
+
+impl std::fmt::Display for StepId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a step made: the path a user looks at, and facts for the summary (JSON object).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepResult {
+    pub output: Option<PathBuf>,
+    #[serde(default)]
+    pub facts: serde_json::Value,
+}
+
+/// The results of the steps done so far (reused or run), for the steps after them.
+pub type Done = BTreeMap<StepId, StepResult>;
+
+/// What the graph needs from whoever knows how to do the steps: the stack's own steps
+/// ([`crate::stack_steps::StackSteps`]), or a test's fixture recipes.
+pub trait Steps {
+    /// Why `step` does not apply to this stack (e.g. no [image] section), or None.
+    fn skipped(&self, step: StepId) -> Option<String>;
+    /// What keys a keyed step (a JSON object): its settings and probes of this machine.
+    /// The graph adds the keys of the steps it depends on, under "after".
+    fn inputs(&self, step: StepId) -> Result<serde_json::Value>;
+    /// For a step outside the store (lock, fetch, load): why it must run, or None when
+    /// its work is done. `done` holds the results of the steps before it.
+    fn pending(&self, step: StepId, done: &Done) -> Result<Option<String>>;
+    /// Does the step; `say` prints (and logs) a progress line.
+    fn run(&self, step: StepId, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult>;
+}
+
+/// Why a step runs, or that it is reused.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum Status {
+    /// Its output is there for these inputs.
+    Reused,
+    /// It runs, for `reason`; `changed` names the inputs that differ from its last run.
+    Run {
+        reason: String,
+        changed: Vec<Change>,
+    },
+    /// It does not apply to this stack.
+    Skipped { reason: String },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Planned {
+    pub step: StepId,
+    /// The store directory name of a keyed step (`pipeline-nvshmem-<hash>`).
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub status: Status,
+    /// Whether the step is run by this invocation (not only a dependency of `--only`).
+    pub selected: bool,
+    #[serde(skip)]
+    inputs: Option<serde_json::Value>,
+    #[serde(skip)]
+    store_key: Option<StepKey>,
+}
+
+/// Which steps to plan and run.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Selection {
+    /// Every step.
+    #[default]
+    All,
+    /// The step and the steps it depends on.
+    Until(StepId),
+    /// Only the step: the steps it depends on must be done already.
+    Only(StepId),
+}
+
+impl Selection {
+    fn steps(self) -> Vec<StepId> {
+        match self {
+            Selection::All => StepId::ALL.to_vec(),
+            Selection::Until(s) => s.with_ancestors(),
+            Selection::Only(s) => s.with_ancestors(),
+        }
+    }
+    fn runs(self, step: StepId) -> bool {
+        match self {
+            Selection::Only(s) => s == step,
+            _ => true,
+        }
+    }
+}
+
+/// The plan: every step of the selection in graph order, keyed, with its status.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub steps: Vec<Planned>,
+    #[serde(skip)]
+    done: Done,
+}
+
+/// The store, the record of past inputs, and where step logs go.
+pub struct Engine<'a> {
+    pub store: &'a Store,
+    pub record: &'a Record,
+    /// `<dir>/<step>.log`: every progress line of the step's last run, and its error.
+    pub log_dir: PathBuf,
+    pub quiet: bool,
+}
+
+/// How one step of a run ended, for the summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ran {
+    pub step: StepId,
+    /// reused, built, skipped, failed, not-run
+    pub outcome: &'static str,
+    pub seconds: f64,
+    pub output: Option<PathBuf>,
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    pub facts: serde_json::Value,
+}
+
+/// The result of [`Engine::run`]: a row per step, and the error of the step that failed.
+pub struct RunReport {
+    pub rows: Vec<Ran>,
+    pub failed: Option<(StepId, anyhow::Error, PathBuf)>,
+}
+
+const RESULT_FILE: &str = "result.json";
+
+impl Engine<'_> {
+    /// Keys every step of `selection` and says whether it is reused or runs, and why.
+    /// Nothing is built; the results of reused steps are read.
+    pub fn plan(&self, steps: &dyn Steps, selection: Selection) -> Result<Plan> {
+        let mut keys: BTreeMap<StepId, String> = BTreeMap::new();
+        let mut out: Vec<Planned> = Vec::new();
+        let mut done = Done::new();
+        let mut runs: BTreeMap<StepId, bool> = BTreeMap::new();
+        let mut skipped: BTreeMap<StepId, String> = BTreeMap::new();
+        for step in selection.steps() {
+            let selected = selection.runs(step);
+            if let Some(reason) = steps.skipped(step).or_else(|| {
+                step.deps()
+                    .iter()
+                    .find(|d| skipped.contains_key(d))
+                    .map(|d| format!("it needs {d}, which is skipped"))
+            }) {
+                skipped.insert(step, reason.clone());
+                out.push(Planned {
+                    step,
+                    key: None,
+                    status: Status::Skipped { reason },
+                    selected,
+                    inputs: None,
+                    store_key: None,
+                });
+                continue;
+            }
+            // A keyed step's key holds its keyed deps' keys only: fetch running (the cache
+            // filling) does not change what a build makes.
+            let upstream_runs: Vec<StepId> = step
+                .deps()
+                .iter()
+                .copied()
+                .filter(|d| runs.get(d).copied().unwrap_or(false))
+                .filter(|d| !step.keyed() || d.keyed())
+                .collect();
+            let (status, inputs, store_key) = if step.keyed() {
+                let mut inputs = steps
+                    .inputs(step)
+                    .with_context(|| format!("the inputs of step {step}"))?;
+                // The keys of the keyed steps it depends on, under "after": a changed
+                // upstream output changes this key too.
+                let after: serde_json::Map<String, serde_json::Value> = step
+                    .deps()
+                    .iter()
+                    .filter_map(|d| {
+                        keys.get(d)
+                            .map(|k| (d.name().to_string(), k.clone().into()))
+                    })
+                    .collect();
+                match inputs.as_object_mut() {
+                    Some(object) => object.insert("after".into(), after.into()),
+                    None => bail!("the inputs of step {step} are not a JSON object"),
+                };
+                let key = StepKey::new(&step.store_step(), &inputs);
+                keys.insert(step, key.hash.clone());
+                let status = match self.reusable(&key)? {
+                    Some(result) => {
+                        done.insert(step, result);
+                        Status::Reused
+                    }
+                    None => {
+                        let changed = self.record.changes(step, &inputs);
+                        let reason = explain(&changed, &upstream_runs, self.record.has(step));
+                        Status::Run { reason, changed }
+                    }
+                };
+                (status, Some(inputs), Some(key))
+            } else if !upstream_runs.is_empty() {
+                let reason = format!("after {}", names(&upstream_runs));
+                (
+                    Status::Run {
+                        reason,
+                        changed: Vec::new(),
+                    },
+                    None,
+                    None,
+                )
+            } else {
+                match steps.pending(step, &done)? {
+                    None => {
+                        done.insert(step, StepResult::default());
+                        (Status::Reused, None, None)
+                    }
+                    Some(reason) => (
+                        Status::Run {
+                            reason,
+                            changed: Vec::new(),
+                        },
+                        None,
+                        None,
+                    ),
+                }
+            };
+            runs.insert(step, matches!(status, Status::Run { .. }));
+            out.push(Planned {
+                step,
+                key: store_key.as_ref().map(|k| k.dir_name()),
+                status,
+                selected,
+                inputs,
+                store_key,
+            });
+        }
+        Ok(Plan { steps: out, done })
+    }
+
+    /// The result of a keyed step in the store, if it is there and what it names still is.
+    fn reusable(&self, key: &StepKey) -> Result<Option<StepResult>> {
+        let Some(dir) = self.store.lookup(key) else {
+            return Ok(None);
+        };
+        let file = dir.join(RESULT_FILE);
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let result: StepResult = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a step result", file.display()))?;
+        // A crate's step the result points into may have been collected (`store gc`).
+        Ok(result
+            .output
+            .as_deref()
+            .is_none_or(Path::exists)
+            .then_some(result))
+    }
+
+    /// Runs the plan's steps that are not reused, in order; stops at the first failure.
+    pub fn run(&self, steps: &dyn Steps, plan: Plan) -> Result<RunReport> {
+        std::fs::create_dir_all(&self.log_dir)
+            .with_context(|| format!("cannot create {}", self.log_dir.display()))?;
+        let started = Instant::now();
+        let mut done = plan.done;
+        let mut rows = Vec::new();
+        let mut failed = None;
+        for p in plan.steps {
+            let key = p.key.clone();
+            let row = |outcome: &'static str,
+                       seconds: f64,
+                       result: Option<&StepResult>,
+                       reason: Option<String>| Ran {
+                step: p.step,
+                outcome,
+                seconds,
+                output: result.and_then(|r| r.output.clone()),
+                key: key.clone(),
+                reason,
+                facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
+            };
+            if failed.is_some() {
+                rows.push(row("not-run", 0.0, None, None));
+                continue;
+            }
+            match &p.status {
+                Status::Skipped { reason } => {
+                    self.say(&format!("{:>24} {}: skipped: {reason}", "", p.step));
+                    rows.push(row("skipped", 0.0, None, Some(reason.clone())));
+                    continue;
+                }
+                Status::Reused => {
+                    let result = done.get(&p.step);
+                    self.say(&format!(
+                        "[{:>7.1}s] {:<14} reused{}",
+                        started.elapsed().as_secs_f64(),
+                        p.step.name(),
+                        result
+                            .and_then(|r| r.output.as_ref())
+                            .map(|o| format!(": {}", o.display()))
+                            .unwrap_or_default()
+                    ));
+                    rows.push(row("reused", 0.0, result, None));
+                    continue;
+                }
+                Status::Run { reason, .. } if !p.selected => {
+                    bail!(
+                        "--only {}: it needs {}, which is not done ({reason}): run `cargo xtask build --until {}` first",
+                        plan_only_target(&rows, p.step),
+                        p.step,
+                        p.step
+                    );
+                }
+                Status::Run { .. } => {}
+            }
+            let Status::Run { reason, .. } = &p.status else {
+                unreachable!()
+            };
+            self.say(&format!(
+                "[{:>7.1}s] {:<14} runs: {reason}",
+                started.elapsed().as_secs_f64(),
+                p.step.name()
+            ));
+            let t = Instant::now();
+            let log = self.log_dir.join(format!("{}.log", p.step.name()));
+            let outcome = self.run_one(steps, &p, &done, &log);
+            let seconds = t.elapsed().as_secs_f64();
+            match outcome {
+                Ok(result) => {
+                    self.say(&format!(
+                        "[{:>7.1}s] {:<14} done in {seconds:.1} s{}",
+                        started.elapsed().as_secs_f64(),
+                        p.step.name(),
+                        result
+                            .output
+                            .as_ref()
+                            .map(|o| format!(": {}", o.display()))
+                            .unwrap_or_default()
+                    ));
+                    rows.push(row("built", seconds, Some(&result), Some(reason.clone())));
+                    done.insert(p.step, result);
+                }
+                Err(err) => {
+                    let _ = append_log(&log, &format!("error: {err:#}\n"));
+                    rows.push(row("failed", seconds, None, Some(reason.clone())));
+                    failed = Some((p.step, err, log));
+                }
+            }
+        }
+        Ok(RunReport { rows, failed })
+    }
+
+    fn run_one(
+        &self,
+        steps: &dyn Steps,
+        p: &Planned,
+        done: &Done,
+        log: &Path,
+    ) -> Result<StepResult> {
+        std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
+        let quiet = self.quiet;
+        let name = p.step.name();
+        let say = |line: &str| {
+            if !quiet {
+                eprintln!("{:>24} {name}: {line}", "");
+            }
+            let _ = append_log(log, &format!("{line}\n"));
+        };
+        let (Some(key), Some(inputs)) = (&p.store_key, &p.inputs) else {
+            return steps.run(p.step, done, &say);
+        };
+        let mut made = None;
+        // The graph step is sealed only after the step's own work returned: a run killed
+        // halfway leaves it in the store's tmp/, never marked done.
+        self.store.run(key, inputs, true, |dir| {
+            let result = steps.run(p.step, done, &say)?;
+            std::fs::write(
+                dir.out.join(RESULT_FILE),
+                serde_json::to_string_pretty(&result)?,
+            )?;
+            made = Some(result);
+            Ok(())
+        })?;
+        self.record.set(p.step, inputs)?;
+        made.context("the step wrote no result")
+    }
+
+    fn say(&self, line: &str) {
+        if !self.quiet {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The `--only` target of a plan, for the message about a missing dependency.
+fn plan_only_target(_rows: &[Ran], missing: StepId) -> String {
+    StepId::ALL
+        .iter()
+        .find(|s| s.deps().contains(&missing))
+        .map_or_else(|| missing.to_string(), |s| s.to_string())
+}
+
+fn append_log(log: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)?
+        .write_all(text.as_bytes())
+}
+
+fn names(steps: &[StepId]) -> String {
+    steps
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why a keyed step runs, in words: the upstream steps that run, the inputs that changed.
+fn explain(changed: &[Change], upstream_runs: &[StepId], recorded: bool) -> String {
+    let own: Vec<String> = changed
+        .iter()
+        .filter(|c| {
+            !upstream_runs
+                .iter()
+                .any(|u| c.path == format!("after.{}", u.name()))
+        })
+        .map(Change::describe)
+        .collect();
+    let mut parts = Vec::new();
+    if !upstream_runs.is_empty() {
+        parts.push(format!("after {}", names(upstream_runs)));
+    }
+    if !own.is_empty() {
+        parts.push(own.join("; "));
+    }
+    if parts.is_empty() {
+        parts.push(match recorded {
+            false => "not built yet for this stack".into(),
+            true if changed.is_empty() => {
+                "its output is not in the store (removed by `store gc`?)".into()
+            }
+            true => "after its inputs changed".into(),
+        });
+    }
+    parts.join("; ")
+}

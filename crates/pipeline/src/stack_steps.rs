@@ -1,0 +1,528 @@
+//! The stack's own steps: what keys each one (from [`Settings`] and probes of this
+//! machine) and the crate function each one calls.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use commstack_deepep::{LockedWheel, NvshmemInput, WheelhouseKind};
+use commstack_fetch::Artifact;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::ctx::Ctx;
+use crate::flow::build::Args;
+use crate::flow::lock::{Part, artifacts_of_parts};
+use crate::graph::{Done, StepId, StepResult, Steps};
+use crate::settings::Settings;
+
+/// Bumped when a step's recipe here changes what it makes from the same inputs.
+const GRAPH_RECIPE: &str = "commstack-graph-1";
+
+/// What the graph's image steps are asked for beyond the build settings.
+#[derive(Clone, Debug, Default)]
+pub struct ImageOptions {
+    /// Verify also the runtime and selftest levels (`docker run --gpus all`).
+    pub gpus: bool,
+}
+
+pub struct StackSteps<'a> {
+    ctx: &'a Ctx,
+    pub settings: Settings,
+    args: Args,
+    image: ImageOptions,
+    probes: Probes,
+}
+
+/// What of this machine a step's output depends on, read once per command.
+#[derive(Debug, Serialize)]
+struct Probes {
+    /// rdma-core's headers where NVSHMEM's options need them.
+    rdma_core: serde_json::Value,
+    /// The interpreter the build venv is made from, and its version.
+    base_python: serde_json::Value,
+    rustc: String,
+    /// The sources of the self-test (kernels/ and its build dependencies).
+    kernels_sources: String,
+    /// The sources of the verify tool (crates/verify and the crates it depends on).
+    verify_sources: String,
+    /// HEAD and the origin URL (the image's labels).
+    git: serde_json::Value,
+    mmdebstrap: String,
+}
+
+/// DeepEP's step result: what the wheelhouse is made of.
+#[derive(Serialize, Deserialize)]
+struct DeepepFacts {
+    wheel: LockedWheel,
+    dropin: LockedWheel,
+    kind: WheelhouseKind,
+}
+
+impl<'a> StackSteps<'a> {
+    /// Resolves the settings (the lock must be fresh) and probes this machine.
+    pub fn new(ctx: &'a Ctx, args: Args, image: ImageOptions) -> Result<StackSteps<'a>> {
+        let settings = Settings::resolve(ctx, &args)?;
+        let root = crate::util::workspace_root();
+        let needs_image = settings.stack.image.is_some();
+        let probes = Probes {
+            rdma_core: match settings.nvshmem.needs_rdma_core() {
+                false => serde_json::Value::Null,
+                true => {
+                    let prefix = settings
+                        .nvshmem
+                        .rdma_core
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from("/"));
+                    match commstack_nvshmem::find_rdma_core(&prefix) {
+                        Ok(r) => {
+                            json!({ "prefix": r.prefix, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })
+                        }
+                        // Planned anyway: the step says what is missing when it runs.
+                        Err(e) => json!({ "missing": format!("{e:#}") }),
+                    }
+                }
+            },
+            base_python: match crate::flow::deepep::base_python(
+                &settings.lock,
+                args.deepep.base_python.as_deref(),
+            ) {
+                Ok(p) => json!({ "path": p, "version": output_of(&p, &["--version"]) }),
+                Err(e) => json!({ "missing": format!("{e:#}") }),
+            },
+            rustc: output_of(Path::new("rustc"), &["--version"]),
+            kernels_sources: sources_hash(&root, "kernels")?,
+            verify_sources: sources_hash(&root, "crates/verify")?,
+            git: json!(crate::flow::image::git_identity()),
+            mmdebstrap: match needs_image {
+                true => output_of(Path::new("mmdebstrap"), &["--version"]),
+                false => String::new(),
+            },
+        };
+        Ok(StackSteps {
+            ctx,
+            settings,
+            args,
+            image,
+            probes,
+        })
+    }
+
+    /// The artifacts the graph fetches: everything the lock names but NVIDIA's replaced
+    /// wheels (kept for comparisons, not built with), and the .debs only for an image.
+    fn artifacts(&self) -> Result<Vec<Artifact>> {
+        let mut parts = vec![Part::Sources, Part::Toolchain, Part::Wheels];
+        if self.settings.stack.image.is_some() {
+            parts.push(Part::Debs);
+        }
+        artifacts_of_parts(&self.settings.lock, &parts)
+    }
+
+    fn fetch_options(&self) -> Result<commstack_fetch::FetchOptions> {
+        let f = &self.args.fetch;
+        crate::flow::fetch::base_options(self.ctx, &f.mirror, f.offline, f.accept_tree_match)
+    }
+
+    fn runtime_pins(&self) -> serde_json::Value {
+        self.settings
+            .lock
+            .packages
+            .iter()
+            .filter(|p| p.replaced_by.is_none())
+            .map(|p| json!([p.filename, p.sha256]))
+            .collect()
+    }
+
+    fn source(&self, name: &str) -> serde_json::Value {
+        self.settings
+            .lock
+            .sources
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| json!({ "tree": s.tree, "rev": s.rev, "sha256": s.sha256 }))
+            .unwrap_or_default()
+    }
+}
+
+/// The output of a step's result, or an error naming the step (a graph bug if missing).
+fn output_of_step(done: &Done, step: StepId) -> Result<PathBuf> {
+    done.get(&step)
+        .and_then(|r| r.output.clone())
+        .with_context(|| format!("step {step} has no output"))
+}
+
+fn facts<T: for<'de> Deserialize<'de>>(done: &Done, step: StepId) -> Result<T> {
+    let value = done
+        .get(&step)
+        .map(|r| r.facts.clone())
+        .with_context(|| format!("step {step} has not run"))?;
+    serde_json::from_value(value).with_context(|| format!("the result of step {step}"))
+}
+
+impl Steps for StackSteps<'_> {
+    fn skipped(&self, step: StepId) -> Option<String> {
+        let image_step = matches!(
+            step,
+            StepId::Base | StepId::Image | StepId::Load | StepId::Verify
+        );
+        (image_step && self.settings.stack.image.is_none()).then(|| {
+            format!(
+                "{} has no [image] section (the default stack.toml has one)",
+                self.ctx.stack_path.display()
+            )
+        })
+    }
+
+    fn inputs(&self, step: StepId) -> Result<serde_json::Value> {
+        let s = &self.settings;
+        let p = &self.probes;
+        let lock = &s.lock;
+        Ok(match step {
+            StepId::Toolchain => json!({
+                "graph": GRAPH_RECIPE,
+                "wheels": lock.toolchain.iter().map(|w| json!([w.filename, w.sha256])).collect::<Vec<_>>(),
+            }),
+            StepId::NvshmemSource => {
+                json!({ "graph": GRAPH_RECIPE, "source": self.source("nvshmem") })
+            }
+            StepId::Nvshmem => json!({
+                "recipe": commstack_nvshmem::BUILD_RECIPE,
+                "options": s.nvshmem,
+                "passthrough": s.passthrough,
+                "rdma_core": p.rdma_core,
+            }),
+            StepId::Dropin => json!({
+                "recipe": commstack_nvshmem::DROPIN_RECIPE,
+                "torch_pin": s.torch_pin,
+                "cuda_major": s.stack.torch.cuda_major,
+                "allow_version_mismatch": s.allow_version_mismatch,
+            }),
+            StepId::Kernels => json!({
+                "graph": GRAPH_RECIPE,
+                "cuda_archs": s.cuda_archs,
+                "sources": p.kernels_sources,
+                "rustc": p.rustc,
+            }),
+            StepId::Deepep => json!({
+                "recipe": [commstack_deepep::build::RECIPE, commstack_deepep::venv::RECIPE],
+                "api": s.stack.deepep.api.as_str(),
+                "source": self.source("deepep"),
+                "cuda_archs": s.cuda_archs,
+                "base_python": p.base_python,
+                "runtime": self.runtime_pins(),
+                "rdma_core": p.rdma_core,
+                "allow_missing_rdc_fix": s.allow_missing_rdc_fix,
+                "allow_second_nccl": s.allow_second_nccl,
+            }),
+            StepId::Wheelhouse => json!({
+                "recipe": commstack_deepep::wheelhouse::RECIPE,
+                "runtime": self.runtime_pins(),
+            }),
+            StepId::Base => json!({
+                "recipe": commstack_base::RECIPE,
+                "base": lock.base,
+                "debs": lock.debs.iter().map(|d| json!([d.name, d.version, d.architecture, d.sha256])).collect::<Vec<_>>(),
+                "mmdebstrap": p.mmdebstrap,
+            }),
+            StepId::Image => json!({
+                "recipe": commstack_image::assemble::IMAGE_RECIPE,
+                "lock_sha256": s.lock_sha256,
+                "image": s.stack.image.as_ref().map(|i| json!({ "name": i.name, "user": i.user })),
+                "verify_sources": p.verify_sources,
+                "rustc": p.rustc,
+                "git": p.git,
+            }),
+            StepId::Verify => json!({
+                "graph": GRAPH_RECIPE,
+                "gpus": self.image.gpus,
+                "verify_sources": p.verify_sources,
+            }),
+            StepId::Lock | StepId::Fetch | StepId::Load => {
+                bail!("step {step} is not keyed")
+            }
+        })
+    }
+
+    fn pending(&self, step: StepId, done: &Done) -> Result<Option<String>> {
+        match step {
+            StepId::Lock => Ok(None),
+            StepId::Fetch => {
+                let artifacts = self.artifacts()?;
+                let missing = commstack_fetch::not_cached(&artifacts, &self.fetch_options()?)
+                    .context("reading the download cache")?;
+                Ok((!missing.is_empty()).then(|| {
+                    let names: Vec<&str> = missing
+                        .iter()
+                        .take(3)
+                        .map(|a| a.filename.as_str())
+                        .collect();
+                    format!(
+                        "{} of {} artifacts are not in the download cache ({}{})",
+                        missing.len(),
+                        artifacts.len(),
+                        names.join(", "),
+                        if missing.len() > 3 { ", ..." } else { "" }
+                    )
+                }))
+            }
+            StepId::Load => {
+                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+                Ok((!crate::flow::image::docker_has(image.id(), image.tag()))
+                    .then(|| format!("Docker has no image {} tagged {}", image.id(), image.tag())))
+            }
+            _ => bail!("step {step} is keyed"),
+        }
+    }
+
+    fn run(&self, step: StepId, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
+        let (ctx, s, args) = (self.ctx, &self.settings, &self.args);
+        match step {
+            StepId::Lock => bail!("the lock is resolved before the graph runs"),
+            StepId::Fetch => {
+                let artifacts = self.artifacts()?;
+                let fetched = commstack_fetch::fetch_all(&artifacts, &self.fetch_options()?)?;
+                for f in &fetched {
+                    if let Some(d) = f.deviation() {
+                        say(&format!("WARNING {d}"));
+                    }
+                }
+                let bytes: u64 = artifacts.iter().filter_map(|a| a.size).sum();
+                Ok(StepResult {
+                    output: Some(ctx.cache_dir()),
+                    facts: json!({ "artifacts": fetched.len(), "bytes": bytes }),
+                })
+            }
+            StepId::Toolchain => {
+                let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
+                Ok(StepResult {
+                    output: tc.cuda_home.parent().map(Path::to_path_buf),
+                    facts: json!({ "toolchain": tc.describe() }),
+                })
+            }
+            StepId::NvshmemSource => {
+                let (dir, tree) = crate::flow::nvshmem::locked_source(ctx, &args.fetch, "nvshmem")?;
+                Ok(StepResult {
+                    output: Some(dir),
+                    facts: json!({ "tree": tree }),
+                })
+            }
+            StepId::Nvshmem => {
+                let built = crate::flow::nvshmem::nvshmem_step(ctx, s, args, say)?;
+                Ok(StepResult {
+                    output: Some(built.outcome.path().to_path_buf()),
+                    facts: json!({
+                        "version": built.report.proof.version,
+                        "use_nccl": built.report.proof.use_nccl,
+                        "manylinux": built.report.proof.manylinux,
+                    }),
+                })
+            }
+            StepId::Dropin => {
+                let input = NvshmemInput::from_step(&output_of_step(done, StepId::Nvshmem)?)?;
+                let built = input.built.context("the NVSHMEM step is not a build")?;
+                let dropin = crate::flow::nvshmem::dropin_step(ctx, s, args, &built)?;
+                Ok(StepResult {
+                    output: Some(dropin.wheel.clone()),
+                    facts: json!({ "version": dropin.version, "sha256": dropin.sha256 }),
+                })
+            }
+            StepId::Kernels => {
+                let prefix =
+                    output_of_step(done, StepId::Nvshmem)?.join(commstack_nvshmem::INSTALL_DIR);
+                let tool = crate::flow::image::selftest_tool(ctx, s, &args.toolchain, prefix)?;
+                Ok(StepResult {
+                    output: Some(tool.host_path.clone()),
+                    facts: json!({ "version": tool.version, "source": tool.source }),
+                })
+            }
+            StepId::Deepep => {
+                let mut args = args.clone();
+                args.deepep.nvshmem = Some(output_of_step(done, StepId::Nvshmem)?);
+                args.deepep.nvshmem_wheel = Some(output_of_step(done, StepId::Dropin)?);
+                let made = crate::flow::deepep::deepep_step(ctx, s, &args, say)?;
+                Ok(StepResult {
+                    output: Some(made.wheel.path.clone()),
+                    facts: serde_json::to_value(DeepepFacts {
+                        wheel: made.wheel,
+                        dropin: made.dropin,
+                        kind: made.kind,
+                    })?,
+                })
+            }
+            StepId::Wheelhouse => {
+                let d: DeepepFacts = facts(done, StepId::Deepep)?;
+                let cache = commstack_fetch::Cache::new(ctx.cache_dir());
+                let runtime = match d.kind {
+                    WheelhouseKind::Full => commstack_deepep::runtime_wheels(
+                        &s.lock,
+                        &cache,
+                        std::slice::from_ref(&d.dropin),
+                    )?,
+                    WheelhouseKind::Overlay => vec![d.dropin.clone()],
+                };
+                let house = crate::flow::deepep::wheelhouse_step(
+                    ctx, d.kind, &runtime, &d.dropin, &d.wheel,
+                )?;
+                Ok(StepResult {
+                    output: Some(house.dir.clone()),
+                    facts: json!({ "wheels": house.manifest.wheels.len() }),
+                })
+            }
+            StepId::Base => {
+                let base = crate::flow::image::base_step(ctx, s, say)?;
+                Ok(StepResult {
+                    output: Some(base.dir.clone()),
+                    facts: json!({
+                        "packages": base.manifest.packages.len(),
+                        "python": base.manifest.python,
+                    }),
+                })
+            }
+            StepId::Image => {
+                #[derive(Deserialize)]
+                struct KernelsFacts {
+                    version: String,
+                    source: String,
+                }
+                let k: KernelsFacts = facts(done, StepId::Kernels)?;
+                let selftest = crate::flow::image::tool_at(
+                    "commstack-selftest",
+                    &k.version,
+                    output_of_step(done, StepId::Kernels)?,
+                    k.source,
+                );
+                let verify = crate::flow::image::verify_tool(ctx)?;
+                let image = crate::flow::image::image_step(
+                    ctx,
+                    s,
+                    &output_of_step(done, StepId::Base)?,
+                    &output_of_step(done, StepId::Wheelhouse)?,
+                    vec![selftest, verify],
+                    false,
+                )?;
+                Ok(StepResult {
+                    output: Some(image.dir.clone()),
+                    facts: json!({ "id": image.id(), "tag": image.tag() }),
+                })
+            }
+            StepId::Load => {
+                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+                let id = crate::flow::image::load_step(&image)?;
+                Ok(StepResult {
+                    output: None,
+                    facts: json!({ "id": id, "tag": image.tag() }),
+                })
+            }
+            StepId::Verify => {
+                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+                #[derive(Deserialize)]
+                struct BaseFacts {
+                    python: String,
+                }
+                let base: BaseFacts = facts(done, StepId::Base)?;
+                let verdict = crate::flow::image::verify_in_container(
+                    ctx,
+                    &s.stack,
+                    &s.lock,
+                    &image,
+                    &base.python,
+                    self.image.gpus,
+                )?;
+                if verdict.exit != 0 {
+                    bail!(
+                        "verify in the image failed (exit {}): {}{}",
+                        verdict.exit,
+                        verdict
+                            .levels
+                            .iter()
+                            .map(|(l, st)| format!("{l} {st}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        match verdict.import_torch {
+                            true => "",
+                            false => "; `import torch` failed",
+                        }
+                    );
+                }
+                Ok(StepResult {
+                    output: Some(verdict.report.clone()),
+                    facts: serde_json::to_value(&verdict)?,
+                })
+            }
+        }
+    }
+}
+
+/// The first line a program prints for `args` (or why it could not run): a probe.
+fn output_of(program: &Path, args: &[&str]) -> String {
+    match Command::new(program).args(args).output() {
+        Ok(out) => {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            text.lines().next().unwrap_or_default().trim().to_string()
+        }
+        Err(e) => format!("{} not runnable: {e}", program.display()),
+    }
+}
+
+/// sha256 over the sources of the crate in `dir` and of the workspace crates it depends
+/// on (normal and build dependencies), with the workspace's Cargo.toml and Cargo.lock:
+/// what a cargo build of it reads. Tests and benches are left out.
+pub fn sources_hash(root: &Path, dir: &str) -> Result<String> {
+    let mut dirs = std::collections::BTreeSet::new();
+    let mut todo = vec![dir.to_string()];
+    while let Some(d) = todo.pop() {
+        if !dirs.insert(d.clone()) {
+            continue;
+        }
+        let manifest = root.join(&d).join("Cargo.toml");
+        let text = std::fs::read_to_string(&manifest)
+            .with_context(|| format!("cannot read {}", manifest.display()))?;
+        let toml: toml::Table =
+            toml::from_str(&text).with_context(|| format!("{} is not TOML", manifest.display()))?;
+        for table in ["dependencies", "build-dependencies"] {
+            let Some(deps) = toml.get(table).and_then(|t| t.as_table()) else {
+                continue;
+            };
+            for name in deps.keys().filter_map(|n| n.strip_prefix("commstack-")) {
+                todo.push(format!("crates/{name}"));
+            }
+        }
+    }
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    // Each file as its path, its length and its bytes: no two trees hash alike.
+    let mut add = |rel: &Path, bytes: &[u8]| {
+        hasher.update(rel.to_string_lossy().as_bytes());
+        hasher.update([0]);
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    };
+    for file in ["Cargo.toml", "Cargo.lock"] {
+        add(Path::new(file), &std::fs::read(root.join(file))?);
+    }
+    for d in &dirs {
+        let mut files: Vec<PathBuf> = Vec::new();
+        for entry in walkdir::WalkDir::new(root.join(d))
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| {
+                !matches!(e.file_name().to_str(), Some("tests" | "benches" | "target"))
+            })
+        {
+            let entry = entry?;
+            if entry.file_type().is_file() {
+                files.push(entry.into_path());
+            }
+        }
+        for f in files {
+            let bytes =
+                std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?;
+            add(f.strip_prefix(root).unwrap_or(&f), &bytes);
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
