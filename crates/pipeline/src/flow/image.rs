@@ -28,7 +28,7 @@ const IMAGE_VENV: &str = "/opt/commstack/venv";
 
 #[derive(clap::Args)]
 #[command(after_help = "\
-The stack must have an [image] section (stacks/bookworm.toml has one) and a lock with its
+The stack must have an [image] section (the default stack.toml has one) and a lock with its
 [base] (`cargo xtask lock`); the .debs and wheels come from the fetch cache (`cargo xtask
 fetch`), NVSHMEM, the self-test and DeepEP from the store (built here when missing).
 
@@ -96,8 +96,8 @@ pub fn make(ctx: &Ctx, args: &Args) -> Result<Made> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
     let settings = stack.image.clone().with_context(|| {
         format!(
-            "{}: no [image] section, so this stack is not made into an image (stacks/bookworm.toml \
-             is one that is: `cargo xtask --stack stacks/bookworm.toml image`). Add an [image] \
+            "{}: no [image] section, so this stack is not made into an image (the default stack.toml \
+             is one that is: `cargo xtask image` with no --stack). Add an [image] \
              section (docs/image.md) and run `cargo xtask lock`",
             stack.path().display()
         )
