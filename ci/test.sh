@@ -19,9 +19,9 @@ unshare -n cargo test --locked --offline -p commstack-image --test image_step
 step "clippy, warnings as errors (the kernel crate's clippy runs with its build, last step)"
 cargo clippy --locked --workspace --exclude commstack-kernels --all-targets -- -D warnings
 
-step "the shipped locks match their manifests and the rules (offline)"
+step "the shipped locks match their manifests and the rules (offline): the default (Debian 12) and the GPU machine's adopt stack"
 cargo xtask lock --check
-cargo xtask --stack stacks/bookworm.toml lock --check
+cargo xtask --stack stacks/gpu-adopt.toml lock --check
 
 step "the locked closures equal uv's for the same targets (live PyPI; uv is the oracle)"
 if [ ! -x .tools/uv-venv/bin/uv ]; then
@@ -30,7 +30,7 @@ if [ ! -x .tools/uv-venv/bin/uv ]; then
 fi
 COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
 
-step "the kernel crate: the locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests run"
+step "the kernel crate: the default stack's locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests run"
 cargo xtask --quiet fetch --only toolchain,replaced
 cargo xtask toolchain
 cargo xtask build kernels --nvshmem-from nvidia-wheel --test

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the stack, on a GPU machine with no Rust and no network, from a
-# bundle made by `cargo xtask gpu-bundle BUNDLE` and a checkout of this repository.
+# bundle made by `cargo xtask --stack stacks/gpu-adopt.toml gpu-bundle BUNDLE` and a
+# checkout of this repository. The machine's environment is stacks/gpu-adopt.toml (adopt
+# mode), not the default stack.toml (the Debian image): every xtask command here reads it.
 #
 #   gpu/run.sh BUNDLE OUT [STEP...]
 #
@@ -28,11 +30,14 @@
 # gate are expected to FAIL (NVIDIA's NVSHMEM is built with NCCL on; test_dirty must fail
 # the gate), so their 1 reads "ok", and an unexpected 0 reads "UNEXPECTED".
 # Environment: PYTHON (default python3: the torch env), CUDA_HOME (default /usr/local/cuda),
-# JOBS (default: all cores).
+# JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,31p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,33p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
+# --stack): without it they would find the default stack.toml, the Debian image's.
+export COMMSTACK_STACK="${COMMSTACK_STACK:-$repo/stacks/gpu-adopt.toml}"
 bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
@@ -77,6 +82,7 @@ step_facts() {
     ls -la "$site/nvidia/nvshmem/lib" || true
     cat /proc/driver/nvidia/params 2>/dev/null | grep -E 'EnableStreamMemOPs|RegistryDwords' || true
     "$X" --version
+    echo "stack: $COMMSTACK_STACK"
 }
 
 step_doctor() {

@@ -25,7 +25,9 @@ Layout written:
   DIR/mirror/                    the locked sources, for `fetch --offline --mirror DIR/mirror`
   DIR/rdma-core/                 (with --rdma-core) headers + libmlx5 for IBGDA builds
   DIR/bundle.json                what is in it, with sha256s
-Then on the GPU machine, from a checkout of this repository:  gpu/run.sh DIR OUT")]
+Make it for the GPU machine's stack: `cargo xtask --stack stacks/gpu-adopt.toml gpu-bundle DIR`
+(the default stack.toml is the Debian image's). Then on the GPU machine, from a checkout of
+this repository:  gpu/run.sh DIR OUT (it uses stacks/gpu-adopt.toml too)")]
 pub struct Args {
     /// The bundle directory (emptied first).
     #[arg(default_value = "scratch/bundle")]

@@ -16,6 +16,11 @@ fn root() -> PathBuf {
 /// Every `.rs` file under `dir` (relative to the root): its path relative to `dir`, with
 /// `/` separators, and its text. Build outputs (`target/`) are skipped.
 fn rust_files(dir: &str) -> Vec<(String, String)> {
+    files(dir, &["rs"])
+}
+
+/// Every file under `dir` with one of the extensions `exts`, as [`rust_files`] gives them.
+fn files(dir: &str, exts: &[&str]) -> Vec<(String, String)> {
     let base = root().join(dir);
     let mut out = Vec::new();
     for entry in walkdir::WalkDir::new(&base)
@@ -24,7 +29,11 @@ fn rust_files(dir: &str) -> Vec<(String, String)> {
         .filter_entry(|e| e.file_name() != "target")
     {
         let entry = entry.unwrap();
-        if entry.file_type().is_file() && entry.path().extension().is_some_and(|e| e == "rs") {
+        let wanted = entry
+            .path()
+            .extension()
+            .is_some_and(|e| exts.iter().any(|x| e == *x));
+        if entry.file_type().is_file() && wanted {
             let rel = entry.path().strip_prefix(&base).unwrap();
             let rel = rel.to_string_lossy().replace('\\', "/");
             let text = std::fs::read_to_string(entry.path()).unwrap();
@@ -297,19 +306,21 @@ fn missing_from_readme(readme: &str, commands: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The built xtask's output for `args` (a help text): it must succeed.
+fn xtask_help(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(args)
+        .env_remove("COMMSTACK_STACK")
+        .env_remove("COMMSTACK_HOME")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "xtask {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 #[test]
 fn every_command_is_in_the_readme_table() {
-    let help = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-            .args(args)
-            .env_remove("COMMSTACK_STACK")
-            .env_remove("COMMSTACK_HOME")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "xtask {args:?} failed");
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let commands = cli_commands(help);
+    let commands = cli_commands(xtask_help);
     assert!(
         commands.iter().any(|c| c == "build nvshmem"),
         "{commands:?}"
@@ -318,6 +329,70 @@ fn every_command_is_in_the_readme_table() {
     fail_if_any(
         "commands missing from the table under \"## The flow\" in README.md",
         missing_from_readme(&readme, &commands),
+    );
+}
+
+// ---- (e) CI files name only commands the CLI has ---------------------------------------
+
+/// Every `cargo xtask <command>` in a CI file (`ci/**/*.yml`) whose command `known` (the
+/// commands `cargo xtask --help` lists) lacks: a fork's workflow that calls a renamed or
+/// removed command fails here, not on the runner. The global options before the command
+/// (`--stack FILE`, `--home DIR`, `--quiet`) are skipped; a line ending in `\` goes on.
+fn unknown_xtask_commands(path: &str, text: &str, known: &[String]) -> Vec<String> {
+    // Continuations become spaces; the byte offsets (and so the line numbers) stay.
+    let joined = text.replace("\\\n", "  ");
+    let mut out = Vec::new();
+    for (at, _) in joined.match_indices("cargo xtask") {
+        let rest = &joined[at + "cargo xtask".len()..];
+        if !rest.starts_with([' ', '\t']) {
+            continue; // `cargo xtask-foo`, or `cargo xtask` at the end of a line
+        }
+        // The rest of this command: up to the line's end or a shell separator.
+        let line = rest.lines().next().unwrap_or("");
+        let end = line
+            .find([';', '&', '|', '<', '>', '`', '"', '\'', ')', '#'])
+            .unwrap_or(line.len());
+        let mut words = line[..end].split_whitespace();
+        let command = loop {
+            match words.next() {
+                Some("--stack" | "--home") => {
+                    words.next();
+                }
+                Some(w) if w.starts_with('-') => {} // --quiet, --stack=FILE, --help
+                Some(w) => break Some(w),
+                None => break None,
+            }
+        };
+        let Some(word) = command else { continue };
+        let name = &word[..word
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(word.len())];
+        if !known.iter().any(|k| k == name) {
+            out.push(format!(
+                "{path}:{}: `cargo xtask {word}`: `cargo xtask --help` lists no command {name:?}",
+                line_of(text, at)
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn ci_files_name_only_xtask_commands() {
+    let known = help_commands(&xtask_help(&["--help"]));
+    assert!(known.iter().any(|c| c == "lock"), "{known:?}");
+    let ci = files("ci", &["yml", "yaml"]);
+    assert!(
+        ci.iter().any(|(_, text)| text.contains("cargo xtask")),
+        "no CI file under ci/ runs cargo xtask"
+    );
+    let problems = ci
+        .iter()
+        .flat_map(|(path, text)| unknown_xtask_commands(&format!("ci/{path}"), text, &known))
+        .collect();
+    fail_if_any(
+        "a CI file runs a cargo xtask command the CLI does not have",
+        problems,
     );
 }
 
@@ -486,5 +561,38 @@ fn missing_from_readme_names_the_missing_commands() {
     assert_eq!(
         missing_from_readme(readme, &commands),
         ["cache hash", "build deepep", "adopt"]
+    );
+}
+
+#[test]
+fn unknown_xtask_commands_catches_a_command_the_cli_lacks() {
+    let known: Vec<String> = ["lock", "build", "fetch"].map(String::from).to_vec();
+    let bad = "\
+jobs:
+  cpu:
+    steps:
+      - run: cargo xtask lock --check
+      - run: cargo xtask --stack stacks/gpu-adopt.toml --quiet bulid --gpus
+      - run: |
+          cargo xtask \\
+            --home /h imagine --verify
+";
+    assert_eq!(
+        unknown_xtask_commands("ci/x.yml", bad, &known),
+        [
+            "ci/x.yml:5: `cargo xtask bulid`: `cargo xtask --help` lists no command \"bulid\"",
+            "ci/x.yml:7: `cargo xtask imagine`: `cargo xtask --help` lists no command \"imagine\""
+        ]
+    );
+    let fine = "\
+- run: cargo xtask build --locked --gpus --json >out.json
+- run: cargo xtask --stack=stacks/gpu-adopt.toml fetch --only sources
+# `cargo xtask lock`'s check; cargo xtask --help; cargo xtask-other x
+- run: cargo xtask -q build; cargo xtask fetch && cargo xtask lock
+";
+    assert!(
+        unknown_xtask_commands("ci/x.yml", fine, &known).is_empty(),
+        "{:?}",
+        unknown_xtask_commands("ci/x.yml", fine, &known)
     );
 }

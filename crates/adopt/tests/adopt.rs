@@ -38,7 +38,7 @@ fn detail<'a>(findings: &'a RuntimeFindings, name: &str) -> &'a str {
 }
 
 fn stack() -> commstack_stack::Stack {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stack.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stacks/gpu-adopt.toml");
     commstack_stack::Stack::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepEP on the GPU machine's own torch environment (adopt mode), from a bundle: no Rust,
-# no network. Run from a checkout of this repository (stack.toml and stack.lock are read
-# from it):
+# no network. Run from a checkout of this repository (it reads stacks/gpu-adopt.toml and
+# its lock: the GPU machine's stack; the default stack.toml is the Debian image's):
 #
 #   crates/deepep/gpu/run-deepep.sh BUNDLE OUT [STEP...]
 #
@@ -36,11 +36,15 @@
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), CUDA_HOME (/usr/local/cuda),
 # JOBS (nproc), WORK (default /tmp/commstack-deepep: reused, so steps can be split over
-# several calls), KEEP_ADOPTED=1 (skip undo).
+# several calls), KEEP_ADOPTED=1 (skip undo), COMMSTACK_STACK (default: the checkout's
+# stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,40p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,41p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+# The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
+# --stack): without it they would find the default stack.toml, the Debian image's.
+export COMMSTACK_STACK="${COMMSTACK_STACK:-$repo/stacks/gpu-adopt.toml}"
 bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
@@ -101,6 +105,7 @@ for n in ("torch", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13", "setuptools", "dee
     except m.PackageNotFoundError: print(n, "absent")'
     ls -la "$site/nvidia/nvshmem/lib" || true
     "$X" --version
+    echo "stack: $COMMSTACK_STACK"
     ls -la "$bundle" "$bundle/mirror" || true
 }
 

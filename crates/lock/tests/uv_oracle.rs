@@ -78,6 +78,6 @@ fn default_stack_matches_uv() {
 
 #[test]
 #[ignore = "needs the network (pypi.org) and COMMSTACK_UV"]
-fn bookworm_stack_matches_uv() {
-    oracle("stacks/bookworm.toml");
+fn gpu_adopt_stack_matches_uv() {
+    oracle("stacks/gpu-adopt.toml");
 }

@@ -74,7 +74,7 @@ fn render(name: &str, text: &str, homes: &BTreeMap<String, PathBuf>) -> String {
 #[test]
 fn shipped_stacks_render_the_pinned_defines() {
     let mut out = String::new();
-    for name in ["stack.toml", "stacks/bookworm.toml"] {
+    for name in ["stack.toml", "stacks/gpu-adopt.toml"] {
         let text = std::fs::read_to_string(root().join(name)).unwrap();
         out += &render(name, &text, &BTreeMap::new());
     }

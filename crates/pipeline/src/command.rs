@@ -51,6 +51,14 @@ pub struct GraphArgs {
 
 /// `build image`: the graph until the image is loaded (and verified with --verify).
 #[derive(clap::Args)]
+#[command(after_help = "\
+The stack must have an [image] section (the default stack.toml has one) and a lock with its
+[base]; every step the image needs is made first when missing (see `cargo xtask build --help`).
+
+Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
+the same ID), the tag (<name>:<first 12 hex of the lock's sha256>), the size, the layers and
+where the image step's files are (config, SBOM, provenance, image.json); the verify report
+is kept under <home>/reports/image-<id>/.")]
 pub struct ImageTarget {
     /// Run verify's static level inside the image (`docker run --network=none`): ELF
     /// closure, one libnvshmem_host (ours, NCCL off), one libnccl at the lock's version,

@@ -58,7 +58,7 @@ impl Ctx {
         })
     }
 
-    /// `stack.toml` -> `stack.lock`, `stacks/bookworm.toml` -> `stacks/bookworm.lock`.
+    /// `stack.toml` -> `stack.lock`, `stacks/gpu-adopt.toml` -> `stacks/gpu-adopt.lock`.
     pub fn lock_path(&self) -> PathBuf {
         self.stack_path.with_extension("lock")
     }

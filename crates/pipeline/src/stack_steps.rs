@@ -48,7 +48,7 @@ struct Probes {
     verify_sources: String,
     /// HEAD and the origin URL (the image's labels).
     git: serde_json::Value,
-    mmdebstrap: String,
+    mmdebstrap: serde_json::Value,
 }
 
 /// DeepEP's step result: what the wheelhouse is made of.
@@ -87,7 +87,7 @@ impl<'a> StackSteps<'a> {
                 &settings.lock,
                 args.deepep.base_python.as_deref(),
             ) {
-                Ok(p) => json!({ "path": p, "version": output_of(&p, &["--version"]) }),
+                Ok(p) => file_identity(&p),
                 Err(e) => json!({ "missing": format!("{e:#}") }),
             },
             rustc: output_of(Path::new("rustc"), &["--version"]),
@@ -95,8 +95,11 @@ impl<'a> StackSteps<'a> {
             verify_sources: sources_hash(&root, "crates/verify")?,
             git: json!(crate::flow::image::git_identity()),
             mmdebstrap: match needs_image {
-                true => output_of(Path::new("mmdebstrap"), &["--version"]),
-                false => String::new(),
+                true => match commstack_toolchain::find_in_path("mmdebstrap", None) {
+                    Some(p) => file_identity(&p),
+                    None => json!({ "missing": "no mmdebstrap on PATH" }),
+                },
+                false => serde_json::Value::Null,
             },
         };
         Ok(StackSteps {
@@ -450,6 +453,16 @@ impl Steps for StackSteps<'_> {
                 })
             }
         }
+    }
+}
+
+/// A program's identity without running it (a second under load, for some): its real
+/// path and the sha256 of its bytes.
+fn file_identity(path: &Path) -> serde_json::Value {
+    let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    match commstack_digest::sha256_file(&real) {
+        Ok(sha) => json!({ "path": real, "sha256": sha }),
+        Err(e) => json!({ "path": real, "missing": e.to_string() }),
     }
 }
 

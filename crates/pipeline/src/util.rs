@@ -41,7 +41,7 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 /// Read the stack manifest, with an error that says how to pick another one.
 pub fn read_stack(path: &Path) -> Result<commstack_stack::Stack> {
     let text = std::fs::read_to_string(path).with_context(|| {
-        format!("cannot read the stack manifest {} (pick one with --stack FILE, e.g. --stack stacks/bookworm.toml; without --stack, the nearest stack.toml in this directory or a parent is used)", path.display())
+        format!("cannot read the stack manifest {} (pick one with --stack FILE, e.g. --stack stacks/gpu-adopt.toml; without --stack, the nearest stack.toml in this directory or a parent is used)", path.display())
     })?;
     commstack_stack::Stack::parse(path, &text).map_err(|d| anyhow::anyhow!("{d}"))
 }

@@ -22,10 +22,13 @@ fn errors(text: &str) -> String {
 
 #[test]
 fn shipped_stacks_parse() {
+    // The default: Debian 12, made into an image on any machine.
     let (name, text) = shipped("stack.toml");
     let s = Stack::parse(Path::new(&name), &text).unwrap();
-    assert_eq!(s.target.python, (3, 12));
-    assert_eq!(s.target.base.name, "ubuntu-24.04");
+    assert_eq!(s.target.python, (3, 11));
+    assert_eq!(s.target.glibc, (2, 36));
+    assert_eq!(s.target.base.name, "debian-12");
+    assert!(s.image.is_some());
     assert_eq!(s.torch.version.to_string(), "2.11.0");
     assert_eq!(s.nvshmem.version, NvshmemVersion::MatchTorch);
     assert_eq!(s.nvshmem.cuda_archs, ["90".parse().unwrap()]);
@@ -37,16 +40,18 @@ fn shipped_stacks_parse() {
             .all(|o| o.status == Status::Ok)
     );
 
-    let (name, text) = shipped("stacks/bookworm.toml");
-    let b = Stack::parse(Path::new(&name), &text).unwrap();
-    assert_eq!(b.target.python, (3, 11));
-    assert_eq!(b.target.glibc, (2, 36));
+    // The GPU machine's environment, for adopt mode: no image.
+    let (name, text) = shipped("stacks/gpu-adopt.toml");
+    let g = Stack::parse(Path::new(&name), &text).unwrap();
+    assert_eq!(g.target.python, (3, 12));
+    assert_eq!(g.target.base.name, "ubuntu-24.04");
+    assert!(g.image.is_none());
     assert!(
-        rules::check_manifest(&b)
+        rules::check_manifest(&g)
             .iter()
             .all(|o| o.status == Status::Ok)
     );
-    assert_ne!(s.fingerprint(), b.fingerprint());
+    assert_ne!(s.fingerprint(), g.fingerprint());
 }
 
 #[test]
@@ -333,7 +338,7 @@ fn cuda_archs_are_checked_against_the_sms_nvcc_knows() {
     let (_, text) = shipped("stack.toml");
     let bad = errors(&text.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"900\"]"));
     assert!(
-        bad.contains("stack.toml:17:15: CUDA arch \"900\": nvcc 13.0 (torch.cuda = 13) cannot build for sm_900"),
+        bad.contains("stack.toml:20:15: CUDA arch \"900\": nvcc 13.0 (torch.cuda = 13) cannot build for sm_900"),
         "{bad}"
     );
     assert!(
@@ -426,12 +431,13 @@ fn image_section_is_strict() {
 }
 
 /// A stack without [image] keeps the fingerprint it had before [image] existed: the
-/// committed lock of the default stack (made before) still matches it.
+/// committed lock of the GPU machine's stack (made before, when it was the default) still
+/// matches it.
 #[test]
-fn default_stack_fingerprint_is_unchanged() {
-    let (name, text) = shipped("stack.toml");
+fn imageless_stack_fingerprint_is_unchanged() {
+    let (name, text) = shipped("stacks/gpu-adopt.toml");
     let stack = Stack::parse(Path::new(&name), &text).unwrap();
-    let (lock_name, lock_text) = shipped("stack.lock");
+    let (lock_name, lock_text) = shipped("stacks/gpu-adopt.lock");
     let lock = commstack_stack::Lock::parse(Path::new(&lock_name), &lock_text).unwrap();
     assert!(stack.image.is_none());
     assert_eq!(lock.inputs.stack, stack.fingerprint());

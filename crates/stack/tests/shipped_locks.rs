@@ -50,8 +50,8 @@ fn stack_lock_is_canonical() {
 }
 
 #[test]
-fn bookworm_lock_is_canonical() {
-    is_canonical("stacks/bookworm.lock");
+fn gpu_adopt_lock_is_canonical() {
+    is_canonical("stacks/gpu-adopt.lock");
 }
 
 #[test]
@@ -60,8 +60,11 @@ fn stack_lock_round_trips() {
 }
 
 #[test]
-fn bookworm_lock_round_trips() {
-    round_trips("stacks/bookworm.lock", "stacks/bookworm.requirements.lock");
+fn gpu_adopt_lock_round_trips() {
+    round_trips(
+        "stacks/gpu-adopt.lock",
+        "stacks/gpu-adopt.requirements.lock",
+    );
 }
 
 /// An empty or truncated lock says so and names the command that writes it again, instead

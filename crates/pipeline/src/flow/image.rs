@@ -127,8 +127,8 @@ pub fn image_step(
 ) -> Result<Image> {
     let image_settings = settings.stack.image.clone().with_context(|| {
         format!(
-            "{}: no [image] section, so this stack is not made into an image (stacks/bookworm.toml \
-             is one that is: `cargo xtask --stack stacks/bookworm.toml build`). Add an [image] \
+            "{}: no [image] section, so this stack is not made into an image (the default \
+             stack.toml has one: `cargo xtask build image` with no --stack). Add an [image] \
              section (docs/image.md) and run `cargo xtask lock`",
             settings.stack.path().display()
         )
