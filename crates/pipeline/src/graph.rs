@@ -432,6 +432,14 @@ impl Engine<'_> {
                     continue;
                 }
                 Status::Reused => {
+                    // Reused from another stack file's run (or an older record): remember
+                    // these inputs, so the next change is named against them.
+                    if let Some(inputs) = &p.inputs
+                        && (!self.record.has(p.step)
+                            || !self.record.changes(p.step, inputs).is_empty())
+                    {
+                        self.record.set(p.step, inputs)?;
+                    }
                     let result = done.get(&p.step);
                     self.say(&format!(
                         "[{:>7.1}s] {:<14} reused{}",
