@@ -117,7 +117,8 @@ impl StepId {
             Base => &[Fetch],
             Image => &[Base, Wheelhouse, Kernels],
             Load => &[Image],
-            Verify => &[Load],
+            // The image's key, not only Docker's copy: a new image is verified again.
+            Verify => &[Image, Load],
         }
     }
 

@@ -25,11 +25,14 @@ impl Change {
     pub fn describe(&self) -> String {
         let show = |v: &Option<serde_json::Value>| match v {
             None => "absent".to_string(),
-            Some(serde_json::Value::String(s)) if s.len() > 24 => format!("{:?}", &s[..12]),
+            // Cut by characters: paths and messages need not be ASCII.
+            Some(serde_json::Value::String(s)) if s.chars().count() > 24 => {
+                format!("{:?}", s.chars().take(12).collect::<String>())
+            }
             Some(v) => {
                 let text = v.to_string();
-                match text.len() > 60 {
-                    true => format!("{}...", &text[..57]),
+                match text.chars().count() > 60 {
+                    true => format!("{}...", text.chars().take(57).collect::<String>()),
                     false => text,
                 }
             }
