@@ -216,6 +216,7 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         record: &record,
         log_dir: dir.join("logs"),
         quiet: ctx.quiet,
+        force: args.force,
     };
     let selection = match (graph.until, graph.only) {
         (Some(s), _) => Selection::Until(s),

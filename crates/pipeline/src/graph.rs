@@ -240,6 +240,9 @@ pub struct Plan {
     pub steps: Vec<Planned>,
     #[serde(skip)]
     done: Done,
+    /// The step of `--only`, for the message when a step it needs is not done.
+    #[serde(skip)]
+    only: Option<StepId>,
 }
 
 /// The store, the record of past inputs, and where step logs go.
@@ -249,6 +252,8 @@ pub struct Engine<'a> {
     /// `<dir>/<step>.log`: every progress line of the step's last run, and its error.
     pub log_dir: PathBuf,
     pub quiet: bool,
+    /// Run every selected keyed step even when its output is in the store (`--force`).
+    pub force: bool,
 }
 
 /// How one step of a run ended, for the summary.
@@ -331,14 +336,21 @@ impl Engine<'_> {
                 };
                 let key = StepKey::new(&step.store_step(), &inputs);
                 keys.insert(step, key.hash.clone());
-                let status = match self.reusable(&key)? {
+                let reusable = match self.force && selected {
+                    true => None,
+                    false => self.reusable(&key)?,
+                };
+                let status = match reusable {
                     Some(result) => {
                         done.insert(step, result);
                         Status::Reused
                     }
                     None => {
                         let changed = self.record.changes(step, &inputs);
-                        let reason = explain(&changed, &upstream_runs, self.record.has(step));
+                        let reason = match self.force && selected {
+                            true => "--force".to_string(),
+                            false => explain(&changed, &upstream_runs, self.record.has(step)),
+                        };
                         Status::Run { reason, changed }
                     }
                 };
@@ -379,7 +391,15 @@ impl Engine<'_> {
                 store_key,
             });
         }
-        Ok(Plan { steps: out, done })
+        let only = match selection {
+            Selection::Only(s) => Some(s),
+            _ => None,
+        };
+        Ok(Plan {
+            steps: out,
+            done,
+            only,
+        })
     }
 
     /// The result of a keyed step in the store, if it is there and what it names still is.
@@ -405,6 +425,7 @@ impl Engine<'_> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("cannot create {}", self.log_dir.display()))?;
         let started = Instant::now();
+        let only = plan.only;
         let mut done = plan.done;
         let mut rows = Vec::new();
         let mut failed = None;
@@ -457,7 +478,7 @@ impl Engine<'_> {
                 Status::Run { reason, .. } if !p.selected => {
                     bail!(
                         "--only {}: it needs {}, which is not done ({reason}): run `cargo xtask build --until {}` first",
-                        plan_only_target(&rows, p.step),
+                        only.map_or("?", StepId::name),
                         p.step,
                         p.step
                     );
@@ -541,14 +562,6 @@ impl Engine<'_> {
             eprintln!("{line}");
         }
     }
-}
-
-/// The `--only` target of a plan, for the message about a missing dependency.
-fn plan_only_target(_rows: &[Ran], missing: StepId) -> String {
-    StepId::ALL
-        .iter()
-        .find(|s| s.deps().contains(&missing))
-        .map_or_else(|| missing.to_string(), |s| s.to_string())
 }
 
 fn append_log(log: &Path, text: &str) -> std::io::Result<()> {

@@ -344,6 +344,7 @@ fn build(stack: &Path, home: &Path, hang: Option<PathBuf>) -> Result<Built> {
         record: &record,
         log_dir: home.join("pipeline/logs"),
         quiet: true,
+        force: false,
     };
     let plan = engine.plan(&fixture, Selection::All)?;
     let planned = plan.steps.clone();
