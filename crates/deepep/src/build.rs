@@ -450,6 +450,7 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         &env.vars,
         &log,
         "setup.py bdist_wheel",
+        Some(req.progress),
     )?;
 
     let wheels: Vec<PathBuf> = fs::read_dir(&dist)?

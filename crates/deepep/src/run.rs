@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 pub use commstack_nvshmem::{CommandFailed, first_error_lines};
 
 /// Run `program args...` in `cwd` with `env` as its whole environment, stdout and stderr
-/// appended to `log` as they come (`tail -f` works). Returns the seconds taken.
+/// appended to `log` as they come (`tail -f` works); `progress` hears ninja's
+/// `[done/total]` every 30 s. Returns the seconds taken.
 pub fn run_logged(
     program: &Path,
     args: &[String],
@@ -18,6 +19,7 @@ pub fn run_logged(
     env: &BTreeMap<String, String>,
     log: &Path,
     what: &str,
+    progress: Option<&dyn Fn(&str)>,
 ) -> Result<f64> {
     let shown = format!(
         "{} {}",
@@ -34,7 +36,7 @@ pub fn run_logged(
     header.push_str(&format!("$ {shown}\n"));
     let mut command = Command::new(program);
     command.args(args).current_dir(cwd).env_clear().envs(env);
-    commstack_nvshmem::run_command(command, &header, &shown, log, what)
+    commstack_nvshmem::run_command_with_progress(command, &header, &shown, log, what, progress)
 }
 
 /// Run a short command with `env` as its whole environment and return its stdout;
@@ -108,6 +110,7 @@ mod tests {
             &env,
             &log,
             "setup.py bdist_wheel",
+            None,
         )
         .unwrap_err();
         let failed = err.downcast_ref::<CommandFailed>().unwrap();

@@ -269,6 +269,7 @@ fn make_venv(
         &env,
         &log,
         "python -m venv",
+        None,
     )?;
     let python = venv.join("bin/python");
     let pip_version = output(&python, &["-m", "pip", "--version"], &env)
@@ -299,6 +300,7 @@ fn make_venv(
         &env,
         &log,
         "pip install -r requirements.txt",
+        None,
     )?;
     check_installed(&python, wheels)?;
     relocate_scripts(&venv.join("bin"), out, final_path)?;

@@ -362,12 +362,17 @@ fn run_build(
         "building {what} (ninja -j {jobs}); log: {}",
         logs.join("build.log").display()
     ));
-    let built = run_logged(
-        cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
-            .env_clear()
-            .envs(&env),
+    let ninja_cmd = cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
+        .env_clear()
+        .envs(&env);
+    let shown = ninja_cmd.to_string();
+    let built = crate::run::run_command_with_progress(
+        ninja_cmd.into(),
+        &format!("$ {shown}\n"),
+        &shown,
         &logs.join("build.log"),
         "ninja build",
+        Some(req.progress),
     );
     keep_ninja_logs(&build, logs);
     timings.build_s = built?;

@@ -51,11 +51,24 @@ pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
 /// failure the first error lines are read from the command's output (not the header) into
 /// a [`CommandFailed`]. Returns seconds taken. `shown` names the command in errors.
 pub fn run_command(
+    command: Command,
+    header: &str,
+    shown: &str,
+    log: &Path,
+    what: &str,
+) -> Result<f64> {
+    run_command_with_progress(command, header, shown, log, what, None)
+}
+
+/// [`run_command`], calling `progress` with ninja's `[done/total]` (read from the log's
+/// last lines) every 30 s while the command runs: a long build says how far it is.
+pub fn run_command_with_progress(
     mut command: Command,
     header: &str,
     shown: &str,
     log: &Path,
     what: &str,
+    progress: Option<&dyn Fn(&str)>,
 ) -> Result<f64> {
     let file = File::options()
         .create(true)
@@ -73,9 +86,32 @@ pub fn run_command(
         .stdout(file.try_clone()?)
         .stderr(file);
     let started = Instant::now();
-    let status = command
-        .status()
+    let mut child = command
+        .spawn()
         .with_context(|| format!("cannot start {what}: {shown}"))?;
+    let mut said = None;
+    let mut next = started + PROGRESS_EVERY;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if let Some(say) = progress
+            && Instant::now() >= next
+        {
+            next += PROGRESS_EVERY;
+            let now = ninja_progress(log, output_starts as u64);
+            if now.is_some() && now != said {
+                let (done, total) = now.unwrap_or_default();
+                say(&format!(
+                    "{what}: {done}/{total} ({}%) after {:.0} s",
+                    done * 100 / total.max(1),
+                    started.elapsed().as_secs_f64()
+                ));
+                said = now;
+            }
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     if !status.success() {
         let bytes = fs::read(log).unwrap_or_default();
@@ -89,6 +125,27 @@ pub fn run_command(
         .into());
     }
     Ok(seconds)
+}
+
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The last `[done/total]` ninja wrote to `log` (after byte `from`): read from the log's
+/// last 8 KiB only, however long the log grows.
+fn ninja_progress(log: &Path, from: u64) -> Option<(u64, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(log).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(8192).max(from)))
+        .ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    String::from_utf8_lossy(&tail)
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let (done, total) = line.strip_prefix('[')?.split_once(']')?.0.split_once('/')?;
+            Some((done.parse().ok()?, total.parse().ok()?))
+        })
 }
 
 /// The first lines that look like errors (CMake, compilers, linkers, ninja), each with
@@ -139,5 +196,24 @@ mod tests {
             ]
         );
         assert_eq!(first_error_lines("a\nb\n", 1), ["b"]);
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn ninja_progress_is_the_last_counter_after_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("build.log");
+        fs::write(
+            &log,
+            "$ ninja [9/9]\n[1/100] Building a.o\nwarning: x\n[48/100] Building b.o\nnoise\n",
+        )
+        .unwrap();
+        assert_eq!(ninja_progress(&log, 14), Some((48, 100)));
+        fs::write(&log, "$ ninja [9/9]\n").unwrap();
+        assert_eq!(ninja_progress(&log, 14), None);
     }
 }
