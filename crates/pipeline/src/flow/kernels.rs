@@ -106,15 +106,19 @@ pub fn build_selftest(
 
 /// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.
 pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::ExitCode> {
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let settings = crate::settings::Settings::resolve(ctx, args)?;
+    settings.print_notes();
     let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
     let nvshmem = match args.nvshmem_from.as_str() {
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {
-            let (code, prefix) = crate::flow::nvshmem::nvshmem_build(ctx, args)?;
-            if code != std::process::ExitCode::SUCCESS {
-                bail!("the stack's NVSHMEM build did not pass its checks");
-            }
+            let say = |line: &str| {
+                if !ctx.quiet {
+                    eprintln!("{line}");
+                }
+            };
+            let built = crate::flow::nvshmem::nvshmem_step(ctx, &settings, args, &say)?;
+            let prefix = built.prefix;
             NvshmemForKernels {
                 describe: format!("the stack's NVSHMEM at {}", prefix.display()),
                 prefix,
@@ -122,11 +126,7 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
         }
         path => nvshmem_prefix(ctx, Some(Path::new(path)))?,
     };
-    let archs = if args.cuda_archs.is_empty() {
-        stack.nvshmem.cuda_archs.clone()
-    } else {
-        args.cuda_archs.clone()
-    };
+    let archs = settings.cuda_archs.clone();
     if !args.test {
         let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &archs)?;
         println!(
