@@ -342,6 +342,17 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
 /// Assembles (or finds) the image step. Nothing is tagged or loaded here: see
 /// [`crate::load::docker_load`].
 pub fn assemble_image(store: &Store, inputs: &ImageInputs, force: bool) -> Result<Image> {
+    assemble_image_reporting(store, inputs, force, &|_| {})
+}
+
+/// [`assemble_image`], saying which layer it is making (`progress`): a cold image takes
+/// minutes.
+pub fn assemble_image_reporting(
+    store: &Store,
+    inputs: &ImageInputs,
+    force: bool,
+    progress: &dyn Fn(&str),
+) -> Result<Image> {
     let c = check(inputs)?;
     let layout = VenvLayout {
         python_full: c.base.manifest.python.clone(),
@@ -384,6 +395,7 @@ pub fn assemble_image(store: &Store, inputs: &ImageInputs, force: bool) -> Resul
     );
     let outcome = store.run(&key, &key_inputs, force, |dir| {
         build_image(
+            progress,
             store,
             inputs,
             &c,
@@ -404,7 +416,7 @@ pub fn assemble_image(store: &Store, inputs: &ImageInputs, force: bool) -> Resul
         && let Some(why) = missing_layer(&image)
     {
         eprintln!("image: {why}; making the image step again");
-        return assemble_image(store, inputs, true);
+        return assemble_image_reporting(store, inputs, true, progress);
     }
     Ok(image)
 }
@@ -428,6 +440,7 @@ fn missing_layer(image: &Image) -> Option<String> {
 
 #[allow(clippy::too_many_arguments)]
 fn build_image(
+    progress: &dyn Fn(&str),
     store: &Store,
     inputs: &ImageInputs,
     c: &Checked,
@@ -450,7 +463,13 @@ fn build_image(
         .collect();
     // (planned layer, written layer, its claims); the own layer comes last, below.
     let mut built: Vec<(ImageLayer, Layer, Claims)> = Vec::new();
-    for planned in &plan {
+    for (i, planned) in plan.iter().enumerate() {
+        progress(&format!(
+            "layer {}/{}: {}",
+            i + 1,
+            plan.len(),
+            planned.holds
+        ));
         let (layer, claims) = match &planned.kind {
             LayerKind::Base => (c.base.layer(), base_claims.clone()),
             LayerKind::Wheels { .. } => {

@@ -26,7 +26,9 @@ pub mod provenance;
 pub mod sbom;
 pub mod venv;
 
-pub use assemble::{Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image};
+pub use assemble::{
+    Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image, assemble_image_reporting,
+};
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{
     DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,

@@ -398,6 +398,7 @@ impl Steps for StackSteps<'_> {
                 let image = crate::flow::image::image_step(
                     ctx,
                     s,
+                    say,
                     &output_of_step(done, StepId::Base)?,
                     &output_of_step(done, StepId::Wheelhouse)?,
                     vec![selftest, verify],

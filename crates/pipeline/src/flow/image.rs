@@ -120,6 +120,7 @@ pub fn verify_tool(ctx: &Ctx) -> Result<Tool> {
 pub fn image_step(
     ctx: &Ctx,
     settings: &Settings,
+    say: &dyn Fn(&str),
     base_dir: &Path,
     wheelhouse_dir: &Path,
     tools: Vec<Tool>,
@@ -135,7 +136,7 @@ pub fn image_step(
     })?;
     let store = Store::open(ctx.store_dir())?;
     let (source_url, revision) = git_identity();
-    let image = commstack_image::assemble_image(
+    let image = commstack_image::assemble_image_reporting(
         &store,
         &ImageInputs {
             lock: settings.lock.clone(),
@@ -151,6 +152,7 @@ pub fn image_step(
             large_wheel_bytes: commstack_image::LARGE_WHEEL_BYTES,
         },
         force,
+        say,
     )?;
     print_image(&image);
     Ok(image)
