@@ -325,6 +325,11 @@ impl Built {
 }
 
 fn build(stack: &Path, home: &Path, hang: Option<PathBuf>) -> Result<Built> {
+    build_opts(stack, home, hang, false)
+}
+
+/// `force`: what `cargo xtask build --force` asks of the engine.
+fn build_opts(stack: &Path, home: &Path, hang: Option<PathBuf>, force: bool) -> Result<Built> {
     let ctx = Ctx::new(GlobalArgs {
         stack: Some(stack.to_path_buf()),
         home: Some(home.to_path_buf()),
@@ -344,7 +349,7 @@ fn build(stack: &Path, home: &Path, hang: Option<PathBuf>) -> Result<Built> {
         record: &record,
         log_dir: home.join("pipeline/logs"),
         quiet: true,
-        force: false,
+        force,
     };
     let plan = engine.plan(&fixture, Selection::All)?;
     let planned = plan.steps.clone();
@@ -421,6 +426,34 @@ fn assert_nothing_runs(b: &Built) {
 // ---------------------------------------------------------------------------------------
 // Invalidation
 // ---------------------------------------------------------------------------------------
+
+#[test]
+fn force_runs_every_keyed_step_again_with_the_same_outputs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let stack = write_bookworm(&dir.path().join("stack"));
+    let home = dir.path().join("home");
+    let first = build(&stack, &home, None)?;
+    let forced = build_opts(&stack, &home, None, true)?;
+    // Every keyed step runs; fetch (the cache) is still done; load follows the image.
+    let expected: Vec<StepId> = AFTER_LOCK.into_iter().filter(|s| *s != Fetch).collect();
+    assert_eq!(forced.ran, expected, "{}", forced.dry_run());
+    for p in &forced.plan {
+        if p.step.keyed() {
+            assert_eq!(
+                p.status,
+                Status::Run {
+                    reason: "--force".into(),
+                    changed: Vec::new()
+                },
+                "{}",
+                forced.dry_run()
+            );
+        }
+    }
+    assert_eq!(forced.outputs, first.outputs);
+    assert_nothing_runs(&build(&stack, &home, None)?);
+    Ok(())
+}
 
 #[test]
 fn unchanged_stack_rebuilds_nothing() -> Result<()> {
