@@ -150,28 +150,25 @@ struct Failure {
 /// `<home>/pipeline/<first 16 hex of sha256(absolute stack path)>/`: the record of step
 /// inputs, the step logs and the last summary of one stack file.
 fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
-    let abs = std::path::absolute(&ctx.stack_path)
+    // Canonical: `kernels/../stack.toml` and `stack.toml` are one stack.
+    let abs = ctx
+        .stack_path
+        .canonicalize()
+        .or_else(|_| std::path::absolute(&ctx.stack_path))
         .with_context(|| format!("{}", ctx.stack_path.display()))?;
     let id = commstack_digest::sha256_hex(abs.to_string_lossy().as_bytes());
     Ok(ctx.home.join("pipeline").join(&id[..16]))
 }
 
 /// The lock first: fresh, resolved again (unless --locked), or, in a dry run, what would
-/// change. Returns false when a dry run stops here.
-fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<bool> {
+/// change. Returns None when a dry run stops here, else why the lock was resolved again
+/// (None inside: it was fresh).
+fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<Option<Option<String>>> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
     let path = ctx.lock_path();
-    let previous = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let stale = match &previous {
-        None => vec![format!("{} does not exist", path.display())],
-        Some(text) => commstack_stack::Lock::parse(&path, text)?.staleness(&stack),
-    };
+    let (previous, stale) = crate::flow::lock::lock_problems(ctx, &stack)?;
     if stale.is_empty() {
-        return Ok(true);
+        return Ok(Some(None));
     }
     if graph.locked {
         bail!(
@@ -183,15 +180,45 @@ fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<bool> {
         );
     }
     if graph.dry_run {
-        println!(
+        crate::out!(
             "lock           runs: {} (the steps after it are planned once it is resolved)",
             stale.join("; ")
         );
-        return Ok(false);
+        return Ok(None);
     }
     eprintln!("lock: {}: resolving again", stale.join("; "));
     crate::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
-    Ok(true)
+    Ok(Some(Some(stale.join("; "))))
+}
+
+/// Refuses, before anything runs, what the selection cannot give: an image target of a
+/// stack without [image], `--oci`/`--context` without the image step or into an existing
+/// directory.
+fn preflight(steps: &StackSteps, graph: &GraphArgs, selection: Selection) -> Result<()> {
+    use crate::graph::Steps;
+    let target = match selection {
+        Selection::Until(s) | Selection::Only(s) => Some(s),
+        Selection::All => None,
+    };
+    if let Some(t) = target
+        && let Some(why) = steps.skipped(t)
+    {
+        bail!("cannot build {t}: {why}");
+    }
+    let image_selected = target.is_none_or(|t| t.with_ancestors().contains(&StepId::Image));
+    for (flag, dir) in [("--oci", &graph.oci), ("--context", &graph.context)] {
+        let Some(dir) = dir else { continue };
+        if !image_selected || steps.skipped(StepId::Image).is_some() {
+            bail!("{flag} needs the image step, which this build does not make");
+        }
+        if dir.exists() {
+            bail!(
+                "{flag} {}: it exists; give a directory that does not",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `cargo xtask build`: the lock, then the graph's steps of the selection, then the
@@ -200,14 +227,18 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     let started = Instant::now();
     let dir = stack_dir(ctx)?;
     let summary_file = dir.join("summary.json");
-    if !ensure_lock(ctx, graph)? {
+    if graph.json {
+        crate::util::results_to_stderr();
+    }
+    let Some(relocked) = ensure_lock(ctx, graph)? else {
         return Ok(Built {
             rows: Vec::new(),
             exit: ExitCode::SUCCESS,
             summary_file,
         });
-    }
-    let steps = StackSteps::new(ctx, args.clone(), ImageOptions { gpus: graph.gpus })?;
+    };
+    let mut steps = StackSteps::new(ctx, args.clone(), ImageOptions { gpus: graph.gpus })?;
+    steps.lock_resolved = relocked;
     steps.settings.print_notes();
     let store = commstack_store::Store::open(ctx.store_dir())?;
     let record = Record::open(dir.join("inputs.json"))?;
@@ -217,12 +248,14 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         log_dir: dir.join("logs"),
         quiet: ctx.quiet,
         force: args.force,
+        stack_flag: ctx.stack_flag(),
     };
     let selection = match (graph.until, graph.only) {
         (Some(s), _) => Selection::Until(s),
         (None, Some(s)) => Selection::Only(s),
         (None, None) => Selection::All,
     };
+    preflight(&steps, graph, selection)?;
     let plan = engine.plan(&steps, selection)?;
     if graph.dry_run {
         print_plan(&plan, graph.json)?;
@@ -301,7 +334,8 @@ fn verify_levels(rows: &[Ran], gpus: bool) -> Vec<VerifyLevel> {
                 "needs NVIDIA GPUs and the NVIDIA container runtime: run `cargo xtask build --gpus` on a GPU machine"
                     .to_string(),
             ),
-            (None, Some(outcome)) => Some(format!("the verify step {outcome}")),
+            (None, Some("failed")) => Some("the verify step failed".to_string()),
+            (None, Some(_)) => Some("the build stopped before the verify step".to_string()),
         };
         out.push(VerifyLevel {
             level: level.to_string(),

@@ -254,6 +254,8 @@ pub struct Engine<'a> {
     pub quiet: bool,
     /// Run every selected keyed step even when its output is in the store (`--force`).
     pub force: bool,
+    /// ` --stack FILE` for the commands messages suggest (empty for the default stack).
+    pub stack_flag: String,
 }
 
 /// How one step of a run ended, for the summary.
@@ -444,7 +446,14 @@ impl Engine<'_> {
                 facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
             };
             if failed.is_some() {
-                rows.push(row("not-run", 0.0, None, None));
+                // What a failure stops is not run; what was reused or skipped still is.
+                match &p.status {
+                    Status::Reused => rows.push(row("reused", 0.0, done.get(&p.step), None)),
+                    Status::Skipped { reason } => {
+                        rows.push(row("skipped", 0.0, None, Some(reason.clone())))
+                    }
+                    Status::Run { .. } => rows.push(row("not-run", 0.0, None, None)),
+                }
                 continue;
             }
             match &p.status {
@@ -477,9 +486,10 @@ impl Engine<'_> {
                 }
                 Status::Run { reason, .. } if !p.selected => {
                     bail!(
-                        "--only {}: it needs {}, which is not done ({reason}): run `cargo xtask build --until {}` first",
+                        "--only {}: it needs {}, which is not done ({reason}): run `cargo xtask{} build --until {}` (with the same settings) first",
                         only.map_or("?", StepId::name),
                         p.step,
+                        self.stack_flag,
                         p.step
                     );
                 }

@@ -114,7 +114,7 @@ impl Settings {
     /// Prints the notes (once per command).
     pub fn print_notes(&self) {
         for note in &self.notes {
-            println!("note: {note}");
+            crate::out!("note: {note}");
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct ImageOptions {
 pub struct StackSteps<'a> {
     ctx: &'a Ctx,
     pub settings: Settings,
+    /// Why stack.lock was resolved again before the graph (None: it was fresh).
+    pub lock_resolved: Option<String>,
     args: Args,
     image: ImageOptions,
     probes: Probes,
@@ -105,10 +107,25 @@ impl<'a> StackSteps<'a> {
         Ok(StackSteps {
             ctx,
             settings,
+            lock_resolved: None,
             args,
             image,
             probes,
         })
+    }
+
+    /// Where the toolchain comes from when not from the lock's wheels (`--system`,
+    /// `--wheels DIR`): part of its key, with nvcc's bytes for a system toolchain.
+    fn toolchain_source(&self) -> serde_json::Value {
+        let t = &self.args.toolchain;
+        match (t.system, &t.wheels) {
+            (true, _) => json!({
+                "system": t.cuda_home,
+                "nvcc": file_identity(&t.cuda_home.join("bin/nvcc")),
+            }),
+            (false, Some(dir)) => json!({ "wheels": dir }),
+            (false, None) => json!("lock"),
+        }
     }
 
     /// The artifacts the graph fetches: everything the lock names but NVIDIA's replaced
@@ -183,6 +200,7 @@ impl Steps for StackSteps<'_> {
         Ok(match step {
             StepId::Toolchain => json!({
                 "graph": GRAPH_RECIPE,
+                "from": self.toolchain_source(),
                 "wheels": lock.toolchain.iter().map(|w| json!([w.filename, w.sha256])).collect::<Vec<_>>(),
             }),
             StepId::NvshmemSource => {
@@ -248,7 +266,7 @@ impl Steps for StackSteps<'_> {
 
     fn pending(&self, step: StepId, done: &Done) -> Result<Option<String>> {
         match step {
-            StepId::Lock => Ok(None),
+            StepId::Lock => Ok(self.lock_resolved.clone()),
             StepId::Fetch => {
                 let artifacts = self.artifacts()?;
                 let missing = commstack_fetch::not_cached(&artifacts, &self.fetch_options()?)
@@ -280,7 +298,11 @@ impl Steps for StackSteps<'_> {
     fn run(&self, step: StepId, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
         let (ctx, s, args) = (self.ctx, &self.settings, &self.args);
         match step {
-            StepId::Lock => bail!("the lock is resolved before the graph runs"),
+            // Resolved before the graph (its settings come from it): the row says so.
+            StepId::Lock => Ok(StepResult {
+                output: Some(ctx.lock_path()),
+                facts: json!({ "resolved_again": self.lock_resolved }),
+            }),
             StepId::Fetch => {
                 let artifacts = self.artifacts()?;
                 let fetched = commstack_fetch::fetch_all(&artifacts, &self.fetch_options()?)?;
@@ -296,7 +318,7 @@ impl Steps for StackSteps<'_> {
                 })
             }
             StepId::Toolchain => {
-                let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
+                let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, args.force)?;
                 Ok(StepResult {
                     output: tc.cuda_home.parent().map(Path::to_path_buf),
                     facts: json!({ "toolchain": tc.describe() }),
@@ -364,7 +386,7 @@ impl Steps for StackSteps<'_> {
                     WheelhouseKind::Overlay => vec![d.dropin.clone()],
                 };
                 let house = crate::flow::deepep::wheelhouse_step(
-                    ctx, d.kind, &runtime, &d.dropin, &d.wheel,
+                    ctx, d.kind, &runtime, &d.dropin, &d.wheel, args.force,
                 )?;
                 Ok(StepResult {
                     output: Some(house.dir.clone()),
@@ -402,7 +424,7 @@ impl Steps for StackSteps<'_> {
                     &output_of_step(done, StepId::Base)?,
                     &output_of_step(done, StepId::Wheelhouse)?,
                     vec![selftest, verify],
-                    false,
+                    args.force,
                 )?;
                 Ok(StepResult {
                     output: Some(image.dir.clone()),

@@ -69,3 +69,27 @@ pub fn cargo_target_dir() -> std::path::PathBuf {
         None => workspace_root().join("target"),
     }
 }
+
+static RESULTS_ON_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on the flows print their result lines on stderr: stdout carries only the
+/// JSON a `--json` run asked for.
+pub fn results_to_stderr() {
+    RESULTS_ON_STDERR.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn results_on_stderr() -> bool {
+    RESULTS_ON_STDERR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A result line of a flow: stdout, or stderr under `--json` (see [`results_to_stderr`]).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        if $crate::util::results_on_stderr() {
+            eprintln!($($arg)*)
+        } else {
+            println!($($arg)*)
+        }
+    };
+}

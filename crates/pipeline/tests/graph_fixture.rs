@@ -350,6 +350,7 @@ fn build_opts(stack: &Path, home: &Path, hang: Option<PathBuf>, force: bool) -> 
         log_dir: home.join("pipeline/logs"),
         quiet: true,
         force,
+        stack_flag: String::new(),
     };
     let plan = engine.plan(&fixture, Selection::All)?;
     let planned = plan.steps.clone();

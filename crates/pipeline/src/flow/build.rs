@@ -14,7 +14,8 @@ use crate::flow::toolchain::ToolchainArgs;
 #[derive(clap::Args, Clone, Debug, Default)]
 #[group(skip)]
 pub struct Args {
-    /// Build again even if the store has the result.
+    /// Build again even if the store has the result (every step of the selection; the
+    /// base is the exception: remove its step, `cargo xtask store gc`, to make it again).
     #[arg(long)]
     pub force: bool,
     /// Parallel compile jobs (default: the CPU count).

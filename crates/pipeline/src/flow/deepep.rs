@@ -81,7 +81,14 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
     let made = deepep_step(ctx, &settings, args, &say)?;
-    let house = wheelhouse_step(ctx, made.kind, &made.runtime, &made.dropin, &made.wheel)?;
+    let house = wheelhouse_step(
+        ctx,
+        made.kind,
+        &made.runtime,
+        &made.dropin,
+        &made.wheel,
+        args.force,
+    )?;
     if let Some(p) = &args.deepep.python {
         let dir = env_dir(&ctx.home, &made.python.env);
         std::fs::create_dir_all(&dir)?;
@@ -96,7 +103,7 @@ pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
             &dir.join(POINTER_FILE),
             &serde_json::to_string_pretty(&pointer)?,
         )])?;
-        println!(
+        crate::out!(
             "next: cargo xtask adopt --python {} (installs the drop-in NVSHMEM and DeepEP, with a backup)",
             p.display()
         );
@@ -169,7 +176,7 @@ pub fn deepep_step(
 
     let source = deepep_source(ctx, lock, args.source.as_deref())?;
     if !source.is_locked() {
-        println!("WARNING deepep: {}", source.provenance);
+        crate::out!("WARNING deepep: {}", source.provenance);
     }
     let req = BuildRequest {
         api: stack.deepep.api,
@@ -187,16 +194,16 @@ pub fn deepep_step(
     };
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
-        Outcome::Cached { path } => println!(
+        Outcome::Cached { path } => crate::out!(
             "deepep: already built with these inputs, nothing to do: {}",
             path.display()
         ),
         Outcome::Built { path, seconds } => {
-            println!("deepep: built in {seconds:.1} s: {}", path.display())
+            crate::out!("deepep: built in {seconds:.1} s: {}", path.display())
         }
     }
     let r = &built.report;
-    println!(
+    crate::out!(
         "wheel: {} (needs {}; TORCH_CUDA_ARCH_LIST={}, RDC fix {}, NVSHMEM {} NCCL={})",
         built.wheel.display(),
         r.wheel.needed.join(", "),
@@ -237,10 +244,11 @@ pub fn wheelhouse_step(
     runtime: &[LockedWheel],
     dropin: &LockedWheel,
     deepep: &LockedWheel,
+    force: bool,
 ) -> Result<Wheelhouse> {
     let store = Store::open(ctx.store_dir())?;
-    let house = assemble_wheelhouse(&store, kind, runtime, dropin, deepep, false)?;
-    println!(
+    let house = assemble_wheelhouse(&store, kind, runtime, dropin, deepep, force)?;
+    crate::out!(
         "wheelhouse{}: {} ({} wheels; {})",
         if house.outcome.was_cached() {
             " (cached)"
@@ -261,7 +269,7 @@ pub fn base_python(lock: &Lock, explicit: Option<&Path>) -> Result<PathBuf> {
     match explicit {
         Some(p) => Ok(p.to_path_buf()),
         None => commstack_toolchain::find_in_path(&format!("python{minor}"), None).with_context(|| {
-            format!("no python{minor} on PATH: the lock targets Python {minor}; pass --base-python, or --python to adopt an existing environment")
+            format!("no python{minor} on PATH: the lock targets Python {minor}; install it (Debian 12: apt-get install python3), or build DeepEP alone with `cargo xtask build deepep --base-python PATH` (or --python PATH to adopt an existing environment)")
         }),
     }
 }

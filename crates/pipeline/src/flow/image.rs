@@ -162,7 +162,7 @@ pub fn image_step(
 pub fn load_step(image: &Image) -> Result<String> {
     let t = Instant::now();
     let id = commstack_image::docker_load(image)?;
-    println!(
+    crate::out!(
         "loaded: {id} as {} ({:.1} s)",
         image.tag(),
         t.elapsed().as_secs_f64()
@@ -194,7 +194,7 @@ pub fn docker_has(id: &str, tag: &str) -> bool {
 pub fn export(image: &Image, oci: Option<&Path>, context: Option<&Path>) -> Result<()> {
     if let Some(dir) = oci {
         let oci = commstack_image::export_oci(image, dir)?;
-        println!(
+        crate::out!(
             "OCI layout: {} (manifest {})",
             dir.display(),
             oci.manifest_digest
@@ -202,7 +202,7 @@ pub fn export(image: &Image, oci: Option<&Path>, context: Option<&Path>) -> Resu
     }
     if let Some(dir) = context {
         let context = commstack_image::write_docker_context(image, dir)?;
-        println!(
+        crate::out!(
             "docker build context: {} (base {}): DOCKER_BUILDKIT=0 docker build -f docker/Dockerfile $(cat {}/build-args) -t NAME {}",
             dir.display(),
             context.base_tag,
@@ -308,17 +308,17 @@ pub fn git_identity() -> (String, String) {
 fn print_image(image: &Image) {
     let m = &image.manifest;
     let total: u64 = m.layers.iter().map(|l| l.size).sum();
-    println!(
+    crate::out!(
         "image: {}{}",
         image.id(),
         if image.cached { " (cached)" } else { "" }
     );
-    println!("tag:   {}", image.tag());
-    println!("size:  {} in {} layers", human(total), m.layers.len());
+    crate::out!("tag:   {}", image.tag());
+    crate::out!("size:  {} in {} layers", human(total), m.layers.len());
     for (i, l) in m.layers.iter().enumerate() {
-        println!("  {i:>2} {:>10}  {}", human(l.size), l.holds);
+        crate::out!("  {i:>2} {:>10}  {}", human(l.size), l.holds);
     }
-    println!(
+    crate::out!(
         "files: {} (image.json, config.json, sbom.spdx.json, provenance.json)",
         image.dir.display()
     );
@@ -445,7 +445,7 @@ pub fn verify_in_container(
             String::from_utf8_lossy(&out.stderr).trim()
         ),
     };
-    println!("verify report: {} (exit {code})", report_file.display());
+    crate::out!("verify report: {} (exit {code})", report_file.display());
     let imports = import_without_gpu(image, &report_dir)?;
     Ok(Verdict {
         exit: match (code, imports) {
@@ -484,13 +484,13 @@ fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
     crate::util::write_all_atomically(&[(&file, &text)])?;
     let ok = out.status.success();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    println!(
+    crate::out!(
         "import torch (no GPU, no network): {} {}",
         if ok { "passed" } else { "FAILED" },
         stdout.lines().last().unwrap_or("").trim()
     );
     if !ok {
-        println!("  output: {}", file.display());
+        crate::out!("  output: {}", file.display());
     }
     Ok(ok)
 }
@@ -505,14 +505,14 @@ fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
         let name = level.get("level").and_then(|v| v.as_str()).unwrap_or("?");
         let status = level.get("status").and_then(|v| v.as_str()).unwrap_or("?");
         out.push((name.to_string(), status.to_string()));
-        println!("verify {name}: {status}");
+        crate::out!("verify {name}: {status}");
         for check in level
             .get("checks")
             .and_then(|c| c.as_array())
             .into_iter()
             .flatten()
         {
-            println!(
+            crate::out!(
                 "  {:<8} {:<40} {}",
                 check.get("status").and_then(|v| v.as_str()).unwrap_or("?"),
                 check.get("name").and_then(|v| v.as_str()).unwrap_or("?"),

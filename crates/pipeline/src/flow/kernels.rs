@@ -129,7 +129,7 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
     let archs = settings.cuda_archs.clone();
     if !args.test {
         let bin = build_selftest(ctx, &tc.nvcc, &nvshmem, &archs)?;
-        println!(
+        crate::out!(
             "commstack-selftest: {} ({})",
             bin.display(),
             nvshmem.describe

@@ -117,7 +117,7 @@ pub fn resolve_and_write(
     ])?;
 
     let r = &lock.resolved;
-    println!(
+    crate::out!(
         "locked {} in {:.1} s ({} requests): {} packages for {} {}, {} toolchain wheels, {} sources",
         ctx.stack_path.display(),
         locked.seconds,
@@ -128,8 +128,8 @@ pub fn resolve_and_write(
         lock.toolchain.len(),
         lock.sources.len()
     );
-    println!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
-    println!(
+    crate::out!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
+    crate::out!(
         "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
         r.nvshmem,
         r.nvshmem_pin
@@ -139,7 +139,7 @@ pub fn resolve_and_write(
         r.deepep_api.as_str()
     );
     if let Some(base) = &lock.base {
-        println!(
+        crate::out!(
             "  base: {} Debian packages of {} {} {} (index of {}, epoch {})",
             lock.debs.len(),
             base.distribution,
@@ -149,7 +149,7 @@ pub fn resolve_and_write(
             base.epoch
         );
     }
-    println!("  wrote {} and {}", lock_path.display(), req_path.display());
+    crate::out!("  wrote {} and {}", lock_path.display(), req_path.display());
     Ok(lock)
 }
 
@@ -167,4 +167,37 @@ pub fn requirements_path(ctx: &Ctx) -> std::path::PathBuf {
         format!("{stem}.requirements.lock")
     };
     ctx.stack_path.with_file_name(name)
+}
+
+/// What is wrong with the stack's lock files: (the lock's text if any, the problems).
+/// No problems: stack.lock parses, matches the manifest and the rules, and the
+/// requirements file matches it.
+pub fn lock_problems(
+    ctx: &Ctx,
+    stack: &commstack_stack::Stack,
+) -> Result<(Option<String>, Vec<String>)> {
+    let path = ctx.lock_path();
+    let previous = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let problems = match previous.as_deref().map(|t| Lock::parse(&path, t)) {
+        None => vec![format!("{} does not exist", path.display())],
+        Some(Err(d)) => vec![d.to_string()],
+        Some(Ok(lock)) => {
+            let mut problems = lock.staleness(stack);
+            let req_path = requirements_path(ctx);
+            let reqs = std::fs::read_to_string(&req_path).unwrap_or_default();
+            if reqs != lock.requirements_txt() {
+                problems.push(format!(
+                    "{} does not match {}",
+                    req_path.display(),
+                    path.display()
+                ));
+            }
+            problems
+        }
+    };
+    Ok((previous, problems))
 }

@@ -37,9 +37,9 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
         let req = request(&settings, &source, &tree, &tc, python3, &say);
         let cache = commstack_nvshmem::configure_only(&req, work)?;
         for (k, v) in &cache {
-            println!("{k}={v}");
+            crate::out!("{k}={v}");
         }
-        println!(
+        crate::out!(
             "configured in {}: log {}",
             work.display(),
             work.join("logs/configure.log").display()
@@ -74,7 +74,7 @@ fn nvshmem_source(ctx: &Ctx, args: &Args) -> Result<(PathBuf, String)> {
                 .with_context(|| format!("no source tree at {}", dir.display()))?;
             let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
                 .with_context(|| format!("cannot hash {}", dir.display()))?;
-            println!(
+            crate::out!(
                 "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
                 dir.display()
             );
@@ -119,16 +119,16 @@ pub fn nvshmem_step(
     let store = Store::open(ctx.store_dir())?;
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
-        Outcome::Cached { path } => println!(
+        Outcome::Cached { path } => crate::out!(
             "nvshmem: already built with these inputs, nothing to do: {}",
             path.display()
         ),
         Outcome::Built { path, seconds } => {
-            println!("nvshmem: built in {seconds:.1} s: {}", path.display())
+            crate::out!("nvshmem: built in {seconds:.1} s: {}", path.display())
         }
     }
     let p = &built.report.proof;
-    println!(
+    crate::out!(
         "proof: NVSHMEM_USE_NCCL={}, {} option(s) as asked, {} libnccl name(s), NVSHMEM {}, SASS {:?}, GLIBC {} / GLIBCXX {} -> {}",
         p.use_nccl,
         built
@@ -147,7 +147,7 @@ pub fn nvshmem_step(
         p.newest_glibcxx.as_deref().unwrap_or("-"),
         p.manylinux
     );
-    println!(
+    crate::out!(
         "report: {}",
         built
             .outcome
@@ -170,7 +170,7 @@ pub fn dropin_step(ctx: &Ctx, settings: &Settings, args: &Args, built: &Built) -
         allow_version_mismatch: settings.allow_version_mismatch,
     };
     let (dropin, outcome) = build_dropin_wheel(&store, built, &spec, args.force)?;
-    println!(
+    crate::out!(
         "wheel{}: {}",
         if outcome.was_cached() {
             " (cached)"
@@ -180,7 +180,7 @@ pub fn dropin_step(ctx: &Ctx, settings: &Settings, args: &Args, built: &Built) -
         dropin.wheel.display()
     );
     for note in &dropin.notes {
-        println!("  note: {note}");
+        crate::out!("  note: {note}");
     }
     Ok(dropin)
 }
@@ -200,7 +200,7 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     let f = &fetched[0];
     if let Some(d) = f.deviation() {
-        println!("WARNING {d}");
+        crate::out!("WARNING {d}");
     }
     let tree = artifacts[0]
         .tree_sha256
