@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use commstack_stack::Lock;
 
 use commstack_pipeline::ctx::Ctx;
@@ -34,39 +34,12 @@ pub struct Args {
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let stack = util::read_stack(&ctx.stack_path)?;
     let lock_path = ctx.lock_path();
-    let req_path = commstack_pipeline::flow::lock::requirements_path(ctx);
-    let previous = match std::fs::read_to_string(&lock_path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", lock_path.display())),
-    };
-    let parsed = previous.as_deref().map(|t| Lock::parse(&lock_path, t));
+    // One answer to "is the lock current?" for `lock`, `lock --check` and `build`.
+    let (previous, mut problems) = commstack_pipeline::flow::lock::lock_problems(ctx, &stack)?;
 
     if args.check {
-        let lock = match parsed {
-            None => {
-                eprintln!(
-                    "{} does not exist: run `cargo xtask lock`",
-                    lock_path.display()
-                );
-                return Ok(ExitCode::FAILURE);
-            }
-            Some(Err(d)) => {
-                eprintln!("{d}");
-                return Ok(ExitCode::FAILURE);
-            }
-            Some(Ok(lock)) => lock,
-        };
-        let mut problems = lock.staleness(&stack);
-        let reqs = std::fs::read_to_string(&req_path).unwrap_or_default();
-        if reqs != lock.requirements_txt() {
-            problems.push(format!(
-                "{} does not match {}",
-                req_path.display(),
-                lock_path.display()
-            ));
-        }
         if args.online && problems.is_empty() {
+            let lock = Lock::parse(&lock_path, previous.as_deref().unwrap_or_default())?;
             problems.extend(online_differences(ctx, &stack, &lock)?);
             if !problems.is_empty() {
                 eprintln!("{} does not match the index:", lock_path.display());
@@ -100,11 +73,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
 
-    if !args.force
-        && let Some(Ok(lock)) = &parsed
-        && lock.staleness(&stack).is_empty()
-        && std::fs::read_to_string(&req_path).is_ok_and(|r| r == lock.requirements_txt())
-    {
+    if !args.force && problems.is_empty() {
         println!(
             "{} is up to date with {}: nothing to resolve",
             lock_path.display(),
