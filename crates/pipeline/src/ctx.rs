@@ -79,6 +79,13 @@ impl Ctx {
     pub fn cache_dir(&self) -> PathBuf {
         self.home.join("cache")
     }
+
+    /// A progress line on stderr, unless `--quiet`.
+    pub fn say(&self, line: &str) {
+        if !self.quiet {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// `stack.toml` in `cwd` or the nearest parent that has one, as a path relative to `cwd`

@@ -73,11 +73,7 @@ pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
 /// reads); returns the wheelhouse's step directory.
 pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
     let started = Instant::now();
-    let say = |line: &str| {
-        if !ctx.quiet {
-            eprintln!("{line}");
-        }
-    };
+    let say = |line: &str| ctx.say(line);
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
     let made = deepep_step(ctx, &settings, args, &say)?;

@@ -112,11 +112,7 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
     let nvshmem = match args.nvshmem_from.as_str() {
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {
-            let say = |line: &str| {
-                if !ctx.quiet {
-                    eprintln!("{line}");
-                }
-            };
+            let say = |line: &str| ctx.say(line);
             let built = crate::flow::nvshmem::nvshmem_step(ctx, &settings, args, &say)?;
             let prefix = built.prefix;
             NvshmemForKernels {

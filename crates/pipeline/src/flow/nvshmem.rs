@@ -25,11 +25,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
     let started = Instant::now();
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
-    let say = |line: &str| {
-        if !ctx.quiet {
-            eprintln!("{line}");
-        }
-    };
+    let say = |line: &str| ctx.say(line);
     if let Some(work) = &args.configure_only {
         let (source, tree) = nvshmem_source(ctx, args)?;
         let tc = resolve(ctx, &args.toolchain, false)?;
