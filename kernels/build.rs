@@ -7,7 +7,15 @@
 //!   the `nvidia/nvshmem` directory of NVIDIA's wheel);
 //! - `COMMSTACK_CUDA_ARCHS`: CUDA architectures in stack.toml's grammar (`90`, `90a`,
 //!   `100f`, `90-real`; see commstack_stack::arch), separated by `;`, e.g. `90;100`
-//!   (default 90).
+//!   (default 90);
+//! - `COMMSTACK_SELFTEST_RUNPATH`: the binary's RUNPATH entries, separated by `:` (e.g.
+//!   `$ORIGIN/../lib/nvshmem`); unset: the bundle layout and `$NVSHMEM_HOME/lib`, which
+//!   runs in place on a developer machine but names this machine's NVSHMEM.
+//!
+//! Reproducibility: nothing here records a path but the RUNPATH (the build info names
+//! versions), nvcc runs with `-objtemp`, and the paths given are used as given (a link
+//! is not resolved), so a build at a fixed path through links in it repeats byte for
+//! byte (`cargo xtask build kernels` does that: crates/pipeline/src/flow/kernels.rs).
 //!
 //! Linking: the device code is linked (`-rdc=true`, cc's device-link step) with
 //! libnvshmem_device.a; the host side links that archive's host objects, the static
@@ -48,6 +56,7 @@ fn run() -> Result<(), String> {
         "CUDA_HOME",
         "NVSHMEM_HOME",
         "COMMSTACK_CUDA_ARCHS",
+        "COMMSTACK_SELFTEST_RUNPATH",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -72,6 +81,9 @@ fn run() -> Result<(), String> {
         .debug(false)
         .flag("-rdc=true")
         .flag("-std=c++17")
+        // nvcc names an STT_FILE symbol after its temporary file, `tmpxft_<pid>_...`;
+        // with -objtemp the intermediates are named after the object, the same each build.
+        .flag("-objtemp")
         .include(&nvshmem.include)
         // In the flags so that cc's own `nvcc --device-link` step resolves NVSHMEM's
         // device symbols.
@@ -97,16 +109,18 @@ fn run() -> Result<(), String> {
     // machine needs GLIBC_2.38, this build host may have 2.36). Its own symbol needs are
     // checked where it runs (verify's static level), not here.
     println!("cargo:rustc-link-arg=-Wl,--allow-shlib-undefined");
-    // Run-time search path of libnvshmem_host.so.3: the bundle layout first, then the
-    // directory built against (developer machines, CI).
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{BUNDLE_RPATH}");
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", nvshmem.lib.display());
+    // Run-time search path of libnvshmem_host.so.3 (its own RUNPATH, `$ORIGIN`, finds
+    // NVSHMEM's plugins beside it).
+    for entry in runpath(&nvshmem) {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{entry}");
+    }
 
     let archs: Vec<String> = archs.iter().map(CudaArch::cmake).collect();
+    // Versions, not paths: the binary must not name the machine it was built on.
     println!(
-        "cargo:rustc-env=COMMSTACK_KERNELS_BUILD_INFO=nvcc={} nvshmem={} archs={}",
-        nvcc.display(),
-        nvshmem.prefix.display(),
+        "cargo:rustc-env=COMMSTACK_KERNELS_BUILD_INFO=nvcc {} nvshmem {} archs {}",
+        nvcc_version(&nvcc)?,
+        nvshmem.version(),
         archs.join(";")
     );
     println!(
@@ -116,7 +130,35 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// The real nvcc binary: nvcc reads `nvcc.profile` beside itself, so symlinks are resolved.
+/// `COMMSTACK_SELFTEST_RUNPATH` split at `:` (set and empty: no RUNPATH), else the bundle
+/// layout first, then the directory built against (developer machines, CI).
+fn runpath(nvshmem: &NvshmemPrefix) -> Vec<String> {
+    match env::var("COMMSTACK_SELFTEST_RUNPATH") {
+        Ok(list) => list
+            .split(':')
+            .filter(|e| !e.is_empty())
+            .map(String::from)
+            .collect(),
+        Err(_) => vec![BUNDLE_RPATH.to_string(), nvshmem.lib.display().to_string()],
+    }
+}
+
+/// `V13.0.88` from `nvcc --version`.
+fn nvcc_version(nvcc: &Path) -> Result<String, String> {
+    let out = std::process::Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("cannot run {} --version: {e}", nvcc.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split([' ', ',', '\n'])
+        .find(|w| w.starts_with('V') && w[1..].starts_with(|c: char| c.is_ascii_digit()))
+        .map(String::from)
+        .ok_or_else(|| format!("{} --version names no version: {text}", nvcc.display()))
+}
+
+/// The nvcc binary, at the path given: nvcc reads `nvcc.profile` beside itself, so a link
+/// to the binary is resolved, but not a linked directory above it (the toolkit seen at a
+/// fixed path through a link keeps that path).
 fn find_nvcc() -> Result<PathBuf, String> {
     let (candidate, origin) = if let Some(path) = env::var_os("COMMSTACK_NVCC") {
         (PathBuf::from(path), "COMMSTACK_NVCC")
@@ -128,13 +170,18 @@ fn find_nvcc() -> Result<PathBuf, String> {
              or set COMMSTACK_NVCC=/path/to/bin/nvcc"
         ));
     };
-    let real = candidate.canonicalize().map_err(|e| {
+    let not_found = |e: std::io::Error| {
         format!(
             "nvcc not found at {} (from {origin}): {e}. {HOW_TO}, or set \
              COMMSTACK_NVCC=/path/to/bin/nvcc",
             candidate.display()
         )
-    })?;
+    };
+    let given = std::path::absolute(&candidate).map_err(not_found)?;
+    let real = match std::fs::symlink_metadata(&given).map_err(not_found)? {
+        m if m.file_type().is_symlink() => given.canonicalize().map_err(not_found)?,
+        _ => given,
+    };
     if !real.is_file() {
         return Err(format!("{} (from {origin}) is not a file", real.display()));
     }
@@ -181,7 +228,6 @@ fn find_cudart_dir(nvcc: &Path) -> Result<PathBuf, String> {
 }
 
 struct NvshmemPrefix {
-    prefix: PathBuf,
     include: PathBuf,
     lib: PathBuf,
 }
@@ -197,8 +243,8 @@ impl NvshmemPrefix {
                  nvidia/nvshmem directory)"
                 )
             })?;
-        let prefix = prefix
-            .canonicalize()
+        // Absolute but not resolved: a link at a fixed path stays that path.
+        let prefix = std::path::absolute(&prefix)
             .map_err(|e| format!("NVSHMEM_HOME={}: {e}", prefix.display()))?;
         let include = prefix.join("include");
         let lib = prefix.join("lib");
@@ -221,10 +267,28 @@ impl NvshmemPrefix {
                 missing.join(", ")
             ));
         }
-        Ok(Self {
-            prefix,
-            include,
-            lib,
-        })
+        Ok(Self { include, lib })
+    }
+
+    /// `3.4.5` from `include/non_abi/nvshmem_version.h`, `unknown` without it.
+    fn version(&self) -> String {
+        let header = std::fs::read_to_string(self.include.join("non_abi/nvshmem_version.h"))
+            .unwrap_or_default();
+        let part = |name: &str| {
+            header.lines().find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some("#define") && words.next() == Some(name))
+                    .then(|| words.next().map(String::from))
+                    .flatten()
+            })
+        };
+        match (
+            part("NVSHMEM_VENDOR_MAJOR_VERSION"),
+            part("NVSHMEM_VENDOR_MINOR_VERSION"),
+            part("NVSHMEM_VENDOR_PATCH_VERSION"),
+        ) {
+            (Some(a), Some(b), Some(c)) => format!("{a}.{b}.{c}"),
+            _ => "unknown".to_string(),
+        }
     }
 }

@@ -22,5 +22,6 @@ pub mod spawn;
 
 /// GPU architectures the kernels were compiled for, e.g. "90" or "90;100".
 pub const BUILT_ARCHS: &str = env!("COMMSTACK_KERNELS_ARCHS");
-/// nvcc, NVSHMEM prefix and archs of this build.
+/// nvcc and NVSHMEM versions and archs of this build (versions, not paths: the binary
+/// names no directory of the machine that built it).
 pub const BUILD_INFO: &str = env!("COMMSTACK_KERNELS_BUILD_INFO");

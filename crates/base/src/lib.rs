@@ -115,10 +115,12 @@ pub fn check_debs(debs: &[(&Deb, PathBuf)]) -> Result<()> {
     Ok(())
 }
 
-/// Build (or find) the base. `log` gets one line per phase.
+/// Build (or find) the base; `force` builds it again even when it is in the store. `log`
+/// gets one line per phase.
 pub fn build_base(
     store: &Store,
     inputs: &BaseInputs<'_>,
+    force: bool,
     mut log: impl FnMut(&str),
 ) -> Result<BaseOutput> {
     if inputs.debs.is_empty() {
@@ -133,7 +135,7 @@ pub fn build_base(
     ));
     check_debs(&inputs.debs)?;
     let (key, json) = base_key(inputs, &tool.version);
-    let result = store.run(&key, &json, false, |dir| {
+    let result = store.run(&key, &json, force, |dir| {
         make_base(&dir.out, &dir.logs, &key, inputs, &tool, &mut log)
     });
     let outcome = match result {

@@ -156,7 +156,10 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
     let store = Store::open(tmp.path().join("store-a")).unwrap();
 
     let started = Instant::now();
-    let first = build_base(&store, &inputs(&base, &fx.debs), |l| eprintln!("{l}")).unwrap();
+    let first = build_base(&store, &inputs(&base, &fx.debs), false, |l| {
+        eprintln!("{l}")
+    })
+    .unwrap();
     let cold = started.elapsed().as_secs_f64();
     assert!(!first.outcome.was_cached());
     let m = &first.manifest;
@@ -246,7 +249,7 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
 
     // The same inputs again: nothing runs.
     let started = Instant::now();
-    let again = build_base(&store, &inputs(&base, &fx.debs), |_| {}).unwrap();
+    let again = build_base(&store, &inputs(&base, &fx.debs), false, |_| {}).unwrap();
     let noop = started.elapsed().as_secs_f64();
     eprintln!("no-op: {noop:.2} s");
     assert!(again.outcome.was_cached());
@@ -254,7 +257,7 @@ fn cold_build_is_deterministic_offline_and_a_rerun_is_a_no_op() {
 
     // A fresh store (another path, another temp directory): the same bytes.
     let store_b = Store::open(tmp.path().join("elsewhere/store-b")).unwrap();
-    let second = build_base(&store_b, &inputs(&base, &fx.debs), |_| {}).unwrap();
+    let second = build_base(&store_b, &inputs(&base, &fx.debs), false, |_| {}).unwrap();
     assert!(!second.outcome.was_cached());
     assert_eq!(
         second.manifest.layer, first.manifest.layer,
@@ -281,7 +284,7 @@ fn a_deb_whose_sha256_is_not_the_locks_is_refused_before_anything_runs() {
     let base = base_lock(INCLUDE);
     let err = format!(
         "{:#}",
-        build_base(&store, &inputs(&base, &debs), |_| {}).unwrap_err()
+        build_base(&store, &inputs(&base, &debs), false, |_| {}).unwrap_err()
     );
     assert!(err.contains("deb bash"), "{err}");
     assert!(err.contains(&damaged.display().to_string()), "{err}");
@@ -303,7 +306,7 @@ fn a_deb_whose_sha256_is_not_the_locks_is_refused_before_anything_runs() {
     gone[0].1 = tmp.path().join("not-there.deb");
     let err = format!(
         "{:#}",
-        build_base(&store, &inputs(&base, &gone), |_| {}).unwrap_err()
+        build_base(&store, &inputs(&base, &gone), false, |_| {}).unwrap_err()
     );
     assert!(err.contains(&format!("deb {}", gone[0].0.name)), "{err}");
     assert!(err.contains("cargo xtask fetch --only debs"), "{err}");
@@ -326,7 +329,7 @@ fn a_package_set_without_a_dependency_fails_and_keeps_the_log() {
     let base = base_lock(INCLUDE);
     let err = format!(
         "{:#}",
-        build_base(&store, &inputs(&base, &debs), |_| {}).unwrap_err()
+        build_base(&store, &inputs(&base, &debs), false, |_| {}).unwrap_err()
     );
     assert!(err.contains("mmdebstrap failed"), "{err}");
     let log = store_root.join("failed");
@@ -385,7 +388,7 @@ fn a_file_no_package_and_no_rule_claims_fails_the_step() {
     let store = Store::open(&store_root).unwrap();
     let err = format!(
         "{:#}",
-        build_base(&store, &inputs(&base, &debs), |_| {}).unwrap_err()
+        build_base(&store, &inputs(&base, &debs), false, |_| {}).unwrap_err()
     );
     assert!(
         err.contains("1 file(s) of the base are claimed by no package"),

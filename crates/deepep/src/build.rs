@@ -3,13 +3,20 @@
 //!
 //! Step layout (`<store>/steps/deepep-<hash>/`):
 //! ```text
-//! dist/deep_ep-<version>-<tags>.whl   the wheel
+//! dist/deep_ep-<version>-<tags>.whl   the wheel (canonical: see crate::reproducible)
 //! logs/build.log                       setup.py's output, with the environment and command
 //! build-report.json                    inputs, environment (and why), timings, wheel facts
+//!                                      (the sha256 of the wheel and of each file in it)
 //! ```
 //! The key: the source tree hash, the NVSHMEM build step (or prefix tree hash), the
 //! Python environment (managed: the venv step; adopted: Python and torch exactly), the
-//! TORCH_CUDA_ARCH_LIST, the toolchain identity, the recipe revision. Not the job count.
+//! TORCH_CUDA_ARCH_LIST, the toolchain identity, SOURCE_DATE_EPOCH, the recipe revision.
+//! No path that differs between machines (the store, COMMSTACK_HOME): the same key gives
+//! the same wheel, byte for byte. Not the job count.
+//!
+//! setup.py runs in [`FixedDir`] (`/var/tmp/commstack-build/deepep-<hash>`), with its
+//! inputs seen through links in it (`deps/nvshmem`, `deps/toolchain`, `deps/python`,
+//! ...); the results go to the store step as before.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
-use commstack_store::{Outcome, StepKey, Store};
+use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +32,10 @@ use crate::archs::torch_cuda_arch_list;
 use crate::env::{BuildEnv, EnvInputs, build_env};
 use crate::nvshmem::{NvshmemInput, RdmaHeaders, check_v1_prefix, rdma_core_for};
 use crate::python::PythonEnv;
+use crate::reproducible::{
+    Relocated, RpathRewrite, canonical_wheel, needles, nvcc_has_objtemp, prefix_maps, real_ld,
+    relocate, set_times, through, write_ld_wrapper,
+};
 use crate::run::{CommandFailed, run_logged};
 use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
 use crate::wheel_check::{Expect, WheelFacts, check_wheel};
@@ -32,7 +43,7 @@ use crate::wheel_check::{Expect, WheelFacts, check_wheel};
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 const STEP: &str = "deepep";
 /// Bumped when the recipe changes what it produces.
-pub const RECIPE: &str = "deepep-setup-py-2";
+pub const RECIPE: &str = "deepep-setup-py-4";
 /// Written into the DeepEP wheel's dist-info: the NVSHMEM its extension was built against
 /// (V1 links NVSHMEM's device library statically), so verify can check, from the files
 /// alone, that the environment's host library is of the same build.
@@ -90,6 +101,12 @@ pub struct BuildRequest<'a> {
     /// rdma-core (`/`, or a `dpkg -x` tree) for NVSHMEM headers that include
     /// infiniband/mlx5dv.h; default: the NVSHMEM build's own, else the system's.
     pub rdma_core: Option<&'a Path>,
+    /// SOURCE_DATE_EPOCH: the lock's `[base] epoch`, else
+    /// [`crate::reproducible::DEFAULT_SOURCE_DATE_EPOCH`]. In the key (the wheel's times).
+    pub source_date_epoch: u64,
+    /// COMMSTACK_HOME, when there is one: no shipped file may name it (nor the store, the
+    /// build directory or an input's real path; checked).
+    pub home: Option<&'a Path>,
     /// Called with one line per phase.
     pub progress: &'a dyn Fn(&str),
 }
@@ -134,7 +151,25 @@ pub struct BuildReport {
     pub command: Vec<String>,
     pub jobs: usize,
     pub build_seconds: f64,
+    pub reproducibility: Reproducibility,
     pub wheel: WheelFacts,
+}
+
+/// How the build was kept independent of the machine (crate::reproducible).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reproducibility {
+    /// Where setup.py ran: the same for the same key on every machine.
+    pub fixed_build_dir: PathBuf,
+    pub source_date_epoch: u64,
+    /// The inputs as setup.py saw them: links in the fixed directory.
+    pub relocated: Vec<Relocated>,
+    pub prefix_maps: Vec<String>,
+    pub nvcc_objtemp: bool,
+    /// The linker the wrapper runs, and the rpaths it rewrites.
+    pub ld: PathBuf,
+    pub rpath_rewrites: Vec<RpathRewrite>,
+    /// The wheel as bdist_wheel wrote it, before the canonical rewrite.
+    pub bdist_wheel_sha256: String,
 }
 
 /// The result of [`build`].
@@ -185,17 +220,21 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
     let rdma = rdma_core_for(req.nvshmem, req.rdma_core)?;
     let (cuda_lib_include, cuda_lib_headers) =
         cuda_library_headers(req.toolchain, &req.python.env)?;
+    // Content, never paths: a path names the machine (the store, COMMSTACK_HOME), and the
+    // same key must give the same bytes anywhere.
+    let nccl = nccl_root.as_deref().map(nccl_identity).transpose()?;
     let inputs = serde_json::json!({
         "recipe": RECIPE,
         "cuda_library_headers": cuda_lib_headers,
-        "rdma_core": rdma.as_ref().map(|r| serde_json::json!({ "include_dir": r.include_dir, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })),
+        "rdma_core": rdma.as_ref().map(|r| serde_json::json!({ "system": r.system, "mlx5dv_h_sha256": r.mlx5dv_h_sha256 })),
         "api": req.api.as_str(),
         "source": { "tree_sha256": req.source.tree_sha256, "rev": req.source.rev },
         "nvshmem": { "identity": req.nvshmem.identity, "version": req.nvshmem.version() },
         "python": req.python.identity,
         "torch_cuda_arch_list": arch_list,
         "toolchain": req.toolchain.identity(),
-        "nccl_root": nccl_root,
+        "nccl": nccl,
+        "source_date_epoch": req.source_date_epoch,
     });
     Ok(Prepared {
         key: StepKey::new(STEP, &inputs),
@@ -206,6 +245,20 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
         rdma,
         cuda_lib_include,
     })
+}
+
+/// What keys the NCCL a V2 build links: its header (NCCL_VERSION_CODE and the API) and
+/// the library's size, not where it is.
+fn nccl_identity(root: &Path) -> Result<serde_json::Value> {
+    let header = root.join("include/nccl.h");
+    let lib = root.join("lib/libnccl.so.2");
+    Ok(serde_json::json!({
+        "nccl_h_sha256": commstack_digest::sha256_file(&header)
+            .with_context(|| format!("hashing {}", header.display()))?,
+        "libnccl_so_2_bytes": fs::metadata(&lib)
+            .with_context(|| format!("cannot read {}", lib.display()))?
+            .len(),
+    }))
 }
 
 /// torch must be there, for the toolchain's CUDA major; setup.py must be able to write
@@ -332,7 +385,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built> {
     let p = prepare(req)?;
     let result = store.run(&p.key, &p.inputs, force, |dir| {
-        let report = run_build(&dir.out, &dir.logs, &p, req)?;
+        let report = run_build(&dir.out, &dir.logs, &p, req, store.root())?;
         let path = dir.out.join(BUILD_REPORT_FILE);
         fs::write(&path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -371,23 +424,66 @@ pub fn load_report(step: &Path) -> Result<BuildReport> {
         .with_context(|| format!("{} is not a DeepEP build report", path.display()))
 }
 
-fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> Result<BuildReport> {
-    // setup.py runs in the source copy: every path absolute (the store may be relative).
+/// The toolchain as seen in its view `deps/toolchain` (of the wheel toolchain's store
+/// step, or a system CUDA's home): every path under it mapped there; the host compilers
+/// (/usr/bin) stay where they are.
+fn toolchain_view(
+    tc: &Toolchain,
+    deps: &Path,
+    epoch: u64,
+    relocated: &mut Vec<Relocated>,
+) -> Result<Toolchain> {
+    let root = match &tc.source {
+        commstack_toolchain::ToolchainSource::Wheels { step, .. } => step.clone(),
+        commstack_toolchain::ToolchainSource::System => tc.cuda_home.clone(),
+    };
+    let view = relocate(deps, "toolchain", &root, epoch)?;
+    let map = |p: &PathBuf| through(&view, &root, p);
+    let seen = Toolchain {
+        source: tc.source.clone(),
+        cuda_home: map(&tc.cuda_home),
+        nvcc: map(&tc.nvcc),
+        cuda_include_dirs: tc.cuda_include_dirs.iter().map(map).collect(),
+        cudart_lib_dir: map(&tc.cudart_lib_dir),
+        cuda_stubs_dir: tc.cuda_stubs_dir.as_ref().map(map),
+        cmake: map(&tc.cmake),
+        ninja: map(&tc.ninja),
+        cc: map(&tc.cc),
+        cxx: map(&tc.cxx),
+        versions: tc.versions.clone(),
+    };
+    relocated.push(view);
+    Ok(seen)
+}
+
+fn run_build(
+    out: &Path,
+    logs: &Path,
+    p: &Prepared,
+    req: &BuildRequest<'_>,
+    store_root: &Path,
+) -> Result<BuildReport> {
+    // Results go to the store step; setup.py runs at a path that depends on the key only.
     let (out, logs) = (std::path::absolute(out)?, std::path::absolute(logs)?);
     let (out, logs) = (out.as_path(), logs.as_path());
-    let work = out.join("work");
-    let (src, home, tmp, dist) = (
-        work.join("src"),
-        work.join("home"),
-        work.join("tmp"),
-        out.join("dist"),
+    let fixed = FixedDir::acquire(&p.key)?;
+    let root = fixed.path().to_path_buf();
+    let root = root.as_path();
+    let (src, home, tmp, raw_dist, deps) = (
+        root.join("src"),
+        root.join("home"),
+        root.join("tmp"),
+        root.join("dist"),
+        root.join("deps"),
     );
-    for d in [&home, &tmp, &dist] {
+    let dist = out.join("dist");
+    for d in [&home, &tmp, &raw_dist, &deps, &dist] {
         fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
     (req.progress)(&format!(
-        "preparing the source {} ...",
-        req.source.path.display()
+        "preparing the source {} in {} ...",
+        req.source.path.display(),
+        root.display()
     ));
     req.source.materialize(&src)?;
     let found = detect_api(&src)?;
@@ -408,34 +504,107 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         )?),
         DeepEpApi::V2 => None,
     };
+
+    // Every input through a view in the fixed directory (crate::reproducible): the
+    // paths the compilers see, and the times of the headers they read, are the same for
+    // the same key on any machine. The source copy gets the same times.
+    let epoch = req.source_date_epoch;
+    set_times(&src, epoch)?;
+    let mut relocated: Vec<Relocated> = Vec::new();
+    let nvshmem = relocate(&deps, "nvshmem", &req.nvshmem.prefix, epoch)?;
+    relocated.push(nvshmem.clone());
+    let tc = toolchain_view(req.toolchain, &deps, epoch, &mut relocated)?;
+    let py = &req.python.env;
+    // A venv is seen through deps/python (its python finds pyvenv.cfg there, so
+    // sys.prefix, torch's include path, site-packages are all under it); an
+    // interpreter's own prefix (/usr) is the same on every machine of its kind.
+    let python_link = if py.prefix != py.base_prefix && py.python.starts_with(&py.prefix) {
+        let r = relocate(&deps, "python", &py.prefix, epoch)?;
+        relocated.push(r.clone());
+        Some(r)
+    } else {
+        None
+    };
+    let py_path = |path: &Path| match &python_link {
+        Some(r) => through(r, &py.prefix, path),
+        None => path.to_path_buf(),
+    };
+    let python = py_path(&py.python);
+    let nccl_root = match &p.nccl_root {
+        Some(n) if py_path(n) != *n => Some(py_path(n)),
+        Some(n) => {
+            let r = relocate(&deps, "nccl", n, epoch)?;
+            relocated.push(r.clone());
+            Some(r.link)
+        }
+        None => None,
+    };
     let mut extra_include: Vec<(PathBuf, String)> = Vec::new();
     if let Some(r) = p.rdma.as_ref().filter(|r| !r.system) {
+        let view = relocate(&deps, "rdma-core", &r.include_dir, epoch)?;
+        relocated.push(view.clone());
         extra_include.push((
-            r.include_dir.clone(),
+            view.link,
             "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into(),
         ));
     }
     for dir in &p.cuda_lib_include {
-        extra_include.push((dir.clone(), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
+        extra_include.push((py_path(dir), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
     }
+    let maps = prefix_maps(&src, &relocated);
+
+    // The extension finds the drop-in wheels relative to itself: V1's deep_ep_cpp sits
+    // at site-packages' top, V2's deep_ep/_C one level down.
+    let up = match req.api {
+        DeepEpApi::V1 => "",
+        DeepEpApi::V2 => "../",
+    };
+    let mut rewrites: Vec<RpathRewrite> = [&nvshmem.link, &nvshmem.target]
+        .into_iter()
+        .map(|prefix| RpathRewrite {
+            from: prefix.join("lib").display().to_string(),
+            to: format!("$ORIGIN/{up}nvidia/nvshmem/lib"),
+        })
+        .collect();
+    if let (Some(seen), Some(real)) = (&nccl_root, &p.nccl_root)
+        && py_path(real) == *seen
+    {
+        for root in [seen, real] {
+            rewrites.push(RpathRewrite {
+                from: root.join("lib").display().to_string(),
+                to: format!("$ORIGIN/{up}nvidia/nccl/lib"),
+            });
+        }
+    }
+    let mut search: Vec<PathBuf> = vec![PathBuf::from("/usr/bin"), PathBuf::from("/bin")];
+    search.extend(tc.bin_dirs());
+    let ld = real_ld(&tc.cc, &search)?;
+    let ld_dir = root.join("ld");
+    write_ld_wrapper(&ld_dir, &ld, &rewrites)?;
+    let objtemp = nvcc_has_objtemp(&tc.nvcc);
+
     let env = build_env(&EnvInputs {
         api: req.api,
-        python_bin_dir: &req.python.env.bin_dir(),
-        toolchain: req.toolchain,
-        nvshmem_prefix: &req.nvshmem.prefix,
-        nccl_root: p.nccl_root.as_deref(),
+        python_bin_dir: &py_path(&py.bin_dir()),
+        toolchain: &tc,
+        nvshmem_prefix: &nvshmem.link,
+        nccl_root: nccl_root.as_deref(),
         extra_include: &extra_include,
         torch_cuda_arch_list: &p.arch_list,
         jobs: req.jobs,
         home: &home,
         tmp: &tmp,
-        git_ceiling: &work,
+        git_ceiling: root,
+        prefix_maps: &maps,
+        nvcc_objtemp: objtemp,
+        ld_wrapper_dir: Some(&ld_dir),
+        source_date_epoch: req.source_date_epoch,
     })?;
     let args: Vec<String> = vec![
         "setup.py".into(),
         "bdist_wheel".into(),
         "--dist-dir".into(),
-        dist.display().to_string(),
+        raw_dist.display().to_string(),
     ];
     let log = logs.join("build.log");
     (req.progress)(&format!(
@@ -444,7 +613,7 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         log.display()
     ));
     let seconds = run_logged(
-        &req.python.env.python,
+        &python,
         &args,
         &src,
         &env.vars,
@@ -453,17 +622,18 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         Some(req.progress),
     )?;
 
-    let wheels: Vec<PathBuf> = fs::read_dir(&dist)?
+    let wheels: Vec<PathBuf> = fs::read_dir(&raw_dist)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "whl"))
         .collect();
-    let [wheel] = &wheels[..] else {
+    let [raw] = &wheels[..] else {
         bail!(
             "setup.py bdist_wheel left {} wheel(s) in {}, expected one (see logs/build.log)",
             wheels.len(),
-            dist.display()
+            raw_dist.display()
         );
     };
+    let mut extra: Vec<(&str, Vec<u8>)> = Vec::new();
     if req.api == DeepEpApi::V1 {
         let device = req.nvshmem.prefix.join("lib/libnvshmem_device.a");
         let record = serde_json::json!({
@@ -475,37 +645,61 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
                 "use_nccl": req.nvshmem.host.build_vars.use_nccl(),
             }
         });
-        commstack_wheel::add_dist_info_file(
-            wheel,
+        extra.push((
             BUILD_RECORD_FILE,
-            (commstack_digest::canonical_json(&record) + "\n").as_bytes(),
-        )?;
+            (commstack_digest::canonical_json(&record) + "\n").into_bytes(),
+        ));
     }
+    // bdist_wheel's zip keeps the umask's modes and its own order: written again
+    // canonically, with the build record in the same pass.
+    let wheel = dist.join(raw.file_name().context("a wheel file name")?);
+    let extra_refs: Vec<(&str, &[u8])> = extra.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    canonical_wheel(raw, &wheel, req.source_date_epoch, &extra_refs)?;
+
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
         DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],
     };
-    let stubs: Vec<&Path> = req
-        .toolchain
-        .cuda_stubs_dir
-        .iter()
-        .map(PathBuf::as_path)
-        .collect();
+    let stubs: Vec<&Path> = [
+        req.toolchain.cuda_stubs_dir.as_deref(),
+        tc.cuda_stubs_dir.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    // Paths that differ between machines: never in a shipped file. Paths under the fixed
+    // build root are the same for the same key; check_wheel tells them apart.
+    let mut forbidden: Vec<&Path> = vec![store_root, &req.source.path, &req.nvshmem.prefix];
+    forbidden.extend(req.home);
+    forbidden.extend(relocated.iter().map(|r| r.target.as_path()));
+    let forbidden = needles(&forbidden);
+    let required_runpath = match req.api {
+        DeepEpApi::V1 => vec!["$ORIGIN/nvidia/nvshmem/lib".to_string()],
+        DeepEpApi::V2 => Vec::new(),
+    };
     let facts = check_wheel(
-        wheel,
+        &wheel,
         &Expect {
             api: req.api,
             needed: &needed,
             forbidden_search_dirs: &stubs,
+            required_runpath: &required_runpath,
+            forbidden_paths: &forbidden,
+            fixed_dir: Some(root),
         },
         &tmp,
     )?;
+    for k in &facts.build_paths_kept {
+        (req.progress)(&format!(
+            "note: {} keeps {} ({}x): {}",
+            k.file, k.path, k.count, k.why
+        ));
+    }
     let declared = declared_version(&src);
-    fs::remove_dir_all(&work)
-        .with_context(|| format!("cannot remove the build tree {}", work.display()))?;
-    let py = &req.python.env;
+    let bdist_wheel_sha256 = commstack_digest::sha256_file(raw)?;
+    drop(fixed);
     Ok(BuildReport {
-        schema: 1,
+        schema: 2,
         step: p.key.dir_name(),
         api: req.api.as_str().into(),
         source: req.source.clone(),
@@ -532,11 +726,21 @@ fn run_build(out: &Path, logs: &Path, p: &Prepared, req: &BuildRequest<'_>) -> R
         toolchain_identity: req.toolchain.identity(),
         torch_cuda_arch_list: p.arch_list.clone(),
         environment: env,
-        command: std::iter::once(py.python.display().to_string())
+        command: std::iter::once(python.display().to_string())
             .chain(args)
             .collect(),
         jobs: req.jobs,
         build_seconds: seconds,
+        reproducibility: Reproducibility {
+            fixed_build_dir: root.to_path_buf(),
+            source_date_epoch: req.source_date_epoch,
+            relocated,
+            prefix_maps: maps,
+            nvcc_objtemp: objtemp,
+            ld,
+            rpath_rewrites: rewrites,
+            bdist_wheel_sha256,
+        },
         wheel: facts,
     })
 }

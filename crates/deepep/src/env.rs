@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// Variables that change a DeepEP build when set, and so are never inherited (the
 /// recipe sets the ones it needs). Documentation, and the list the tests check.
-pub const NEVER_INHERITED: [&str; 28] = [
+pub const NEVER_INHERITED: [&str; 32] = [
     // DeepEP V1 setup.py
     "NVSHMEM_DIR",
     "TORCH_CUDA_ARCH_LIST",
@@ -40,7 +40,10 @@ pub const NEVER_INHERITED: [&str; 28] = [
     "CXX",
     "CFLAGS",
     "CXXFLAGS",
+    "CPPFLAGS",
     "LDFLAGS",
+    "LDSHARED",
+    "LDCXXSHARED",
     "CPATH",
     "LIBRARY_PATH",
     "LD_LIBRARY_PATH",
@@ -49,6 +52,8 @@ pub const NEVER_INHERITED: [&str; 28] = [
     // Python
     "PYTHONPATH",
     "PYTHONHOME",
+    // every tool that records a time
+    "SOURCE_DATE_EPOCH",
 ];
 
 /// What the environment is computed from.
@@ -75,6 +80,16 @@ pub struct EnvInputs<'a> {
     /// The build directory: `git` must not find a repository above it (setup.py asks
     /// `git rev-parse` for a version suffix).
     pub git_ceiling: &'a Path,
+    /// `-ffile-prefix-map=OLD=NEW` flags (see [`crate::reproducible`]): to gcc through
+    /// CPPFLAGS, to nvcc through NVCC_APPEND_FLAGS.
+    pub prefix_maps: &'a [String],
+    /// nvcc has `-objtemp`: its temp file names (the objects' STT_FILE) follow the object.
+    pub nvcc_objtemp: bool,
+    /// A directory holding the `ld` that rewrites the build machine's rpaths (given to
+    /// gcc's link as `-B<dir>/` through LDFLAGS).
+    pub ld_wrapper_dir: Option<&'a Path>,
+    /// SOURCE_DATE_EPOCH: what every tool that records a time writes.
+    pub source_date_epoch: u64,
 }
 
 /// The computed environment and why each stack-driven variable is there.
@@ -104,8 +119,9 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     vars.insert("LANG".into(), "C.UTF-8".into());
     vars.insert("LC_ALL".into(), "C.UTF-8".into());
     vars.insert("TZ".into(), "UTC".into());
-    // bdist_wheel stamps zip entries with this time; zip cannot go below 1980-01-01.
-    vars.insert("SOURCE_DATE_EPOCH".into(), "315532800".into());
+    // bdist_wheel stamps zip entries with it (the wheel is rewritten with it anyway),
+    // gcc's __DATE__/__TIME__ too.
+    vars.insert("SOURCE_DATE_EPOCH".into(), i.source_date_epoch.to_string());
     vars.insert("GIT_CEILING_DIRECTORIES".into(), abs(i.git_ceiling));
     vars.insert("PYTHONNOUSERSITE".into(), "1".into());
     vars.insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
@@ -185,6 +201,39 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         "LIBRARY_PATH: the libcuda link stub in {} (never shipped)",
         abs(stubs)
     ));
+
+    // Reproducible bytes (crate::reproducible says why each is needed).
+    if !i.prefix_maps.is_empty() {
+        // CPPFLAGS, not CFLAGS: setuptools appends CPPFLAGS to Python's own compile flags
+        // (-DNDEBUG, -g, ...) where CFLAGS would replace them.
+        vars.insert("CPPFLAGS".into(), i.prefix_maps.join(" "));
+        notes.push(
+            "CPPFLAGS: -ffile-prefix-map for each input and the source tree: __FILE__ and DWARF name no build path".into(),
+        );
+    }
+    let mut nvcc: Vec<String> = Vec::new();
+    if i.nvcc_objtemp {
+        nvcc.push("-objtemp".into());
+    }
+    nvcc.extend(i.prefix_maps.iter().map(|m| format!("-Xcompiler={m}")));
+    if !nvcc.is_empty() {
+        vars.insert("NVCC_APPEND_FLAGS".into(), nvcc.join(" "));
+        notes.push(format!(
+            "NVCC_APPEND_FLAGS: {}the same -ffile-prefix-map for nvcc's host compiler and preprocessor (every nvcc call of cpp_extension, the device link too)",
+            if i.nvcc_objtemp {
+                "-objtemp (the STT_FILE of each object names <object>.cudafe1.cpp, not tmpxft_<pid>_...), "
+            } else {
+                "(this nvcc has no -objtemp: objects name nvcc's temp file tmpxft_<pid>_..., which is not reproducible) "
+            }
+        ));
+    }
+    if let Some(dir) = i.ld_wrapper_dir {
+        vars.insert("LDFLAGS".into(), format!("-B{}/", abs(dir)));
+        notes.push(format!(
+            "LDFLAGS: -B{}/: the link runs its ld, which rewrites the build machine's NVSHMEM rpath to $ORIGIN (each rewrite is in the log)",
+            abs(dir)
+        ));
+    }
     Ok(BuildEnv { vars, notes })
 }
 
@@ -245,6 +294,10 @@ mod tests {
             home: Path::new("/w/home"),
             tmp: Path::new("/w/tmp"),
             git_ceiling: Path::new("/w"),
+            prefix_maps: &[],
+            nvcc_objtemp: false,
+            ld_wrapper_dir: None,
+            source_date_epoch: 315_532_800,
         }
     }
 
@@ -300,6 +353,33 @@ mod tests {
                 assert!(!after.vars.contains_key(k), "{k} must not be set");
             }
         }
+    }
+
+    #[test]
+    fn reproducibility_flags_reach_gcc_nvcc_and_the_link() {
+        let tc = toolchain("13.0", true);
+        let mut i = inputs(&tc, DeepEpApi::V1, None);
+        let maps = [
+            "-ffile-prefix-map=/f/src=.".to_string(),
+            "-ffile-prefix-map=/f/deps/nvshmem=nvshmem".to_string(),
+        ];
+        i.prefix_maps = &maps;
+        i.nvcc_objtemp = true;
+        i.ld_wrapper_dir = Some(Path::new("/f/ld"));
+        i.source_date_epoch = 1_796_083_200;
+        let v = build_env(&i).unwrap().vars;
+        assert_eq!(
+            v["CPPFLAGS"],
+            "-ffile-prefix-map=/f/src=. -ffile-prefix-map=/f/deps/nvshmem=nvshmem"
+        );
+        assert_eq!(
+            v["NVCC_APPEND_FLAGS"],
+            "-objtemp -Xcompiler=-ffile-prefix-map=/f/src=. -Xcompiler=-ffile-prefix-map=/f/deps/nvshmem=nvshmem"
+        );
+        assert_eq!(v["LDFLAGS"], "-B/f/ld/");
+        assert_eq!(v["SOURCE_DATE_EPOCH"], "1796083200");
+        // CFLAGS would replace Python's own flags (-DNDEBUG): never set.
+        assert!(!v.contains_key("CFLAGS") && !v.contains_key("CXXFLAGS"));
     }
 
     #[test]

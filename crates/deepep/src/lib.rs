@@ -12,6 +12,8 @@
 //! - [`build`]: `setup.py bdist_wheel` in a store step keyed by everything the wheel
 //!   depends on; [`wheel_check`] proves the result (no libcuda stub shipped, links the
 //!   stack's NVSHMEM).
+//! - [`reproducible`]: the same step key gives the same wheel on any machine (a fixed
+//!   build directory, prefix maps, `$ORIGIN` RUNPATH, a canonical zip, a path scan).
 //! - [`wheelhouse`]: every wheel the runtime needs, with hash-pinned requirements and a
 //!   constraints file that keeps NVIDIA's NVSHMEM from coming back.
 
@@ -20,6 +22,7 @@ pub mod build;
 pub mod env;
 pub mod nvshmem;
 pub mod python;
+pub mod reproducible;
 pub mod run;
 pub mod source;
 pub mod venv;

@@ -1,8 +1,11 @@
 //! Proof that a built DeepEP wheel is what the stack needs, read from the wheel itself:
 //! RECORD verifies; the libcuda link stub is not in it; the extension module needs the
-//! stack's NVSHMEM (V1) or NCCL (V2) by SONAME and no search path of the build machine's
-//! stub directory.
+//! stack's NVSHMEM (V1) or NCCL (V2) by SONAME, searches only relative to itself
+//! (`$ORIGIN/nvidia/nvshmem/lib`, where the drop-in wheel installs), never the build
+//! machine's stub directory; and no file in it names a build path (the store,
+//! COMMSTACK_HOME, the build directory, an input's real path).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
@@ -23,9 +26,17 @@ pub struct WheelFacts {
     pub files: Vec<String>,
     /// The compiled extension (`deep_ep_cpp.cpython-312-x86_64-linux-gnu.so`, `deep_ep/_C...so`).
     pub extension: String,
+    pub extension_sha256: String,
     pub needed: Vec<String>,
     pub runpath: Vec<String>,
     pub rpath: Vec<String>,
+    /// sha256 (hex) of every file in the wheel: two sites compare builds with these.
+    pub file_sha256: BTreeMap<String, String>,
+    /// The paths no file of the wheel contains (checked: the build fails otherwise).
+    pub scanned_for: Vec<String>,
+    /// Fixed-directory paths left in files of the wheel, the same for the same key (so
+    /// the bytes are reproducible), each with why it is there.
+    pub build_paths_kept: Vec<crate::reproducible::KeptPath>,
 }
 
 /// What a wheel must (not) hold.
@@ -35,6 +46,15 @@ pub struct Expect<'a> {
     pub needed: &'a [String],
     /// Directories that must not appear in its RPATH/RUNPATH (the libcuda stub's).
     pub forbidden_search_dirs: &'a [&'a Path],
+    /// Entries its RUNPATH must have (`$ORIGIN/nvidia/nvshmem/lib`); every entry must be
+    /// relative to `$ORIGIN` whatever this says.
+    pub required_runpath: &'a [String],
+    /// Strings (build paths that differ between machines) no file of the wheel may contain.
+    pub forbidden_paths: &'a [String],
+    /// This build's fixed directory: paths under [`commstack_store::FIXED_BUILD_ROOT`]
+    /// are told apart by [`crate::reproducible::scan_fixed_paths`]; only those that are
+    /// the same for the same key stay (recorded), any other fails the build.
+    pub fixed_dir: Option<&'a Path>,
 }
 
 /// Check `wheel`; `scratch` is a directory to extract the extension into.
@@ -78,8 +98,8 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
     let extension = extension.clone();
     fs::create_dir_all(scratch)?;
     let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
-    fs::write(&so, wheel.read(&extension)?)
-        .with_context(|| format!("cannot write {}", so.display()))?;
+    let so_bytes = wheel.read(&extension)?;
+    fs::write(&so, &so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
     let info = ElfFile::open(&so)?.dynamic_info()?;
     fs::remove_file(&so).ok();
     for soname in expect.needed {
@@ -114,6 +134,76 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
             );
         }
     }
+    // The wheel installs anywhere: a search path must be relative to the extension.
+    if let Some(abs) = info
+        .runpath
+        .iter()
+        .chain(&info.rpath)
+        .flat_map(|e| e.split(':'))
+        .find(|e| !e.starts_with("$ORIGIN"))
+    {
+        bail!(
+            "{extension} in {} searches {abs} at run time (RUNPATH {:?}, RPATH {:?}): a path of the build machine; it must be relative to the extension ($ORIGIN/...)",
+            wheel_path.display(),
+            info.runpath,
+            info.rpath
+        );
+    }
+    for want in expect.required_runpath {
+        if !info
+            .runpath
+            .iter()
+            .flat_map(|e| e.split(':'))
+            .any(|e| e == want)
+        {
+            bail!(
+                "{extension} in {} has RUNPATH {:?}, not {want}: it would not find the drop-in NVSHMEM wheel's library beside it in site-packages",
+                wheel_path.display(),
+                info.runpath
+            );
+        }
+    }
+    let found = crate::reproducible::scan_wheel(wheel_path, expect.forbidden_paths)?;
+    if !found.is_empty() {
+        bail!(
+            "{} names build paths in {} place(s), so another machine would build other bytes:\n  {}",
+            wheel_path.display(),
+            found.len(),
+            found
+                .iter()
+                .map(|f| format!(
+                    "{}: {} at byte {} ({})",
+                    f.file, f.path, f.offset, f.context
+                ))
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        );
+    }
+    let mut kept = Vec::new();
+    if let Some(own) = expect.fixed_dir {
+        let mut bad = Vec::new();
+        for (k, use_) in crate::reproducible::scan_fixed_paths(
+            wheel_path,
+            commstack_store::FIXED_BUILD_ROOT,
+            own,
+        )? {
+            match use_ {
+                crate::reproducible::FixedPathUse::Own => bad.push(k),
+                _ => kept.push(k),
+            }
+        }
+        if !bad.is_empty() {
+            bail!(
+                "{} names its build directory {} outside nvlink's record (a compiler without the prefix map?):\n  {}",
+                wheel_path.display(),
+                own.display(),
+                bad.iter()
+                    .map(|k| format!("{}: {} ({}x)", k.file, k.path, k.count))
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
+            );
+        }
+    }
     let bytes = fs::read(wheel_path)?;
     Ok(WheelFacts {
         filename: wheel_path
@@ -126,8 +216,12 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
         version: wheel.version()?.to_string(),
         files,
         extension,
+        extension_sha256: hex::encode(Sha256::digest(&so_bytes)),
         needed: info.needed,
         runpath: info.runpath,
         rpath: info.rpath,
+        file_sha256: crate::reproducible::file_sha256s(wheel_path)?,
+        scanned_for: expect.forbidden_paths.to_vec(),
+        build_paths_kept: kept,
     })
 }

@@ -19,45 +19,103 @@ use commstack_toolchain::{ToolVersions, Toolchain, ToolchainSource};
 use commstack_wheel::{InstallLayout, install};
 
 const SETUP_PY: &str = r#"
-# A fixture following DeepEP V1's setup.py contract (567632d), without torch.
-import base64, hashlib, json, os, subprocess, sys, zipfile
+# A fixture following DeepEP V1's setup.py contract (567632d), without torch's compiler:
+# the flags as setuptools and cpp_extension give them (Python's -g, then CPPFLAGS; LDFLAGS
+# on the link; absolute source paths; torch's include directory from torch.__file__), and
+# a wheel written as carelessly as a tool may (file modes from the umask, times from the
+# files, directory order).
+import json, os, shlex, subprocess, sys, zipfile
 assert sys.argv[1] == "bdist_wheel", sys.argv
 dist = sys.argv[sys.argv.index("--dist-dir") + 1]
 nv = os.environ["NVSHMEM_DIR"]
+import torch
+torch_include = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
 tag = "cp%d%d" % sys.version_info[:2]
 ext = "deep_ep_cpp.cpython-%d%d-x86_64-linux-gnu.so" % sys.version_info[:2]
-os.makedirs("build", exist_ok=True)
 sources = ["csrc/ext.c"] + (["csrc/broken.c"] if os.path.exists("csrc/broken.c") else [])
-subprocess.check_call([os.environ["CC"], "-shared", "-fPIC", "-O1", "-o", "build/" + ext] + sources + [
-    "-I" + nv + "/include", "-L" + nv + "/lib", "-Wl,--no-as-needed",
+sources = [os.path.abspath(s) for s in sources]
+env = lambda k: shlex.split(os.environ.get(k, ""))
+tree = os.path.abspath("build/tree")
+os.makedirs(os.path.join(tree, "deep_ep"), exist_ok=True)
+subprocess.check_call([os.environ["CC"], "-g", "-O1"] + env("CPPFLAGS") + ["-shared", "-fPIC", "-o", os.path.join(tree, ext)] + sources + [
+    "-I" + nv + "/include", "-I" + torch_include] + env("LDFLAGS") + ["-L" + nv + "/lib", "-Wl,--no-as-needed",
     "-l:libnvshmem_host.so", "-l:libnvshmem_device.a", "-lcuda", "-Wl,-rpath," + nv + "/lib"])
 files = {
     "deep_ep/__init__.py": b"import torch\n",
     "deep_ep/build_env.json": json.dumps(sorted(os.environ)).encode(),
-    ext: open("build/" + ext, "rb").read(),
 }
 if os.path.exists("SHIP_STUB"):
     files["deep_ep/libcuda.so"] = open(os.path.join(os.environ["LIBRARY_PATH"], "libcuda.so"), "rb").read()
 info = "deep_ep-1.2.1.dist-info"
 files[info + "/METADATA"] = b"Metadata-Version: 2.1\nName: deep_ep\nVersion: 1.2.1\n"
 files[info + "/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: fixture\nRoot-Is-Purelib: false\nTag: %s-%s-linux_x86_64\n" % (tag, tag)).encode()
-record = ""
 for name, data in files.items():
+    os.makedirs(os.path.dirname(os.path.join(tree, name)), exist_ok=True)
+    with open(os.path.join(tree, name), "wb") as f:
+        f.write(data)
+import base64, hashlib
+record = ""
+names = []
+for d, _, fs in os.walk(tree):
+    for f in fs:
+        names.append(os.path.relpath(os.path.join(d, f), tree))
+for name in names:
+    data = open(os.path.join(tree, name), "rb").read()
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     record += "%s,sha256=%s,%d\n" % (name, digest, len(data))
-files[info + "/RECORD"] = (record + info + "/RECORD,,\n").encode()
+with open(os.path.join(tree, info, "RECORD"), "w") as f:
+    f.write(record + info + "/RECORD,,\n")
 os.makedirs(dist, exist_ok=True)
 with zipfile.ZipFile(os.path.join(dist, "deep_ep-1.2.1-%s-%s-linux_x86_64.whl" % (tag, tag)), "w") as z:
-    for name, data in files.items():
-        z.writestr(name, data)
+    for name in names + [info + "/RECORD"]:
+        z.write(os.path.join(tree, name), name)
 "#;
 
 const EXT_C: &str = r#"
 #include <cuda/std/tuple>
 #include <nvshmem.h>
+#include <torch/check.h>
 int cuInit(unsigned flags);
 int deep_ep_init(void) { return COMMSTACK_CCCL_TUPLE + nvshmemx_my_pe() + cuInit(0); }
+/* __FILE__ of the source and of a header from each input (toolchain, NVSHMEM, torch). */
+const char *deep_ep_where(void) { return __FILE__; }
+const char *deep_ep_headers(int i) {
+    return i == 0 ? cccl_tuple_file() : i == 1 ? nvshmem_header_file() : torch_check_file();
+}
+#ifdef COMMSTACK_DUP_TWICE
+int deep_ep_dup_included_twice = 1;
+#else
+int deep_ep_dup_included_twice = 0;
+#endif
 "#;
+
+const DUP_H: &[u8] = b"#pragma once\n#ifdef COMMSTACK_DUP_SEEN\n#define COMMSTACK_DUP_TWICE 1\n#endif\n#define COMMSTACK_DUP_SEEN 1\n";
+
+/// Sets the times of the two copies of dup.h in the fixture's torch: the same second, or
+/// an hour apart (pip writing them across a second boundary).
+fn set_dup_times(f: &Fixture, apart: bool) {
+    let site = f.python.env.site_packages();
+    let t0 = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    for (name, t) in [
+        ("first", t0),
+        (
+            "second",
+            if apart {
+                t0 - std::time::Duration::from_secs(3600)
+            } else {
+                t0
+            },
+        ),
+    ] {
+        let path = site.join(format!("torch/include/torch/{name}/dup.h"));
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+}
 
 const CONFIGS_CUH_FIXED: &str = "#pragma once\n#ifndef DISABLE_NVSHMEM\n#ifndef __CUDACC_RDC__\n#define __CUDACC_RDC__\n#endif\n#endif\n";
 
@@ -81,20 +139,25 @@ fn which(tool: &str) -> PathBuf {
 }
 
 /// A CUDA 13 "toolkit" with what the build reads of it: the cccl include directory and
-/// the libcuda stub. nvcc is not called by the fixture.
+/// the libcuda stub, in a step directory as the wheel toolchain has one (so its identity
+/// names no path). nvcc is not called by the fixture.
 fn toolchain(root: &Path) -> Toolchain {
-    let home = root.join("cuda");
+    let step = root.join("toolchain");
+    let home = step.join("cuda");
     let include = home.join("include");
     std::fs::create_dir_all(include.join("cccl/cuda/std")).unwrap();
     std::fs::write(
         include.join("cccl/cuda/std/tuple"),
-        "#define COMMSTACK_CCCL_TUPLE 0\n",
+        "#define COMMSTACK_CCCL_TUPLE 0\nstatic inline const char *cccl_tuple_file(void) { return __FILE__; }\n",
     )
     .unwrap();
     let stubs = home.join("lib/stubs");
     libcuda_stub(&stubs);
     Toolchain {
-        source: ToolchainSource::System,
+        source: ToolchainSource::Wheels {
+            wheels: Vec::new(),
+            step,
+        },
         cuda_home: home.clone(),
         nvcc: home.join("bin/nvcc"),
         cuda_include_dirs: vec![include.clone(), include.join("cccl")],
@@ -141,6 +204,17 @@ fn python_env(root: &Path) -> PythonTarget {
                 "torch/version.py",
                 b"__version__ = '2.11.0'\ncuda = '13.0'\n".to_vec(),
             ),
+            // As TORCH_CHECK does: __FILE__ of torch's own header.
+            (
+                "torch/include/torch/check.h",
+                b"#include \"first/dup.h\"\n#include \"second/dup.h\"\nstatic inline const char *torch_check_file(void) { return __FILE__; }\n"
+                    .to_vec(),
+            ),
+            // Two copies of one `#pragma once` header, as torch's and the CUDA wheels'
+            // include trees have many: gcc includes the second only when its mtime
+            // differs from the first's.
+            ("torch/include/torch/first/dup.h", DUP_H.to_vec()),
+            ("torch/include/torch/second/dup.h", DUP_H.to_vec()),
         ],
     );
     let stand_in = wheel(
@@ -226,6 +300,8 @@ fn request<'a>(
         nccl_override: None,
         rdma_core: None,
         allow_second_nccl: false,
+        source_date_epoch: 1_796_083_200,
+        home: Some(&f.root),
         progress: &|_| {},
     }
 }
@@ -240,10 +316,23 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     let r = &built.report;
     assert_eq!(r.rdc_fix, Some(true));
     assert_eq!(r.torch_cuda_arch_list, "9.0");
+    // NVSHMEM seen through a link in the fixed build directory.
+    let fixed = &r.reproducibility.fixed_build_dir;
+    assert!(
+        fixed.starts_with(commstack_store::FIXED_BUILD_ROOT),
+        "{fixed:?}"
+    );
     assert_eq!(
         r.environment.vars["NVSHMEM_DIR"],
-        f.nvshmem.prefix.display().to_string()
+        fixed.join("deps/nvshmem").display().to_string()
     );
+    let nv = r
+        .reproducibility
+        .relocated
+        .iter()
+        .find(|x| x.name == "nvshmem")
+        .unwrap();
+    assert_eq!(nv.target, f.nvshmem.prefix.canonicalize().unwrap());
     let cpath: Vec<&str> = r.environment.vars["CPATH"].split(':').collect();
     assert!(cpath[0].ends_with("include/cccl"), "{cpath:?}");
     assert!(
@@ -272,6 +361,20 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
         r.wheel.needed
     );
     assert!(r.wheel.files.iter().all(|p| !p.contains("libcuda")));
+    // The report holds the sha256 of the wheel and of every file in it.
+    assert_eq!(
+        r.wheel.sha256,
+        commstack_digest::sha256_file(&built.wheel).unwrap()
+    );
+    assert_eq!(r.wheel.file_sha256.keys().cloned().collect::<Vec<_>>(), {
+        let mut f = r.wheel.files.clone();
+        f.sort();
+        f
+    });
+    assert_eq!(
+        r.wheel.file_sha256[&r.wheel.extension],
+        r.wheel.extension_sha256
+    );
     assert!(built.outcome.path().join("logs/build.log").is_file());
     assert!(
         !built.outcome.path().join("work").exists(),
@@ -366,12 +469,30 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
     let mut req = request(&f, &src, &ibgda, &archs);
     req.rdma_core = Some(&rdma);
     let built = build(&f.store, &req, false).unwrap();
+    // On CPATH through the fixed directory's link; keyed by content, not by the path.
+    let r = &built.report;
+    let link = r.reproducibility.fixed_build_dir.join("deps/rdma-core");
     assert!(
-        built.report.environment.vars["CPATH"].contains("rdma-core/usr/include"),
+        r.environment.vars["CPATH"]
+            .split(':')
+            .any(|d| Path::new(d) == link),
         "{:?}",
-        built.report.environment.vars
+        r.environment.vars
     );
-    assert!(built.report.rdma_core.is_some());
+    assert!(
+        r.reproducibility
+            .relocated
+            .iter()
+            .any(|x| x.link == link && x.target.ends_with("rdma-core/usr/include")),
+        "{:?}",
+        r.reproducibility.relocated
+    );
+    assert!(r.rdma_core.is_some());
+    let inputs = commstack_deepep::build_key(&req).unwrap().1;
+    assert!(
+        !inputs.to_string().contains(&f.root.display().to_string()),
+        "the key names no path of this machine: {inputs}"
+    );
 
     // A source without the RDC fix: decided from its real configs.cuh, at build time.
     let old = source(
@@ -425,4 +546,177 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
         build(&f.store, &request(&f, &leaky, &f.nvshmem, &archs), false).unwrap_err()
     );
     assert!(err.contains("must never ship"), "{err}");
+}
+
+/// What the helper process reports about its build.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChildBuild {
+    key: String,
+    root: PathBuf,
+    wheel: PathBuf,
+    bdist_wheel_sha256: String,
+    file_sha256: std::collections::BTreeMap<String, String>,
+}
+
+const CHILD_OUT: &str = "COMMSTACK_TEST_REPRO_OUT";
+
+/// Issue 17: the same key gives the same wheel whatever varies between two machines or
+/// two runs. Build A runs here; build B in another process (this test binary, the helper
+/// below) with its own temp root (so another store, home, toolchain, venv, NVSHMEM and
+/// source path), other jobs, umask 077, another TZ, locale and SOURCE_DATE_EPOCH in its
+/// environment, and its torch's two copies of a `#pragma once` header an hour apart. The two wheels must be byte-identical; the extension's RUNPATH must
+/// be `$ORIGIN/nvidia/nvshmem/lib`; no file may name either root or the build directory.
+/// What bdist_wheel itself wrote must differ (the umask reaches its file modes): proof
+/// that the variations were real and that the recipe, not chance, made the bytes equal.
+#[test]
+fn the_same_key_gives_the_same_wheel_whatever_the_machine_varies() {
+    let a = fixture();
+    set_dup_times(&a, false);
+    let src = source(&a.root, "src", CONFIGS_CUH_FIXED, &[]);
+    let archs: Vec<CudaArch> = vec!["90".parse().unwrap()];
+    let mut req = request(&a, &src, &a.nvshmem, &archs);
+    req.jobs = 1;
+    let built_a = build(&a.store, &req, true).unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("child.json");
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 077; exec \"$0\" \"$@\"")
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "repro_helper_builds_the_fixture_in_another_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_OUT, &report)
+        .env("TZ", "Pacific/Chatham")
+        .env("LC_ALL", "de_DE.UTF-8")
+        .env("LANG", "tr_TR.UTF-8")
+        .env("SOURCE_DATE_EPOCH", "1")
+        .output()
+        .unwrap();
+    assert!(
+        child.status.success() && report.is_file(),
+        "the helper build failed: {}\n{}",
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
+    let b: ChildBuild = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+
+    assert_ne!(a.root, b.root);
+    assert_eq!(
+        built_a.key.hash,
+        b.key,
+        "the two builds must have the same step key (inputs: {})",
+        serde_json::to_string_pretty(&commstack_deepep::build_key(&req).unwrap().1).unwrap()
+    );
+    assert_ne!(
+        built_a.report.reproducibility.bdist_wheel_sha256, b.bdist_wheel_sha256,
+        "bdist_wheel's own output should differ between the two (umask): the variations did not reach the build"
+    );
+    let bytes_a = std::fs::read(&built_a.wheel).unwrap();
+    let bytes_b = std::fs::read(&b.wheel).unwrap();
+    if bytes_a != bytes_b {
+        let differ: Vec<&String> = built_a
+            .report
+            .wheel
+            .file_sha256
+            .iter()
+            .filter(|(k, v)| b.file_sha256.get(*k) != Some(v))
+            .map(|(k, _)| k)
+            .collect();
+        panic!(
+            "the wheels differ ({} vs {}); files that differ: {differ:?}",
+            built_a.wheel.display(),
+            b.wheel.display()
+        );
+    }
+    assert_eq!(built_a.report.wheel.file_sha256, b.file_sha256);
+
+    // The RUNPATH is the drop-in's place, relative to the extension; no RPATH.
+    let r = &built_a.report.wheel;
+    assert_eq!(r.runpath, ["$ORIGIN/nvidia/nvshmem/lib"], "{r:?}");
+    assert!(r.rpath.is_empty(), "{r:?}");
+
+    // No file names a build path: read here, independently of the build's own scan.
+    let needles = [
+        a.root.display().to_string(),
+        b.root.display().to_string(),
+        commstack_store::FIXED_BUILD_ROOT.to_string(),
+    ];
+    let mut z = zip::ZipArchive::new(std::fs::File::open(&built_a.wheel).unwrap()).unwrap();
+    let mut saw_mapped = false;
+    for i in 0..z.len() {
+        let mut e = z.by_index(i).unwrap();
+        let name = e.name().unwrap().to_string();
+        assert_eq!(
+            e.last_modified().map(|t| (t.year(), t.month(), t.day())),
+            Some((2026, 12, 1)),
+            "{name}: every time is SOURCE_DATE_EPOCH"
+        );
+        let mode = e.unix_mode().unwrap() & 0o777;
+        assert!(mode == 0o644 || mode == 0o755, "{name}: mode {mode:o}");
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut bytes).unwrap();
+        for n in &needles {
+            assert!(
+                !bytes.windows(n.len()).any(|w| w == n.as_bytes()),
+                "{name} names {n}"
+            );
+        }
+        // The extension still knows its files by their mapped names (DWARF, __FILE__).
+        if name == r.extension {
+            let has = |s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+            saw_mapped = has("./csrc/ext.c")
+                && has("nvshmem/include/nvshmem.h")
+                && has("toolchain/cuda/include/cccl/cuda/std/tuple")
+                && has("site-packages/torch/include/torch/check.h");
+        }
+    }
+    assert!(
+        saw_mapped,
+        "the extension should name its sources by their mapped paths"
+    );
+    // The build's own scan looked for both machine-dependent roots it knows of (the
+    // store, COMMSTACK_HOME) and kept no fixed-directory path (the fixture has no nvlink).
+    let scanned = &built_a.report.wheel.scanned_for;
+    for p in [a.store.root(), a.root.as_path()] {
+        assert!(
+            scanned.contains(&p.display().to_string()),
+            "{p:?} not in {scanned:?}"
+        );
+    }
+    assert!(
+        built_a.report.wheel.build_paths_kept.is_empty(),
+        "{:?}",
+        built_a.report.wheel.build_paths_kept
+    );
+}
+
+/// Build B of the test above; does nothing unless that test runs it.
+#[test]
+#[ignore = "run by the_same_key_gives_the_same_wheel_whatever_the_machine_varies, in a process of its own"]
+fn repro_helper_builds_the_fixture_in_another_process() {
+    let Some(out) = std::env::var_os(CHILD_OUT).map(PathBuf::from) else {
+        return;
+    };
+    let f = fixture();
+    set_dup_times(&f, true);
+    let src = source(&f.root, "src", CONFIGS_CUH_FIXED, &[]);
+    let archs: Vec<CudaArch> = vec!["90".parse().unwrap()];
+    let mut req = request(&f, &src, &f.nvshmem, &archs);
+    req.jobs = 3;
+    let built = build(&f.store, &req, true).unwrap();
+    let keep = out.with_extension("whl");
+    std::fs::copy(&built.wheel, &keep).unwrap();
+    let report = ChildBuild {
+        key: built.key.hash.clone(),
+        root: f.root.clone(),
+        wheel: keep,
+        bdist_wheel_sha256: built.report.reproducibility.bdist_wheel_sha256.clone(),
+        file_sha256: built.report.wheel.file_sha256.clone(),
+    };
+    std::fs::write(&out, serde_json::to_vec(&report).unwrap()).unwrap();
 }

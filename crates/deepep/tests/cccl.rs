@@ -68,6 +68,10 @@ fn cuda_std_tuple_is_found_only_through_the_computed_cpath() {
         home: dir.path(),
         tmp: dir.path(),
         git_ceiling: dir.path(),
+        prefix_maps: &[],
+        nvcc_objtemp: false,
+        ld_wrapper_dir: None,
+        source_date_epoch: commstack_deepep::reproducible::DEFAULT_SOURCE_DATE_EPOCH,
     })
     .unwrap();
     // torch's extension builder passes -I<CUDA_HOME>/include, not the cccl directory.

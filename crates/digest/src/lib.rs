@@ -4,6 +4,7 @@
 //! It depends on no other commstack crate, so any stage may use it.
 
 mod canonical;
+pub mod manifest;
 
 use std::fs::File;
 use std::io;

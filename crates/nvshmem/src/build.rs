@@ -16,7 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use commstack_store::{Outcome, StepKey, Store};
+use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
 use xshell::{Shell, cmd};
@@ -33,7 +33,7 @@ pub const STEP: &str = "nvshmem";
 pub const INSTALL_DIR: &str = "nvshmem";
 pub const REPORT_FILE: &str = "build-report.json";
 /// Bumped when the recipe changes what it produces.
-pub const RECIPE: &str = "nvshmem-cmake-3";
+pub const RECIPE: &str = "nvshmem-cmake-4";
 
 /// Everything one build needs; the lead fills it from stack.lock and the fetch cache.
 pub struct BuildRequest<'a> {
@@ -184,6 +184,8 @@ pub fn load_report(step_dir: &Path) -> Result<BuildReport> {
 
 /// A configured build tree in `work/` (source copy, build dir, environment).
 struct Configured {
+    /// The toolchain as the build sees it (through `work/toolchain`).
+    toolchain: Toolchain,
     build: PathBuf,
     destdir: PathBuf,
     defines: Vec<(String, String)>,
@@ -224,14 +226,20 @@ fn configure_in(
         )?;
     }
 
-    let mut defines = cmake_defines(req.options, req.toolchain, &req.python3, &src, rdma)?;
+    // The build-variable string embeds CUDA_HOME: seen through a link in `work`, it is
+    // the same path wherever the toolchain's store step is.
+    let toolchain = req
+        .toolchain
+        .relocated(&work.join("toolchain"))
+        .with_context(|| format!("cannot link the toolchain into {}", work.display()))?;
+    let mut defines = cmake_defines(req.options, &toolchain, &req.python3, &src, rdma)?;
     if !req.options.static_lib {
         let hook = work.join("commstack-schedule.cmake");
         fs::write(&hook, wheelset::SCHEDULE_HOOK)
             .with_context(|| format!("cannot write {}", hook.display()))?;
         defines.push(("CMAKE_PROJECT_INCLUDE".into(), hook.display().to_string()));
     }
-    let mut tool_dirs = req.toolchain.bin_dirs();
+    let mut tool_dirs = toolchain.bin_dirs();
     if let Some(llvm) = &req.options.bitcode_llvm {
         // NVSHMEM's bitcode rule calls bare `clang`, `opt`, `llvm-dis`, `llvm-as`.
         tool_dirs.insert(0, llvm.join("bin"));
@@ -246,7 +254,7 @@ fn configure_in(
     );
     let sh = Shell::new()?;
     sh.change_dir(work);
-    let cmake = &req.toolchain.cmake;
+    let cmake = &toolchain.cmake;
     let d_args: Vec<String> = defines.iter().map(|(k, v)| format!("-D{k}={v}")).collect();
     (req.progress)("configuring (cmake) ...");
     let configure_s = run_logged(
@@ -261,6 +269,7 @@ fn configure_in(
     )?;
     let log = fs::read_to_string(logs.join("configure.log")).unwrap_or_default();
     Ok(Configured {
+        toolchain,
         build,
         destdir,
         defines,
@@ -302,8 +311,13 @@ fn run_build(
     rdma: Option<&RdmaCore>,
     version: &str,
 ) -> Result<BuildReport> {
-    let work = out.join("work");
+    // nvcc hashes each source file's absolute path into the module ids of relocatable
+    // device code: the build runs at a path that depends on the step key only.
+    let fixed = FixedDir::acquire(key)?;
+    let work = fixed.path().to_path_buf();
+    (req.progress)(&format!("building in {}", work.display()));
     let Configured {
+        toolchain,
         build,
         destdir,
         defines,
@@ -314,8 +328,8 @@ fn run_build(
     let sh = Shell::new()?;
     sh.change_dir(&work);
     let (cmake, ninja, jobs) = (
-        &req.toolchain.cmake,
-        &req.toolchain.ninja,
+        &toolchain.cmake,
+        &toolchain.ninja,
         req.jobs.max(1).to_string(),
     );
     let mut timings = Timings {
@@ -394,15 +408,17 @@ fn run_build(
             "cmake --install",
         )?;
         let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
-        fs::rename(&installed, &prefix).with_context(|| {
-            format!(
+        // Across filesystems (the fixed directory and the store): copy, not rename.
+        if !installed.is_dir() {
+            bail!(
                 "the install left nothing at {} (see logs/install.log)",
                 installed.display()
-            )
-        })?;
+            );
+        }
+        copy_tree(&installed, &prefix)?;
+        wheelset::set_modes(&prefix)?;
     }
-    fs::remove_dir_all(&work)
-        .with_context(|| format!("cannot remove the build tree {}", work.display()))?;
+    drop(fixed);
 
     let expected_vars: BTreeMap<String, String> = defines
         .iter()

@@ -155,6 +155,10 @@ pub fn cmake_defines(
 /// compiler, which reads CPATH for device code too.
 pub fn build_env_extra(rdma: Option<&RdmaCore>) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
+    // nvcc names an STT_FILE symbol after its temporary file, `tmpxft_<pid>_...`; with
+    // -objtemp the intermediates are named after the object instead. The variable reaches
+    // every nvcc call, the device sub-project's too.
+    env.insert("NVCC_APPEND_FLAGS".to_string(), "-objtemp".to_string());
     if let Some(r) = rdma {
         env.insert("CPATH".to_string(), r.include_dir.display().to_string());
     }

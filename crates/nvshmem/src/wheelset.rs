@@ -185,18 +185,22 @@ pub fn install(build: &Path, src: &Path, sel: &Selection, prefix: &Path) -> Resu
     set_modes(prefix)
 }
 
-fn set_modes(prefix: &Path) -> Result<()> {
+/// Fixed modes for everything installed: 0755 for directories, libraries and programs,
+/// 0644 for the rest, so that the build's umask does not reach the output.
+pub(crate) fn set_modes(prefix: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let lib = prefix.join("lib");
     for entry in walkdir::WalkDir::new(prefix) {
         let entry = entry.with_context(|| format!("cannot walk {}", prefix.display()))?;
-        if !entry.file_type().is_file() {
-            continue; // links keep theirs; directories follow the umask, as with cmake
-        }
-        let mode = if entry.path().starts_with(&lib) {
+        let mode = if entry.file_type().is_dir() {
+            0o755
+        } else if !entry.file_type().is_file() {
+            continue; // links have no mode of their own
+        } else if entry.path().starts_with(&lib) {
             0o755
         } else {
-            0o644
+            let old = entry.metadata()?.permissions().mode();
+            if old & 0o111 != 0 { 0o755 } else { 0o644 }
         };
         fs::set_permissions(entry.path(), fs::Permissions::from_mode(mode))
             .with_context(|| format!("cannot set the mode of {}", entry.path().display()))?;

@@ -47,6 +47,13 @@ pub struct GraphArgs {
     /// Also write the build context of docker/Dockerfile into DIR, which must not exist.
     #[arg(long, value_name = "DIR")]
     pub context: Option<PathBuf>,
+    /// After the build, build the selected steps again in a fresh home with the time
+    /// zone, locale, umask, job count, hostname and process ids varied (`--force` in a
+    /// child process), and compare what each step ships byte for byte; a file that
+    /// differs is named (with diffoscope's report when it is installed) and the exit
+    /// status is 1. With --only STEP, only that step is built again.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub check: bool,
 }
 
 /// `build image`: the graph until the image is loaded (and verified with --verify).
@@ -107,6 +114,7 @@ impl ImageTarget {
             gpus: self.gpus,
             oci: self.oci,
             context: self.context,
+            check: false,
         };
         (graph, self.build)
     }
@@ -222,8 +230,12 @@ fn preflight(steps: &StackSteps, graph: &GraphArgs, selection: Selection) -> Res
 }
 
 /// `cargo xtask build`: the lock, then the graph's steps of the selection, then the
-/// summary (a table, and JSON in `<home>/pipeline/<stack>/summary.json`).
+/// summary (a table, and JSON in `<home>/pipeline/<stack>/summary.json`); with --check,
+/// the second build and the comparison.
 pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
+    if graph.check {
+        return check(ctx, graph, args);
+    }
     let started = Instant::now();
     let dir = stack_dir(ctx)?;
     let summary_file = dir.join("summary.json");
@@ -420,4 +432,204 @@ fn print_summary(summary: &Summary, file: &std::path::Path) {
         summary.seconds,
         file.display()
     );
+}
+
+/// `build --check`: the build, then the same selection built again by a child process in
+/// a fresh home with the variations, then the comparison of what each step ships.
+fn check(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
+    use crate::check::{BuiltStep, Variations};
+    let first_graph = GraphArgs {
+        check: false,
+        ..graph.clone()
+    };
+    let first = build(ctx, &first_graph, args)?;
+    if first.rows.iter().any(|r| r.outcome == "failed") {
+        return Ok(first);
+    }
+    let steps = StackSteps::new(ctx, args.clone(), ImageOptions { gpus: graph.gpus })?;
+    let first_rows: Vec<BuiltStep> = first
+        .rows
+        .iter()
+        .map(|r| BuiltStep {
+            step: r.step,
+            key: r.key.clone(),
+        })
+        .collect();
+    let dir = stack_dir(ctx)?;
+    let id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let scratch = ctx.home.join("check").join(&id);
+    crate::check::scratch_home(&ctx.home, &scratch)?;
+
+    // The same command, built again: --force in the scratch home, stopping at the image
+    // (load and verify ship nothing; Docker is shared).
+    use crate::graph::Steps;
+    let image_applies = steps.skipped(StepId::Image).is_none();
+    let limit: Vec<String> = match (graph.only, graph.until) {
+        (Some(s), _) => vec!["--only".into(), s.name().into()],
+        (None, Some(StepId::Load | StepId::Verify)) | (None, None) if image_applies => {
+            vec!["--until".into(), "image".into()]
+        }
+        (None, Some(s)) => vec!["--until".into(), s.name().into()],
+        (None, None) => Vec::new(),
+    };
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let variations = Variations::for_check(jobs);
+    let mut child_args: Vec<std::ffi::OsString> = strip_args(std::env::args_os().skip(1));
+    for a in limit {
+        child_args.push(std::ffi::OsString::from(a));
+    }
+    for a in ["--force", "--locked", "--json", "--jobs"] {
+        child_args.push(a.into());
+    }
+    child_args.push(variations.jobs.to_string().into());
+    child_args.push("--home".into());
+    child_args.push(scratch.clone().into_os_string());
+    let exe = std::env::current_exe().context("cannot find this program to run it again")?;
+    let (mut cmd, varied) = variations.command(&exe, &child_args);
+    cmd.env("COMMSTACK_HOME", &scratch)
+        .stdout(std::process::Stdio::piped());
+    eprintln!(
+        "
+build --check: building again in {} with {}",
+        scratch.display(),
+        varied.join(", ")
+    );
+    let output = cmd
+        .spawn()
+        .and_then(|c| c.wait_with_output())
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    #[derive(serde::Deserialize)]
+    struct ChildSummary {
+        ok: bool,
+        steps: Vec<BuiltStep>,
+    }
+    let summary: ChildSummary = serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "the second build (exit {}) printed no summary: its log is above",
+            output.status
+        )
+    })?;
+    if !summary.ok {
+        bail!(
+            "the second build failed (its log is above; its home is {}), so nothing was compared",
+            scratch.display()
+        );
+    }
+    let checks = crate::check::compare(
+        &steps,
+        &first_rows,
+        &ctx.store_dir(),
+        &summary.steps,
+        &scratch.join("store"),
+        &scratch.join("diffoscope"),
+    )?;
+    crate::check::print(&checks, &varied);
+    let report = scratch.join("check.json");
+    std::fs::write(
+        &report,
+        serde_json::to_string_pretty(&serde_json::json!({
+            "varied": varied,
+            "variations": variations,
+            "steps": checks,
+        }))?,
+    )
+    .with_context(|| format!("cannot write {}", report.display()))?;
+    let passed = checks.iter().all(|c| c.passed());
+    eprintln!(
+        "{}: {} step(s) compared; report: {}",
+        match passed {
+            true => "check passed",
+            false => "CHECK FAILED",
+        },
+        checks.len(),
+        report.display()
+    );
+    Ok(Built {
+        rows: first.rows,
+        exit: match passed {
+            true => ExitCode::SUCCESS,
+            false => ExitCode::FAILURE,
+        },
+        summary_file: first.summary_file,
+    })
+}
+
+/// This command's arguments without what the second build sets itself (`--check`, the
+/// output and the selection flags, `--force`, `--jobs`, `--home`).
+fn strip_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const FLAGS: [&str; 6] = [
+        "--check",
+        "--json",
+        "--force",
+        "--dry-run",
+        "--gpus",
+        "--locked",
+    ];
+    const WITH_VALUE: [&str; 7] = [
+        "--jobs",
+        "-j",
+        "--home",
+        "--oci",
+        "--context",
+        "--until",
+        "--only",
+    ];
+    let mut out = Vec::new();
+    let mut skip_next = false;
+    for a in args {
+        if std::mem::take(&mut skip_next) {
+            continue;
+        }
+        let s = a.to_string_lossy();
+        if FLAGS.contains(&s.as_ref()) {
+            continue;
+        }
+        if WITH_VALUE.contains(&s.as_ref()) {
+            skip_next = true;
+            continue;
+        }
+        if WITH_VALUE
+            .iter()
+            .any(|f| s.starts_with(&format!("{f}=")) || (*f == "-j" && s.starts_with("-j")))
+        {
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_second_build_gets_the_same_arguments_but_its_own() {
+        let args = [
+            "build",
+            "--check",
+            "--mirror",
+            "../m",
+            "--jobs",
+            "2",
+            "--until=image",
+            "-j3",
+            "--accept-tree-match",
+            "--home",
+            "/h",
+            "--json",
+        ];
+        let kept: Vec<String> = strip_args(args.iter().map(std::ffi::OsString::from))
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["build", "--mirror", "../m", "--accept-tree-match"]);
+    }
 }

@@ -158,6 +158,36 @@ pub struct StepResult {
     pub facts: serde_json::Value,
 }
 
+/// What a step ships: the manifest of the files under `root` (sha256, size, mode of
+/// each), recorded in its result so that two builds compare without moving bytes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Shipped {
+    pub root: PathBuf,
+    pub files: BTreeMap<String, commstack_digest::manifest::Entry>,
+}
+
+/// A keyed step's `result.json`: its result and what it ships.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StoredResult {
+    #[serde(flatten)]
+    pub result: StepResult,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shipped: Option<Shipped>,
+}
+
+/// The stored result of a keyed step in `store`, if it is there.
+pub fn stored_result(store: &Store, key: &StepKey) -> Result<Option<StoredResult>> {
+    let Some(dir) = store.lookup(key) else {
+        return Ok(None);
+    };
+    let file = dir.join(RESULT_FILE);
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .with_context(|| format!("{}: not a step result", file.display()))
+}
+
 /// The results of the steps done so far (reused or run), for the steps after them.
 pub type Done = BTreeMap<StepId, StepResult>;
 
@@ -174,6 +204,9 @@ pub trait Steps {
     fn pending(&self, step: StepId, done: &Done) -> Result<Option<String>>;
     /// Does the step; `say` prints (and logs) a progress line.
     fn run(&self, step: StepId, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult>;
+    /// The file or directory of bytes a keyed step ships (what a second build must give
+    /// again byte for byte), given its result; None for a step that ships nothing.
+    fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf>;
 }
 
 /// Why a step runs, or that it is reused.
@@ -406,14 +439,9 @@ impl Engine<'_> {
 
     /// The result of a keyed step in the store, if it is there and what it names still is.
     fn reusable(&self, key: &StepKey) -> Result<Option<StepResult>> {
-        let Some(dir) = self.store.lookup(key) else {
+        let Some(StoredResult { result, .. }) = stored_result(self.store, key)? else {
             return Ok(None);
         };
-        let file = dir.join(RESULT_FILE);
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let result: StepResult = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a step result", file.display()))?;
         // A crate's step the result points into may have been collected (`store gc`).
         Ok(result
             .output
@@ -556,9 +584,22 @@ impl Engine<'_> {
         // halfway leaves it in the store's tmp/, never marked done.
         self.store.run(key, inputs, true, |dir| {
             let result = steps.run(p.step, done, &say)?;
+            let shipped = match steps.shipped(p.step, &result) {
+                None => None,
+                Some(root) => Some(Shipped {
+                    files: commstack_digest::manifest::manifest(&root, &not_shipped).with_context(
+                        || format!("hashing what step {} ships, {}", p.step, root.display()),
+                    )?,
+                    root,
+                }),
+            };
+            let stored = StoredResult {
+                result: result.clone(),
+                shipped,
+            };
             std::fs::write(
                 dir.out.join(RESULT_FILE),
-                serde_json::to_string_pretty(&result)?,
+                serde_json::to_string_pretty(&stored)?,
             )?;
             made = Some(result);
             Ok(())
@@ -572,6 +613,15 @@ impl Engine<'_> {
             eprintln!("{line}");
         }
     }
+}
+
+/// What a step directory holds besides what it ships: the store's own records, logs, and
+/// build reports (they record times and paths by design).
+pub(crate) fn not_shipped(rel: &str) -> bool {
+    matches!(
+        rel,
+        commstack_store::META_FILE | ".used" | "logs" | "build-report.json" | RESULT_FILE
+    )
 }
 
 fn append_log(log: &Path, text: &str) -> std::io::Result<()> {

@@ -5,6 +5,7 @@
 //!   build commands (`build nvshmem`, ...), `fetch`, `toolchain`, `gpu-bundle` and `adopt`.
 //! - `util`: small helpers (atomic writes, the manifest reader, sizes).
 
+pub mod check;
 pub mod command;
 pub mod ctx;
 pub mod flow;

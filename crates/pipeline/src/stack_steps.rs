@@ -354,7 +354,13 @@ impl Steps for StackSteps<'_> {
             StepId::Kernels => {
                 let prefix =
                     output_of_step(done, StepId::Nvshmem)?.join(commstack_nvshmem::INSTALL_DIR);
-                let tool = crate::flow::image::selftest_tool(ctx, s, &args.toolchain, prefix)?;
+                let tool = crate::flow::image::selftest_tool_forced(
+                    ctx,
+                    s,
+                    &args.toolchain,
+                    prefix,
+                    args.force,
+                )?;
                 Ok(StepResult {
                     output: Some(tool.host_path.clone()),
                     facts: json!({ "version": tool.version, "source": tool.source }),
@@ -394,7 +400,7 @@ impl Steps for StackSteps<'_> {
                 })
             }
             StepId::Base => {
-                let base = crate::flow::image::base_step(ctx, s, say)?;
+                let base = crate::flow::image::base_step(ctx, s, args.force, say)?;
                 Ok(StepResult {
                     output: Some(base.dir.clone()),
                     facts: json!({
@@ -416,7 +422,7 @@ impl Steps for StackSteps<'_> {
                     output_of_step(done, StepId::Kernels)?,
                     k.source,
                 );
-                let verify = crate::flow::image::verify_tool(ctx)?;
+                let verify = crate::flow::image::verify_tool_forced(ctx, args.force)?;
                 let image = crate::flow::image::image_step(
                     ctx,
                     s,
@@ -475,6 +481,25 @@ impl Steps for StackSteps<'_> {
                     facts: serde_json::to_value(&verdict)?,
                 })
             }
+        }
+    }
+    fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
+        let output = result.output.clone()?;
+        match step {
+            // The install (lib/, include/), not the build report beside it.
+            StepId::Nvshmem => Some(output.join(commstack_nvshmem::INSTALL_DIR)),
+            // A wheel, a binary, a directory of wheels, the base's tar and manifest, the
+            // image's config, manifest, SBOM and provenance (the layers are named by
+            // their diff_ids in the config).
+            StepId::Dropin
+            | StepId::Kernels
+            | StepId::Deepep
+            | StepId::Wheelhouse
+            | StepId::Base
+            | StepId::Image => Some(output),
+            // Unpacked downloads, checked by hash already; a report of this run.
+            StepId::Toolchain | StepId::NvshmemSource | StepId::Verify => None,
+            StepId::Lock | StepId::Fetch | StepId::Load => None,
         }
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use StepId::*;
 use anyhow::{Context, Result, bail};
 use commstack_digest::{canonical_json, sha256_hex};
+use commstack_pipeline::check::{BuiltStep, StepCheck, Variations, compare, scratch_home};
 use commstack_pipeline::ctx::{Ctx, GlobalArgs};
 use commstack_pipeline::flow::build::Args;
 use commstack_pipeline::graph::{
@@ -26,6 +27,10 @@ use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
 use commstack_stack::{Lock as LockFile, Stack};
 use commstack_store::{META_FILE, StepKey, Store};
 use serde_json::json;
+
+/// Set (to the scenario directory) only for the child process of the check test.
+const CHECK_CHILD_ENV: &str = "COMMSTACK_GRAPH_FIXTURE_CHECK_CHILD";
+const CHECK_CHILD_TEST: &str = "check_child_builds_again_in_the_scratch_home";
 
 /// Set (to the scenario directory) only for the child process of the SIGKILL test.
 const CHILD_ENV: &str = "COMMSTACK_GRAPH_FIXTURE_CHILD";
@@ -163,6 +168,10 @@ struct Fixture<'a> {
     /// The SIGKILL child: NVSHMEM's recipe writes half its output, creates this file and
     /// sleeps until killed.
     hang: Option<PathBuf>,
+    /// The check's injected nondeterminism: this step's recipe also writes the time.
+    inject_time: Option<StepId>,
+    /// `--force` reaches the recipes' own steps, as it reaches the crates' in production.
+    force: bool,
 }
 
 /// The outputs a step's recipe reads: its dependencies', through fetch and load, whose
@@ -202,7 +211,7 @@ impl Fixture<'_> {
         let inputs = json!({ "text": text });
         let key = StepKey::new(&format!("fixture-{step}"), &inputs);
         let file = format!("{step}.out");
-        let made = self.store.run(&key, &inputs, false, |dir| {
+        let made = self.store.run(&key, &inputs, self.force, |dir| {
             let out = dir.out.join(&file);
             if step == Nvshmem
                 && let Some(started) = &self.hang
@@ -213,6 +222,10 @@ impl Fixture<'_> {
                 bail!("the SIGKILL test's child was not killed");
             }
             std::fs::write(&out, &text)?;
+            if self.inject_time == Some(step) {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+                std::fs::write(&out, format!("{text}built at {}\n", now.as_nanos()))?;
+            }
             Ok(())
         })?;
         Ok(StepResult {
@@ -256,6 +269,10 @@ impl Steps for Fixture<'_> {
             facts: serde_json::Value::Null,
         })
     }
+
+    fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
+        step.keyed().then(|| result.output.clone()).flatten()
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -269,6 +286,8 @@ struct Built {
     ran: Vec<StepId>,
     /// The output bytes of every keyed step (reused or built).
     outputs: BTreeMap<StepId, Vec<u8>>,
+    /// Each step and its key, as the summary lists them.
+    rows: Vec<BuiltStep>,
 }
 
 impl Built {
@@ -325,22 +344,43 @@ impl Built {
 }
 
 fn build(stack: &Path, home: &Path, hang: Option<PathBuf>) -> Result<Built> {
-    build_opts(stack, home, hang, false)
+    build_opts(stack, home, hang, false, None)
 }
 
-/// `force`: what `cargo xtask build --force` asks of the engine.
-fn build_opts(stack: &Path, home: &Path, hang: Option<PathBuf>, force: bool) -> Result<Built> {
-    let ctx = Ctx::new(GlobalArgs {
+fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
+    Ctx::new(GlobalArgs {
         stack: Some(stack.to_path_buf()),
         home: Some(home.to_path_buf()),
         quiet: true,
-    })?;
-    let fixture = Fixture {
-        stack: StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?,
+    })
+}
+
+fn fixture<'a>(ctx: &'a Ctx, home: &Path, inject_time: Option<StepId>) -> Result<Fixture<'a>> {
+    Ok(Fixture {
+        stack: StackSteps::new(ctx, Args::default(), ImageOptions { gpus: false })?,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
         ran: RefCell::new(Vec::new()),
+        hang: None,
+        inject_time,
+        force: false,
+    })
+}
+
+/// `force`: what `cargo xtask build --force` asks of the engine; `inject_time`: the step
+/// whose output also records the time.
+fn build_opts(
+    stack: &Path,
+    home: &Path,
+    hang: Option<PathBuf>,
+    force: bool,
+    inject_time: Option<StepId>,
+) -> Result<Built> {
+    let ctx = ctx_for(stack, home)?;
+    let fixture = Fixture {
         hang,
+        force,
+        ..fixture(&ctx, home, inject_time)?
     };
     let store = Store::open(ctx.store_dir())?;
     let record = Record::open(home.join("pipeline/inputs.json"))?;
@@ -358,6 +398,14 @@ fn build_opts(stack: &Path, home: &Path, hang: Option<PathBuf>, force: bool) -> 
     if let Some((step, err, log)) = report.failed {
         bail!("step {step} failed ({}): {err:#}", log.display());
     }
+    let rows = report
+        .rows
+        .iter()
+        .map(|r| BuiltStep {
+            step: r.step,
+            key: r.key.clone(),
+        })
+        .collect();
     let ran = fixture.ran.into_inner();
     let built: Vec<StepId> = report
         .rows
@@ -381,6 +429,7 @@ fn build_opts(stack: &Path, home: &Path, hang: Option<PathBuf>, force: bool) -> 
         plan: planned,
         ran,
         outputs,
+        rows,
     })
 }
 
@@ -434,7 +483,7 @@ fn force_runs_every_keyed_step_again_with_the_same_outputs() -> Result<()> {
     let stack = write_bookworm(&dir.path().join("stack"));
     let home = dir.path().join("home");
     let first = build(&stack, &home, None)?;
-    let forced = build_opts(&stack, &home, None, true)?;
+    let forced = build_opts(&stack, &home, None, true, None)?;
     // Every keyed step runs; fetch (the cache) is still done; load follows the image.
     let expected: Vec<StepId> = AFTER_LOCK.into_iter().filter(|s| *s != Fetch).collect();
     assert_eq!(forced.ran, expected, "{}", forced.dry_run());
@@ -608,6 +657,161 @@ fn changed_deepep_revision_rebuilds_deepep_wheelhouse_and_image_only() -> Result
     let back = build(&stack, &home, None)?;
     assert_nothing_runs(&back);
     assert_eq!(back.outputs, first.outputs);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// build --check: the second build in a child process with the variations
+// ---------------------------------------------------------------------------------------
+
+/// The child process of the check tests: builds the scenario's stack again with --force
+/// in the scratch home, and prints what it saw of the variations and its rows as JSON.
+/// Not a test of its own (ignored); it fails when run outside those tests.
+#[test]
+#[ignore = "the child process of the check tests"]
+fn check_child_builds_again_in_the_scratch_home() {
+    let dir = PathBuf::from(std::env::var_os(CHECK_CHILD_ENV).unwrap_or_else(|| {
+        panic!("{CHECK_CHILD_ENV} is not set: this is the check test's child process, not a test")
+    }));
+    let inject = std::fs::read_to_string(dir.join("inject"))
+        .ok()
+        .map(|s| match s.trim() {
+            "deepep" => Deepep,
+            other => panic!("no injection for {other}"),
+        });
+    let built = build_opts(
+        &dir.join("stack/stack.toml"),
+        &dir.join("scratch"),
+        None,
+        true,
+        inject,
+    )
+    .expect("the second build");
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let umask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let seen = json!({
+        "tz": std::env::var("TZ").ok(),
+        "lc_all": std::env::var("LC_ALL").ok(),
+        "umask": umask,
+        "hostname": std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim(),
+        "pid": std::process::id(),
+        "rows": built.rows,
+    });
+    println!("CHECK-CHILD {seen}");
+}
+
+/// `build --check` on the fixture: the first build here, the second in a child process
+/// with the variations, then the comparison. The directory holds diffoscope's reports.
+fn check_fixture(
+    inject: Option<StepId>,
+) -> Result<(tempfile::TempDir, Vec<StepCheck>, serde_json::Value)> {
+    let dir = tempfile::tempdir()?;
+    let stack = write_bookworm(&dir.path().join("stack"));
+    let home = dir.path().join("home");
+    let first = build_opts(&stack, &home, None, false, inject)?;
+    if let Some(step) = inject {
+        std::fs::write(dir.path().join("inject"), step.name())?;
+    }
+    let scratch = dir.path().join("scratch");
+    scratch_home(&home, &scratch)?;
+    let variations = Variations::for_check(2);
+    let args: Vec<std::ffi::OsString> = ["--exact", CHECK_CHILD_TEST, "--ignored", "--nocapture"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    let (mut cmd, varied) = variations.command(&std::env::current_exe()?, &args);
+    let out = cmd
+        .env(CHECK_CHILD_ENV, dir.path())
+        .stdin(Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let seen: serde_json::Value = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CHECK-CHILD "))
+        .map(serde_json::from_str)
+        .transpose()?
+        .with_context(|| {
+            format!(
+                "the child printed no result ({}):\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let second: Vec<BuiltStep> = serde_json::from_value(seen["rows"].clone())?;
+    let ctx = ctx_for(&stack, &home)?;
+    let steps = fixture(&ctx, &home, None)?;
+    let checks = compare(
+        &steps,
+        &first.rows,
+        &home.join("store"),
+        &second,
+        &scratch.join("store"),
+        &dir.path().join("reports"),
+    )?;
+    let mut seen = seen;
+    seen["varied"] = json!(varied);
+    seen["parent_pid"] = json!(std::process::id());
+    Ok((dir, checks, seen))
+}
+
+#[test]
+fn check_rebuilds_every_step_with_the_variations_and_finds_the_same_bytes() -> Result<()> {
+    let (_dir, checks, seen) = check_fixture(None)?;
+    // The variations reached the second build.
+    assert_eq!(seen["tz"], "NPT-5:45", "{seen}");
+    assert_eq!(seen["lc_all"], "C", "{seen}");
+    assert_eq!(seen["umask"], "0027", "{seen}");
+    assert_ne!(seen["pid"], seen["parent_pid"]);
+    let varied = seen["varied"].to_string();
+    match varied.contains("hostname not varied") {
+        true => eprintln!("note: {varied}"),
+        false => assert_eq!(seen["hostname"], "commstack-check", "{seen}"),
+    }
+    // Every keyed step was built again and compared, and all are identical.
+    let compared: Vec<StepId> = checks.iter().map(|c| c.step).collect();
+    let keyed: Vec<StepId> = AFTER_LOCK.iter().copied().filter(|s| s.keyed()).collect();
+    assert_eq!(compared, keyed);
+    for c in &checks {
+        assert!(c.passed(), "{:?}", c);
+        assert_eq!(c.files, 1, "{c:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn check_names_the_file_a_step_writes_the_time_into() -> Result<()> {
+    let (_dir, checks, _) = check_fixture(Some(Deepep))?;
+    let failed: Vec<&StepCheck> = checks.iter().filter(|c| !c.passed()).collect();
+    assert_eq!(
+        failed.first().map(|c| c.step),
+        Some(Deepep),
+        "the first step that differs is the one that records the time: {checks:#?}"
+    );
+    let deepep = failed[0];
+    assert_eq!(
+        deepep.other_key, None,
+        "the keys are equal; the bytes are not"
+    );
+    assert_eq!(deepep.differences.len(), 1, "{deepep:?}");
+    let (file, what) = &deepep.differences[0];
+    assert_eq!(file, "deepep.out");
+    assert!(what.starts_with("content (sha256 "), "{what}");
+    // Where diffoscope is installed, its report names the line that moved.
+    if commstack_toolchain::find_in_path("diffoscope", None).is_some() {
+        let report = std::fs::read_to_string(&deepep.reports[0])?;
+        assert!(report.contains("built at"), "{report}");
+    }
+    // What reads DeepEP's output differs after it; nothing before it does.
+    for c in &checks {
+        if c.step < Deepep {
+            assert!(c.passed(), "{c:?}");
+        }
+    }
     Ok(())
 }
 

@@ -17,6 +17,7 @@
 //! locks/<step>-<hash32>.lock
 //! ```
 
+mod fixed;
 mod gc;
 
 use std::fs::{self, File};
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use commstack_digest::canonical_json;
+pub use fixed::{FIXED_BUILD_ROOT, FixedDir};
 pub use gc::{GcOptions, GcReport};
 
 /// Name of the metadata file written into every complete step directory.
@@ -216,6 +218,9 @@ impl Store {
                 ))),
             };
         }
+        normalize_modes(&tmp).with_context(|| {
+            format!("cannot set the modes of the step output {}", tmp.display())
+        })?;
         let seconds = started.elapsed().as_secs_f64();
         let meta = StepMeta {
             schema: 1,
@@ -325,6 +330,30 @@ pub struct StepEntry {
     pub meta: Option<StepMeta>,
     pub bytes: u64,
     pub last_used: Option<std::time::SystemTime>,
+}
+
+/// Every directory 0755, every file 0755 when anyone may execute it and 0644 otherwise:
+/// a step's output must not depend on the umask of the process that made it.
+fn normalize_modes(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+        for e in fs::read_dir(&dir)? {
+            let e = e?;
+            let meta = fs::symlink_metadata(e.path())?;
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else if meta.is_file() {
+                let mode = meta.permissions().mode();
+                let want = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
+                if mode & 0o7777 != want {
+                    fs::set_permissions(e.path(), fs::Permissions::from_mode(want))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn touch_used(dir: &Path) {

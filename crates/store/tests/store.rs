@@ -192,3 +192,41 @@ fn gc_unused_respects_keep_list() {
     assert_eq!(left.len(), 1);
     assert!(left[0].path.ends_with(&keep_key));
 }
+
+#[test]
+fn outputs_have_the_same_modes_whatever_the_umask_made() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_d, store) = store();
+    let inputs = json!({"modes": 1});
+    let key = StepKey::new("modes", &inputs);
+    let out = store
+        .run(&key, &inputs, false, |dir| {
+            // What a umask of 077 leaves: owner-only files and directories.
+            let sub = dir.out.join("bin");
+            fs::create_dir(&sub)?;
+            fs::write(sub.join("tool"), "#!/bin/sh\n")?;
+            fs::write(dir.out.join("data"), "x")?;
+            fs::set_permissions(&sub, fs::Permissions::from_mode(0o700))?;
+            fs::set_permissions(sub.join("tool"), fs::Permissions::from_mode(0o700))?;
+            fs::set_permissions(dir.out.join("data"), fs::Permissions::from_mode(0o600))?;
+            std::os::unix::fs::symlink("bin/tool", dir.out.join("link"))?;
+            Ok(())
+        })
+        .unwrap();
+    let mode = |rel: &str| {
+        fs::metadata(out.path().join(rel))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("bin"), 0o755);
+    assert_eq!(mode("bin/tool"), 0o755);
+    assert_eq!(mode("data"), 0o644);
+    assert_eq!(mode("."), 0o755);
+    assert!(
+        fs::symlink_metadata(out.path().join("link"))
+            .unwrap()
+            .is_symlink()
+    );
+}

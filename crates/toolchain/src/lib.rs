@@ -94,21 +94,56 @@ impl Toolchain {
     }
 
     /// What a build's step key records about the toolchain: where it came from (wheel
-    /// hashes or "system"), the versions read from the tools, and the CUDA home (NVSHMEM
-    /// embeds it in its build-variable string, so it is part of the output).
+    /// hashes or "system"), the versions read from the tools, and the paths of a system
+    /// toolchain. A wheel toolchain's paths are left out: they name the store, which
+    /// differs between machines, and builds that embed them (NVSHMEM's CUDA_HOME) see the
+    /// toolchain through [`Toolchain::relocated`] at a path of their own fixed directory.
     pub fn identity(&self) -> serde_json::Value {
-        let source = match &self.source {
-            ToolchainSource::Wheels { wheels, .. } => {
-                serde_json::json!({ "kind": "wheels", "wheels": wheels })
-            }
-            ToolchainSource::System => serde_json::json!({ "kind": "system" }),
+        match &self.source {
+            ToolchainSource::Wheels { wheels, .. } => serde_json::json!({
+                "source": { "kind": "wheels", "wheels": wheels },
+                "versions": self.versions,
+                "cc": self.cc,
+                "cxx": self.cxx,
+            }),
+            ToolchainSource::System => serde_json::json!({
+                "source": { "kind": "system" },
+                "versions": self.versions,
+                "cuda_home": self.cuda_home,
+                "cc": self.cc,
+                "cxx": self.cxx,
+            }),
+        }
+    }
+
+    /// The same toolchain seen through a symlink `link` to its store step, for builds that
+    /// record the tools' paths: with `link` at a fixed path, so are the recorded paths.
+    /// A system toolchain is returned as it is (its paths are the same on every machine
+    /// that has it, and in its identity).
+    pub fn relocated(&self, link: &Path) -> std::io::Result<Toolchain> {
+        let ToolchainSource::Wheels { step, .. } = &self.source else {
+            return Ok(self.clone());
         };
-        serde_json::json!({
-            "source": source,
-            "versions": self.versions,
-            "cuda_home": self.cuda_home,
-            "cc": self.cc,
-            "cxx": self.cxx,
+        if std::fs::symlink_metadata(link).is_ok() {
+            std::fs::remove_file(link)?;
+        }
+        std::os::unix::fs::symlink(step, link)?;
+        let map = |p: &PathBuf| match p.strip_prefix(step) {
+            Ok(rel) => link.join(rel),
+            Err(_) => p.clone(),
+        };
+        Ok(Toolchain {
+            source: self.source.clone(),
+            cuda_home: map(&self.cuda_home),
+            nvcc: map(&self.nvcc),
+            cuda_include_dirs: self.cuda_include_dirs.iter().map(map).collect(),
+            cudart_lib_dir: map(&self.cudart_lib_dir),
+            cuda_stubs_dir: self.cuda_stubs_dir.as_ref().map(map),
+            cmake: map(&self.cmake),
+            ninja: map(&self.ninja),
+            cc: map(&self.cc),
+            cxx: map(&self.cxx),
+            versions: self.versions.clone(),
         })
     }
 

@@ -67,9 +67,11 @@ pub fn nvshmem_prefix(root: &Path, use_nccl: &str, unversioned_link: bool) -> Pa
     assert!(status.success());
     std::fs::remove_dir_all(lib.join(".src")).unwrap();
     std::fs::create_dir_all(root.join("include")).unwrap();
+    // A header that expands __FILE__, as NVSHMEM's error macros do: its path reaches the
+    // objects that include it.
     std::fs::write(
         root.join("include/nvshmem.h"),
-        "int nvshmemx_my_pe(void);\n",
+        "int nvshmemx_my_pe(void);\nstatic inline const char *nvshmem_header_file(void) { return __FILE__; }\n",
     )
     .unwrap();
     root.to_path_buf()

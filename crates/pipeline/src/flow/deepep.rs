@@ -186,6 +186,12 @@ pub fn deepep_step(
         nccl_override: d.nccl_dir.as_deref(),
         allow_second_nccl: settings.allow_second_nccl,
         rdma_core: args.rdma_core.as_deref(),
+        // The lock's epoch where it has one (a stack with [base]); the wheel's times.
+        source_date_epoch: lock.base.as_ref().map_or(
+            commstack_deepep::reproducible::DEFAULT_SOURCE_DATE_EPOCH,
+            |b| b.epoch,
+        ),
+        home: Some(&ctx.home),
         progress: say,
     };
     let built = build(&store, &req, args.force)?;

@@ -25,6 +25,7 @@ const IMAGE_VENV: &str = "/opt/commstack/venv";
 pub fn base_step(
     ctx: &Ctx,
     settings: &Settings,
+    force: bool,
     say: &dyn Fn(&str),
 ) -> Result<commstack_base::BaseOutput> {
     let lock = &settings.lock;
@@ -61,6 +62,7 @@ pub fn base_step(
             base: &base_lock,
             debs,
         },
+        force,
         |line| say(&format!("base: {line}")),
     )?;
     say(&format!(
@@ -77,43 +79,81 @@ pub fn base_step(
     Ok(base)
 }
 
-/// The self-test built against the NVSHMEM install at `nvshmem_prefix`, stripped into
-/// the store for the image.
+/// The self-test built against the NVSHMEM install at `nvshmem_prefix`, reproducibly and
+/// stripped, in the store for the image. Its RUNPATH finds NVSHMEM where the image has it:
+/// the drop-in wheel in the venv's site-packages.
 pub fn selftest_tool(
     ctx: &Ctx,
     settings: &Settings,
     toolchain: &crate::flow::toolchain::ToolchainArgs,
     nvshmem_prefix: PathBuf,
 ) -> Result<Tool> {
+    selftest_tool_forced(ctx, settings, toolchain, nvshmem_prefix, false)
+}
+
+/// [`selftest_tool`], built again even when the store has it when `force` (the graph's
+/// `--force`, and `build --check`, whose store links to the first build's steps).
+pub fn selftest_tool_forced(
+    ctx: &Ctx,
+    settings: &Settings,
+    toolchain: &crate::flow::toolchain::ToolchainArgs,
+    nvshmem_prefix: PathBuf,
+    force: bool,
+) -> Result<Tool> {
     let tc = crate::flow::toolchain::resolve(ctx, toolchain, false)?;
-    let selftest = crate::flow::kernels::build_selftest(
+    let built = crate::flow::kernels::selftest_step(
         ctx,
-        &tc.nvcc,
-        &crate::flow::kernels::NvshmemForKernels {
-            describe: format!("the stack's NVSHMEM at {}", nvshmem_prefix.display()),
-            prefix: nvshmem_prefix,
+        &crate::flow::kernels::SelftestBuild {
+            root: &crate::util::workspace_root(),
+            nvcc: &tc.nvcc,
+            nvshmem: &crate::flow::kernels::NvshmemForKernels {
+                describe: format!("the stack's NVSHMEM at {}", nvshmem_prefix.display()),
+                prefix: nvshmem_prefix,
+            },
+            archs: &settings.cuda_archs,
+            runpath: vec![image_nvshmem_runpath(settings.stack.target.python)],
+            force,
         },
-        &settings.cuda_archs,
     )?;
-    let store = Store::open(ctx.store_dir())?;
-    own_tool(
-        &store,
-        "commstack-selftest",
-        &selftest,
-        "cargo build --release -p commstack-kernels",
+    Ok(built.tool())
+}
+
+/// The RUNPATH entry from the image's tools to its NVSHMEM, the drop-in wheel's
+/// `nvidia/nvshmem/lib` in the venv (`$ORIGIN/../venv/lib/python3.11/...`), so that the
+/// self-test needs no LD_LIBRARY_PATH there.
+pub fn image_nvshmem_runpath(python: (u64, u64)) -> String {
+    let lib = format!(
+        "{IMAGE_VENV}/lib/python{}.{}/site-packages/nvidia/nvshmem/lib",
+        python.0, python.1
+    );
+    format!(
+        "$ORIGIN/{}",
+        relative_to(Path::new(IMAGE_BIN), Path::new(&lib))
     )
 }
 
-/// The verify tool, built and stripped into the store for the image.
+/// `to` relative to the directory `from`, both absolute and without `..`.
+fn relative_to(from: &Path, to: &Path) -> String {
+    let (a, b): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut parts: Vec<String> = vec!["..".to_string(); a.len() - common];
+    parts.extend(
+        b[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
+/// The verify tool, built reproducibly and stripped into the store for the image.
 pub fn verify_tool(ctx: &Ctx) -> Result<Tool> {
-    let verify_bin = build_verify_tool(ctx)?;
-    let store = Store::open(ctx.store_dir())?;
-    own_tool(
-        &store,
-        "commstack-verify",
-        &verify_bin,
-        "cargo build --release -p commstack-verify",
-    )
+    verify_tool_forced(ctx, false)
+}
+
+/// [`verify_tool`], built again even when the store has it when `force` (as
+/// [`selftest_tool_forced`]).
+pub fn verify_tool_forced(ctx: &Ctx, force: bool) -> Result<Tool> {
+    Ok(build_verify_tool(ctx, &crate::util::workspace_root(), force)?.tool())
 }
 
 /// The image step (its layers reused when their inputs are unchanged), printed.
@@ -213,36 +253,24 @@ pub fn export(image: &Image, oci: Option<&Path>, context: Option<&Path>) -> Resu
     Ok(())
 }
 
-/// The verify tool for inside the image: a release build of `commstack-verify`.
-fn build_verify_tool(ctx: &Ctx) -> Result<PathBuf> {
-    let sh = Shell::new()?;
-    sh.change_dir(crate::util::workspace_root());
-    if !ctx.quiet {
-        eprintln!("building commstack-verify (release) ...");
+/// The verify tool for inside the image: a release build of `commstack-verify` from the
+/// workspace at `root`.
+pub(crate) fn build_verify_tool(ctx: &Ctx, root: &Path, force: bool) -> Result<OwnTool> {
+    own_tool(ctx, &verify_recipe(root, force))
+}
+
+/// How [`build_verify_tool`] builds: the crate alone, nothing outside the workspace.
+pub(crate) fn verify_recipe(root: &Path, force: bool) -> ToolRecipe<'_> {
+    ToolRecipe {
+        root,
+        package: "commstack-verify",
+        bin: "commstack-verify",
+        dir: "crates/verify",
+        links: Vec::new(),
+        env: Vec::new(),
+        inputs: serde_json::Value::Null,
+        force,
     }
-    // A target directory of its own: built beside the self-test in one directory, the two
-    // -p builds unify dependency features differently and each rebuild the other's
-    // crates, so the self-test would be compiled (and its bytes changed) on every run.
-    let target = crate::util::cargo_target_dir().join("image-tools");
-    // Paths of this machine (the workspace, cargo's registry) would reach the binary's
-    // panic messages; remapped, the bytes do not depend on where the checkout is.
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| dirs::home_dir().map(|h| h.join(".cargo")))
-        .context("no CARGO_HOME and no home directory")?;
-    let rustflags = format!(
-        "--remap-path-prefix={}=/cargo --remap-path-prefix={}=/commstack",
-        cargo_home.display(),
-        crate::util::workspace_root().display()
-    );
-    cmd!(
-        sh,
-        "cargo build --release --locked --quiet --target-dir {target} -p commstack-verify --bin commstack-verify"
-    )
-    .env("RUSTFLAGS", rustflags)
-    .run()
-    .context("building commstack-verify failed")?;
-    Ok(target.join("release/commstack-verify"))
 }
 
 /// One of our stripped binaries in the store, as the image step takes it.
@@ -256,28 +284,370 @@ pub fn tool_at(name: &str, version: &str, host_path: PathBuf, source: String) ->
     }
 }
 
-/// A stripped copy of one of our binaries, in a store step keyed by the binary's sha256:
-/// debug info is most of a release binary and the image has no use for it.
-fn own_tool(store: &Store, name: &str, built: &Path, how: &str) -> Result<Tool> {
-    let sha = commstack_digest::sha256_file(built)
-        .with_context(|| format!("hashing {}", built.display()))?;
-    let inputs = serde_json::json!({ "recipe": "stripped-tool-1", "name": name, "sha256": sha });
-    let key = StepKey::new("tool", &inputs);
-    let outcome = store.run(&key, &inputs, false, |dir| {
-        let to = dir.out.join(name);
-        std::fs::copy(built, &to).with_context(|| format!("copying {}", built.display()))?;
-        let sh = Shell::new()?;
-        cmd!(sh, "strip {to}")
-            .run()
-            .context("strip (binutils) is needed for the image's binaries")?;
-        Ok(())
+/// Bumped when [`own_tool`] changes what it produces.
+const TOOL_RECIPE: &str = "reproducible-tool-1";
+
+/// How one of our binaries is built by [`own_tool`].
+pub(crate) struct ToolRecipe<'a> {
+    /// The workspace whose sources are built (a copy is built, never this tree).
+    pub root: &'a Path,
+    pub package: &'a str,
+    pub bin: &'a str,
+    /// The package's directory in `root`: its sources and those of the workspace crates
+    /// it depends on are hashed into the key.
+    pub dir: &'a str,
+    /// Links made in the build directory, `(name, target)`: what the build reads outside
+    /// the workspace (a toolchain, a library), seen at a fixed path. Each target's
+    /// identity (not its path) must be in `inputs`.
+    pub links: Vec<(&'a str, PathBuf)>,
+    /// Environment of the build; `{build}` in a value stands for the build directory.
+    pub env: Vec<(&'a str, String)>,
+    /// Everything else the bytes depend on (toolchain, libraries, options).
+    pub inputs: serde_json::Value,
+    /// Build even when the store has the key.
+    pub force: bool,
+}
+
+/// A binary [`own_tool`] made: stripped, in the store.
+pub struct OwnTool {
+    pub name: String,
+    pub path: PathBuf,
+    pub sha256: String,
+    /// Reused from the store (nothing was built).
+    pub cached: bool,
+    pub package: String,
+}
+
+impl OwnTool {
+    pub fn tool(&self) -> Tool {
+        tool_at(
+            &self.name,
+            env!("CARGO_PKG_VERSION"),
+            self.path.clone(),
+            format!(
+                "cargo build --release -p {} in {}, stripped (sha256 {})",
+                self.package,
+                tool_build_dir(&self.name).display(),
+                self.sha256
+            ),
+        )
+    }
+}
+
+/// Environment variables the tool builds keep from ours: what cargo and rustup need to
+/// find the toolchain and the registry, and the number of jobs. Everything else (RUSTFLAGS,
+/// CFLAGS, CC, NVCC_*, CARGO_PROFILE_*, LANG, TZ, SOURCE_DATE_EPOCH, ...) is dropped: it
+/// could change the bytes without changing the key.
+const TOOL_ENV_KEPT: &[&str] = &[
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "CARGO_BUILD_JOBS",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+/// Prefixes of the cargo variables kept: the network and registry settings, the terminal.
+const TOOL_ENV_KEPT_PREFIXES: &[&str] = &[
+    "CARGO_HTTP_",
+    "CARGO_NET_",
+    "CARGO_REGISTRIES_",
+    "CARGO_REGISTRY_",
+    "CARGO_TERM_",
+];
+/// Files of the workspace root a build reads besides the members (Cargo.toml and
+/// Cargo.lock are in the sources hash).
+const WORKSPACE_CONFIG: &[&str] = &[
+    "rust-toolchain.toml",
+    "rust-toolchain",
+    ".cargo/config.toml",
+    ".cargo/config",
+];
+
+/// Builds `recipe.bin` so that the same inputs give the same bytes on any machine, and
+/// keeps it stripped in a store step keyed by those inputs.
+///
+/// What a cargo build records and how each is made constant: the build runs in a copy of
+/// the workspace at a fixed path ([`FixedDir`]: nvcc hashes each source's absolute path
+/// into module ids; rustc records the paths of the workspace, the target directory and
+/// the registry in panic messages), with CARGO_HOME seen through a link in it and
+/// `--remap-path-prefix` for the three; the environment is cleared but for
+/// [`TOOL_ENV_KEPT`], with `LC_ALL=C` and `TZ=UTC`; the binary is stripped and given mode
+/// 0755 whatever the umask. The key holds the sources' hash, rustc, cargo, the host
+/// compilers, strip and `recipe.inputs`, never a path of this machine.
+///
+/// [`FixedDir`]: commstack_store::FixedDir
+pub(crate) fn own_tool(ctx: &Ctx, recipe: &ToolRecipe) -> Result<OwnTool> {
+    let (key, inputs) = tool_key(recipe)?;
+    let store = Store::open(ctx.store_dir())?;
+    let outcome = store.run(&key, &inputs, recipe.force, |dir| {
+        build_tool_at_fixed_path(ctx, recipe, &kept_env(), &dir.out)
     })?;
-    Ok(tool_at(
-        name,
-        env!("CARGO_PKG_VERSION"),
-        outcome.path().join(name),
-        format!("{how} (sha256 {sha} before strip)"),
-    ))
+    let path = outcome.path().join(recipe.bin);
+    let sha256 = commstack_digest::sha256_file(&path)
+        .with_context(|| format!("hashing {}", path.display()))?;
+    Ok(OwnTool {
+        name: recipe.bin.to_string(),
+        path,
+        sha256,
+        cached: outcome.was_cached(),
+        package: recipe.package.to_string(),
+    })
+}
+
+/// [`own_tool`]'s store key and its inputs: no path of this machine in them.
+pub(crate) fn tool_key(recipe: &ToolRecipe) -> Result<(StepKey, serde_json::Value)> {
+    let root = recipe.root;
+    let env = kept_env();
+    let probe = |program: &str, args: &[&str]| -> Result<String> {
+        let out = Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(root)
+            .output()
+            .with_context(|| format!("cannot run {program}"))?;
+        if !out.status.success() {
+            bail!(
+                "`{program} {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let first_line = |program: &str| -> Result<String> {
+        Ok(probe(program, &["--version"])?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string())
+    };
+    let mut config = serde_json::Map::new();
+    for file in WORKSPACE_CONFIG {
+        let path = root.join(file);
+        if path.is_file() {
+            config.insert(
+                file.to_string(),
+                commstack_digest::sha256_file(&path)
+                    .with_context(|| format!("hashing {}", path.display()))?
+                    .into(),
+            );
+        }
+    }
+    let inputs = serde_json::json!({
+        "recipe": TOOL_RECIPE,
+        "package": recipe.package,
+        "bin": recipe.bin,
+        "sources": crate::stack_steps::sources_hash(root, recipe.dir)?,
+        "workspace_config": config,
+        "rustc": probe("rustc", &["-vV"])?,
+        "cargo": probe("cargo", &["-V"])?,
+        // The linker rustc calls, and nvcc's host compilers.
+        "cc": first_line("cc")?,
+        "gcc": first_line("gcc")?,
+        "g++": first_line("g++")?,
+        "strip": first_line("strip")
+            .context("strip (binutils) is needed for the image's binaries")?,
+        "inputs": recipe.inputs,
+    });
+    Ok((StepKey::new("tool", &inputs), inputs))
+}
+
+/// Our environment, filtered to [`TOOL_ENV_KEPT`] and [`TOOL_ENV_KEPT_PREFIXES`].
+fn kept_env() -> Vec<(String, std::ffi::OsString)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
+        .filter(|(k, _)| {
+            TOOL_ENV_KEPT.contains(&k.as_str())
+                || TOOL_ENV_KEPT_PREFIXES.iter().any(|p| k.starts_with(p))
+        })
+        .collect()
+}
+
+/// The key of the fixed directory `bin` is built in: one per tool (not per input), so that
+/// the path, and what nvcc records of it (nvlink's `-L` options, in the device code), stay
+/// the same when an unrelated input changes. Builds of one tool take turns.
+fn tool_build_key(bin: &str) -> StepKey {
+    StepKey::new(
+        &format!("tool-{bin}"),
+        &serde_json::json!({ "recipe": TOOL_RECIPE }),
+    )
+}
+
+/// Where [`own_tool`] builds `bin`: `/var/tmp/commstack-build/tool-<bin>-<hash>`, the same on
+/// every machine.
+pub(crate) fn tool_build_dir(bin: &str) -> PathBuf {
+    Path::new(commstack_store::FIXED_BUILD_ROOT).join(tool_build_key(bin).dir_name())
+}
+
+/// [`own_tool`]'s build: the workspace copied into the fixed directory, built there, the
+/// binary stripped into `out`.
+fn build_tool_at_fixed_path(
+    ctx: &Ctx,
+    recipe: &ToolRecipe,
+    env: &[(String, std::ffi::OsString)],
+    out: &Path,
+) -> Result<()> {
+    let fixed = commstack_store::FixedDir::acquire(&tool_build_key(recipe.bin))?;
+    let build = fixed.path();
+    let (src, target, cargo_home) = (
+        build.join("src"),
+        build.join("target"),
+        build.join("cargo-home"),
+    );
+    copy_workspace(recipe.root, &src)?;
+    let real_cargo_home = match std::env::var_os("CARGO_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => dirs::home_dir()
+            .context("no CARGO_HOME and no home directory")?
+            .join(".cargo"),
+    };
+    let mut links = vec![("cargo-home", real_cargo_home)];
+    links.extend(recipe.links.iter().cloned());
+    for (name, to) in &links {
+        let to = std::path::absolute(to)?;
+        std::os::unix::fs::symlink(&to, build.join(name)).with_context(|| {
+            format!(
+                "cannot link {} to {}",
+                build.join(name).display(),
+                to.display()
+            )
+        })?;
+    }
+    if !ctx.quiet {
+        eprintln!(
+            "building {} (release) in {} ...",
+            recipe.bin,
+            build.display()
+        );
+    }
+    // Later prefixes win in rustc: the specific ones come last.
+    let rustflags = format!(
+        "--remap-path-prefix={}=/build --remap-path-prefix={}=/commstack \
+         --remap-path-prefix={}=/target --remap-path-prefix={}=/cargo",
+        build.display(),
+        src.display(),
+        target.display(),
+        cargo_home.display()
+    );
+    let mut cargo = Command::new("cargo");
+    cargo
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            recipe.package,
+            "--bin",
+            recipe.bin,
+        ])
+        .current_dir(&src)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("CARGO_HOME", &cargo_home)
+        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_INCREMENTAL", "0")
+        .env("RUSTFLAGS", rustflags)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC");
+    if ctx.quiet {
+        cargo.arg("--quiet");
+    }
+    for (name, value) in &recipe.env {
+        cargo.env(name, value.replace("{build}", &build.display().to_string()));
+    }
+    let status = cargo
+        .status()
+        .with_context(|| format!("cannot run cargo to build {}", recipe.bin))?;
+    if !status.success() {
+        bail!(
+            "building {} failed ({status}); its build directory was {}",
+            recipe.bin,
+            build.display()
+        );
+    }
+    let to = out.join(recipe.bin);
+    let built = target.join("release").join(recipe.bin);
+    std::fs::copy(&built, &to).with_context(|| format!("copying {}", built.display()))?;
+    let sh = Shell::new()?;
+    cmd!(sh, "strip {to}")
+        .run()
+        .context("strip (binutils) is needed for the image's binaries")?;
+    // Not the umask's mode: the store's copy is what the image ships.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("cannot set the mode of {}", to.display()))?;
+    Ok(())
+}
+
+/// The workspace at `root` as cargo reads it, into `dest`: the root's Cargo.toml and
+/// Cargo.lock, [`WORKSPACE_CONFIG`], and every member (cargo loads each member's manifest
+/// even to build one), without their `target` directories.
+pub(crate) fn copy_workspace(root: &Path, dest: &Path) -> Result<()> {
+    let manifest = root.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("cannot read {}", manifest.display()))?;
+    let toml: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not TOML", manifest.display()))?;
+    let patterns = toml
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .with_context(|| format!("{} has no [workspace] members", manifest.display()))?;
+    let mut members = Vec::new();
+    for pattern in patterns.iter().filter_map(|p| p.as_str()) {
+        match pattern.strip_suffix("/*") {
+            Some(parent) => {
+                let dir = root.join(parent);
+                let mut found: Vec<String> = std::fs::read_dir(&dir)
+                    .with_context(|| format!("cannot read {}", dir.display()))?
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().join("Cargo.toml").is_file())
+                    .map(|e| format!("{parent}/{}", e.file_name().to_string_lossy()))
+                    .collect();
+                found.sort();
+                members.extend(found);
+            }
+            None if pattern.contains('*') => bail!(
+                "{}: the member pattern {pattern:?} is not `dir` or `dir/*`, which is all the \
+                 tool build copies",
+                manifest.display()
+            ),
+            None => members.push(pattern.to_string()),
+        }
+    }
+    std::fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    for file in ["Cargo.toml", "Cargo.lock"].iter().chain(WORKSPACE_CONFIG) {
+        let from = root.join(file);
+        if from.is_file() {
+            let to = dest.join(file);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(&from, &to).with_context(|| format!("copying {}", from.display()))?;
+        }
+    }
+    for member in &members {
+        let to = dest.join(member);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        commstack_archive::copy_tree_except(&root.join(member), &to, |rel| {
+            rel.file_name()
+                .is_some_and(|n| n == "target" || n == ".git")
+        })?;
+    }
+    Ok(())
 }
 
 /// The repository's origin URL (credentials removed; a local path or another non-URL
