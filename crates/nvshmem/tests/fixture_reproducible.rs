@@ -29,6 +29,8 @@ fn wheel_toolchain(dir: &Path) -> Toolchain {
 #[test]
 fn two_homes_and_job_counts_give_identical_install_and_wheel() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // rdma-core is a prefix of this machine, the same for both homes (it is in the key).
+    let shared = tempfile::tempdir().unwrap();
     let source = fixture_source();
     let options = NvshmemOptions {
         cuda_archs: vec!["90-real".parse().unwrap()],
