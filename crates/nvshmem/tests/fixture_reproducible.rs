@@ -34,9 +34,7 @@ fn two_homes_and_job_counts_give_identical_install_and_wheel() {
     let source = fixture_source();
     let options = NvshmemOptions {
         cuda_archs: vec!["90-real".parse().unwrap()],
-        rdma_core: Some(fake_rdma_core(
-            &std::env::temp_dir().join("commstack-repro-rdma"),
-        )),
+        rdma_core: Some(fake_rdma_core(shared.path())),
         ..Default::default()
     };
     let spec = DropInSpec {
