@@ -131,6 +131,15 @@ pub struct BuiltStep {
     pub key: Option<String>,
 }
 
+impl From<&crate::graph::Ran> for BuiltStep {
+    fn from(r: &crate::graph::Ran) -> BuiltStep {
+        BuiltStep {
+            step: r.step,
+            key: r.key.clone(),
+        }
+    }
+}
+
 /// The verdict for one step.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepCheck {

@@ -447,14 +447,7 @@ fn check(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         return Ok(first);
     }
     let steps = StackSteps::new(ctx, args.clone(), ImageOptions { gpus: graph.gpus })?;
-    let first_rows: Vec<BuiltStep> = first
-        .rows
-        .iter()
-        .map(|r| BuiltStep {
-            step: r.step,
-            key: r.key.clone(),
-        })
-        .collect();
+    let first_rows: Vec<BuiltStep> = first.rows.iter().map(BuiltStep::from).collect();
     let dir = stack_dir(ctx)?;
     let id = dir
         .file_name()

@@ -398,14 +398,7 @@ fn build_opts(
     if let Some((step, err, log)) = report.failed {
         bail!("step {step} failed ({}): {err:#}", log.display());
     }
-    let rows = report
-        .rows
-        .iter()
-        .map(|r| BuiltStep {
-            step: r.step,
-            key: r.key.clone(),
-        })
-        .collect();
+    let rows = report.rows.iter().map(BuiltStep::from).collect();
     let ran = fixture.ran.into_inner();
     let built: Vec<StepId> = report
         .rows

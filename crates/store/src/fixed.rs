@@ -35,21 +35,10 @@ impl FixedDir {
         })?;
         let name = key.dir_name();
         let lock_path = root.join(format!("{name}.lock"));
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .with_context(|| format!("cannot open the lock file {}", lock_path.display()))?;
-        if lock.try_lock().is_err() {
-            eprintln!(
-                "waiting for another commstack process building {} in {} ...",
-                key.step,
-                root.join(&name).display()
-            );
-            lock.lock()
-                .with_context(|| format!("cannot lock {}", lock_path.display()))?;
-        }
+        let lock = crate::lock_file(
+            &lock_path,
+            &format!("{} in {}", key.step, root.join(&name).display()),
+        )?;
         let path = root.join(name);
         // Left by a crash: nothing in it is worth keeping (the store holds results).
         if fs::symlink_metadata(&path).is_ok() {

@@ -304,21 +304,7 @@ impl Store {
             .root
             .join("locks")
             .join(format!("{}.lock", key.dir_name()));
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("cannot open the lock file {}", path.display()))?;
-        if file.try_lock().is_err() {
-            eprintln!(
-                "waiting for another commstack process building {} ...",
-                key.step
-            );
-            file.lock()
-                .with_context(|| format!("cannot lock {}", path.display()))?;
-        }
-        Ok(file)
+        lock_file(&path, &key.step)
     }
 }
 
@@ -354,6 +340,23 @@ fn normalize_modes(root: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// An exclusive lock on `path` (created if missing), waiting for another process that
+/// holds it, and saying so: "waiting for another commstack process building `what`".
+pub(crate) fn lock_file(path: &Path, what: &str) -> Result<File> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+    if file.try_lock().is_err() {
+        eprintln!("waiting for another commstack process building {what} ...");
+        file.lock()
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+    }
+    Ok(file)
 }
 
 fn touch_used(dir: &Path) {
