@@ -33,7 +33,7 @@ pub const STEP: &str = "nvshmem";
 pub const INSTALL_DIR: &str = "nvshmem";
 pub const REPORT_FILE: &str = "build-report.json";
 /// Bumped when the recipe changes what it produces.
-pub const RECIPE: &str = "nvshmem-cmake-4";
+pub const RECIPE: &str = "nvshmem-cmake-5";
 
 /// Everything one build needs; the lead fills it from stack.lock and the fetch cache.
 pub struct BuildRequest<'a> {

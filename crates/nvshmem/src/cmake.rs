@@ -149,16 +149,26 @@ pub fn cmake_defines(
     Ok(d)
 }
 
+/// nvcc flags that take the process out of its output (measured on nvcc 13.0):
+/// - `-objtemp`: an STT_FILE symbol names nvcc's temporary file, `tmpxft_<pid>_...`;
+///   with it the intermediates are named after the object.
+/// - `-Xcudafe --frandom-seed=...`: cudafe++ names a translation unit's module id (the
+///   suffix of `__fatbinwrap_*`, `__nv_static_*`, anonymous namespaces) after its first
+///   host-visible external function or variable; a unit with none (NVSHMEM's
+///   `transfer_device.cu`: all under `#ifdef __CUDA_ARCH__` or templates) gets a hash of
+///   the time and the pid instead, unless given a seed. The id still hashes the source's
+///   path and name, so units stay distinct; the same source compiled for two targets
+///   gets one id, as every unit with an external entity already does.
+pub const REPRODUCIBLE_NVCC_FLAGS: &str = "-objtemp -Xcudafe --frandom-seed=commstack";
+
 /// Environment variables the recipe sets for the compilers: CPATH with rdma-core's
 /// include directory, the only way into NVSHMEM's ExternalProject device build (its
 /// `ibgda_device.cuh` includes `infiniband/mlx5dv.h`). nvcc preprocesses with the host
 /// compiler, which reads CPATH for device code too.
 pub fn build_env_extra(rdma: Option<&RdmaCore>) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    // nvcc names an STT_FILE symbol after its temporary file, `tmpxft_<pid>_...`; with
-    // -objtemp the intermediates are named after the object instead. The variable reaches
-    // every nvcc call, the device sub-project's too.
-    env.insert("NVCC_APPEND_FLAGS".to_string(), "-objtemp".to_string());
+    // The variable reaches every nvcc call, the device sub-project's too.
+    env.insert("NVCC_APPEND_FLAGS".to_string(), REPRODUCIBLE_NVCC_FLAGS.to_string());
     if let Some(r) = rdma {
         env.insert("CPATH".to_string(), r.include_dir.display().to_string());
     }

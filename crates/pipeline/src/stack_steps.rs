@@ -234,6 +234,7 @@ impl Steps for StackSteps<'_> {
                 "rdma_core": p.rdma_core,
                 "allow_missing_rdc_fix": s.allow_missing_rdc_fix,
                 "allow_second_nccl": s.allow_second_nccl,
+                "source_date_epoch": crate::flow::deepep::source_date_epoch(lock),
             }),
             StepId::Wheelhouse => json!({
                 "recipe": commstack_deepep::wheelhouse::RECIPE,

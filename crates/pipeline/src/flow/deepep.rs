@@ -186,11 +186,7 @@ pub fn deepep_step(
         nccl_override: d.nccl_dir.as_deref(),
         allow_second_nccl: settings.allow_second_nccl,
         rdma_core: args.rdma_core.as_deref(),
-        // The lock's epoch where it has one (a stack with [base]); the wheel's times.
-        source_date_epoch: lock.base.as_ref().map_or(
-            commstack_deepep::reproducible::DEFAULT_SOURCE_DATE_EPOCH,
-            |b| b.epoch,
-        ),
+        source_date_epoch: source_date_epoch(lock),
         home: Some(&ctx.home),
         progress: say,
     };
@@ -437,4 +433,14 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
         rev,
         provenance: "locked".into(),
     })
+}
+
+/// The wheel's times: the lock's epoch where it has one (a stack with [base]), else a
+/// fixed default. Part of the graph's DeepEP key too, so a relock that moves only the
+/// epoch rebuilds the wheel.
+pub(crate) fn source_date_epoch(lock: &commstack_stack::Lock) -> u64 {
+    lock.base.as_ref().map_or(
+        commstack_deepep::reproducible::DEFAULT_SOURCE_DATE_EPOCH,
+        |b| b.epoch,
+    )
 }
