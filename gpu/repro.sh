@@ -3,22 +3,27 @@
 # give the same bytes. From a bundle made by `cargo xtask --stack stacks/gpu-adopt.toml
 # gpu-bundle BUNDLE ...` and a checkout of this repository; no Rust, no network.
 #
-#   gpu/repro.sh BUNDLE OUT [nvshmem] [deepep]
+#   gpu/repro.sh BUNDLE OUT [STEP...]     (default: nvshmem deepep)
 #
-#   nvshmem  `xtask build nvshmem` twice, cold: home a (all cores, TZ=UTC, umask 022,
-#            the source unpacked at one path) and home b (5 jobs, TZ=NPT-5:45, LC_ALL=C,
-#            umask 027, the source at another path). Compares the sha256 of every file of
-#            the install's lib/ and include/ and of the drop-in wheel.
-#   deepep   `xtask build deepep --python PY` (adopt mode) in each home against that home's
-#            NVSHMEM and drop-in wheel, with the same variations; compares the wheels, and
-#            names the files inside that differ when they do.
+#   nvshmem-a        `xtask build nvshmem`, cold, in home a: all cores, TZ=UTC, umask 022,
+#                    the source unpacked at one path
+#   nvshmem-b        the same in home b: half the cores, TZ=NPT-5:45, LC_ALL=C, umask 027,
+#                    the source at another path
+#   nvshmem-compare  the sha256 of every file of both installs' lib/ and include/ and of
+#                    both drop-in wheels
+#   nvshmem          the three above (one call can outlast a 10-minute limit: then call
+#                    them one by one, with the same WORK)
+#   deepep           `xtask build deepep --python PY` (adopt mode) in each home against
+#                    that home's NVSHMEM and drop-in wheel, with the same variations;
+#                    compares the wheels, and names the files inside that differ
 #
 # WORK (default: scratch/gpu-repro in the checkout, kept between calls) holds the homes;
-# OUT gets repro.txt (the verdicts and every sha256) and the logs. Exit status 1 when any
-# pair differs. Environment: PYTHON (default python3), CUDA_HOME (/usr/local/cuda).
+# OUT gets repro.txt (the verdicts and every sha256; each call appends) and the logs.
+# Exit status 1 when any pair differs. Environment: PYTHON (default python3), CUDA_HOME
+# (default /usr/local/cuda).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,24p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export COMMSTACK_STACK="${COMMSTACK_STACK:-$repo/stacks/gpu-adopt.toml}"
 bundle="$(cd "$1" && pwd)" || exit 2
@@ -45,7 +50,7 @@ in_home() {
         (umask 027; export COMMSTACK_HOME="$work/home-b" TZ=NPT-5:45 LC_ALL=C LANG=C; "$@")
     fi
 }
-jobs_of() { if [ "$1" = a ]; then nproc; else echo 5; fi; }
+jobs_of() { if [ "$1" = a ]; then nproc; else n=$(( $(nproc) / 2 )); [ "$n" -ge 2 ] || n=2; echo "$n"; fi; }
 timed() { local t0; t0=$(date +%s.%N); "$@"; local rc=$?; echo "SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')"; return $rc; }
 nvshmem_step() { find "$work/home-$1/store/steps" -maxdepth 1 -name 'nvshmem-*' ! -name 'nvshmem-wheel-*' ! -name 'nvshmem-source-*' | head -1; }
 dropin_wheel() { ls "$work/home-$1"/store/steps/nvshmem-wheel-*/dist/*.whl 2>/dev/null | head -1; }
@@ -73,18 +78,26 @@ for n in sorted(set(ia) | set(ib)):
 EOF
 }
 
-step_nvshmem() {
+# build_nvshmem H: a cold NVSHMEM build (and its drop-in wheel) in home H, from nothing.
+build_nvshmem() {
+    local h="$1" src="$work/src-$1"
     "$X" --version
-    local h src
+    rm -rf "$work/home-$h" "$src"
+    mkdir -p "$work/home-$h"
+    in_home "$h" "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match || return 1
+    mkdir -p "$src" && tar -xzf "$(find "$work/home-$h/cache" -name 'nvshmem_src_*.tar.gz' | head -1)" -C "$src" --strip-components=1 || return 1
+    echo "== home $h: $(jobs_of "$h") jobs, source at $src"
+    in_home "$h" timed "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" \
+        --jobs "$(jobs_of "$h")" "${rdma[@]}" --python3 "$(command -v python3)"
+}
+step_nvshmem-a() { build_nvshmem a; }
+step_nvshmem-b() { build_nvshmem b; }
+step_nvshmem() { step_nvshmem-a && step_nvshmem-b && step_nvshmem-compare; }
+
+step_nvshmem-compare() {
+    local h
     for h in a b; do
-        rm -rf "$work/home-$h" "$work/src-$h"
-        mkdir -p "$work/home-$h"
-        in_home "$h" "$X" fetch --only sources --offline --mirror "$bundle/mirror" --accept-tree-match || return 1
-        src="$work/src-$h"
-        mkdir -p "$src" && tar -xzf "$(find "$work/home-$h/cache" -name 'nvshmem_src_*.tar.gz' | head -1)" -C "$src" --strip-components=1 || return 1
-        echo "== home $h: $(jobs_of "$h") jobs, source at $src"
-        in_home "$h" timed "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" \
-            --jobs "$(jobs_of "$h")" "${rdma[@]}" --python3 "$(command -v python3)" || return 1
+        [ -n "$(nvshmem_step "$h")" ] || { echo "no NVSHMEM in home $h: run step nvshmem-$h first"; return 1; }
     done
     local a b n
     a="$(nvshmem_step a)/nvshmem" b="$(nvshmem_step b)/nvshmem"
@@ -129,8 +142,9 @@ step_deepep() {
     (cd "$so" && "$PY" -m zipfile -e "$wa" . && readelf -d deep_ep_cpp*.so | grep -E 'RUNPATH|RPATH|NEEDED') | tee -a "$report"
 }
 
-: >"$report"
+echo "== $(date -u +%FT%TZ) $(hostname): ${steps[*]}" >>"$report"
 for s in "${steps[@]}"; do
+    declare -F "step_$s" >/dev/null || { echo "no step $s (see: $0 with no arguments)"; exit 2; }
     echo "::: $s" >&2
     ( set -x; "step_$s" ) >"$out/$s.log" 2>&1 || { echo "FAILED step $s (see $s.log)" | tee -a "$report"; status=1; }
     tail -n 25 "$out/$s.log" | sed "s/^/  [$s] /" >&2

@@ -168,7 +168,10 @@ pub const REPRODUCIBLE_NVCC_FLAGS: &str = "-objtemp -Xcudafe --frandom-seed=comm
 pub fn build_env_extra(rdma: Option<&RdmaCore>) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     // The variable reaches every nvcc call, the device sub-project's too.
-    env.insert("NVCC_APPEND_FLAGS".to_string(), REPRODUCIBLE_NVCC_FLAGS.to_string());
+    env.insert(
+        "NVCC_APPEND_FLAGS".to_string(),
+        REPRODUCIBLE_NVCC_FLAGS.to_string(),
+    );
     if let Some(r) = rdma {
         env.insert("CPATH".to_string(), r.include_dir.display().to_string());
     }

@@ -27,7 +27,10 @@ pub use build::{
     BuildReport, BuildRequest, Built, INSTALL_DIR, RECIPE as BUILD_RECIPE, REPORT_FILE, SourceInfo,
     Timings, build, build_key, configure_only, load_report,
 };
-pub use cmake::{INSTALL_PREFIX, RdmaCore, SOURCE_PREFIX_MAP, cmake_defines, find_rdma_core};
+pub use cmake::{
+    INSTALL_PREFIX, REPRODUCIBLE_NVCC_FLAGS, RdmaCore, SOURCE_PREFIX_MAP, cmake_defines,
+    find_rdma_core,
+};
 pub use compare::{Comparison, Difference, DifferenceKind, compare_wheels};
 pub use dropin::{
     DropIn, DropInSpec, RECIPE as DROPIN_RECIPE, WHEEL_REPORT_FILE, build_dropin_wheel,

@@ -344,6 +344,14 @@ pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::E
         cmd!(sh, "cargo test --locked -p commstack-kernels")
             .run()
             .context("the kernel crate's tests failed")?;
+        // NVSHMEM's nvcc flags give a seeded module id (its test needs nvcc, so it runs
+        // here, where the toolchain's nvcc is known).
+        cmd!(
+            sh,
+            "cargo test --locked -p commstack-nvshmem --test nvcc_reproducible -- --ignored"
+        )
+        .run()
+        .context("nvcc's module id is not reproducible with NVSHMEM's flags")?;
         cmd!(
             sh,
             "cargo clippy --locked -p commstack-kernels --all-targets -- -D warnings"
