@@ -1,4 +1,5 @@
-//! `cargo xtask cache ls|verify|gc`: the download cache (<home>/cache).
+//! `cargo xtask cache ls|verify|gc|hash`: the download cache (<home>/cache); `cache push`:
+//! the store's step outputs into a registry, signed (the binary cache).
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
@@ -7,6 +8,7 @@ use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
 use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
 use commstack_pipeline::flow::lock::locked_artifacts;
 use commstack_pipeline::util::human;
 
@@ -36,6 +38,38 @@ pub enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Push every step output of the store that ships something (nvshmem, dropin, kernels,
+    /// deepep, wheelhouse, base, image) to an OCI registry as a signed artifact tagged
+    /// `<step>-<key>`: the binary cache another machine substitutes from. See
+    /// docs/registry.md.
+    #[command(after_help = "\
+Each output becomes an OCI artifact (artifactType application/vnd.dev.commstack.step.v1):
+its config the step's provenance (store key, inputs, result, the manifest of every shipped
+file with sha256 and mode), its layer a tar of exactly those files, checked against that
+manifest before anything is sent (a damaged store output is refused). The manifest digest
+is signed with the ed25519 key given (`openssl genpkey -algorithm ed25519 -out key.pem`);
+the signature is pushed beside it under the tag sha256-<hex>.sig. Credentials, CA and
+retries as for `cargo xtask push`.")]
+    Push {
+        /// The cache repository: HOST[:PORT]/REPO.
+        #[arg(long, value_name = "HOST[:PORT]/REPO")]
+        registry: String,
+        /// The ed25519 private key that signs (PKCS#8 PEM).
+        #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
+        key: std::path::PathBuf,
+        /// Only this step's outputs (repeatable; default: every step that ships).
+        #[arg(long = "step", value_enum, value_name = "STEP")]
+        steps: Vec<commstack_pipeline::graph::StepId>,
+        /// PEM file of CA certificates to trust besides the system's.
+        #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
+        ca_file: Option<std::path::PathBuf>,
+        /// Blobs uploaded at once.
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        jobs: usize,
+        /// Print the pushed outputs as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the sha256 and the commstack tree hash of a source archive or directory: the
     /// two values a known-source entry (crates/stack/src/known-sources.toml) records.
     Hash {
@@ -51,6 +85,32 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
         Command::Verify { remove } => verify(&cache, remove),
         Command::Gc { dry_run, all } => gc(ctx, &cache, dry_run, all),
         Command::Hash { path } => hash(&path),
+        Command::Push {
+            registry,
+            key,
+            steps,
+            ca_file,
+            jobs,
+            json,
+        } => {
+            let request = CachePushRequest {
+                registry,
+                key,
+                steps,
+                ca_file,
+                jobs,
+            };
+            // With --json the lines go to stderr: stdout is the JSON alone.
+            let say = |line: &str| match json {
+                true => eprintln!("{line}"),
+                false => println!("{line}"),
+            };
+            let pushed = cache_push(ctx, &request, &say)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&pushed)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod cmd_gpu_bundle;
 mod cmd_lock;
 mod cmd_logscan;
 mod cmd_mirror;
+mod cmd_push;
 mod cmd_store;
 mod cmd_toolchain;
 mod cmd_verify;
@@ -44,7 +45,8 @@ enum Command {
     Lock(cmd_lock::Args),
     /// Download every artifact of stack.lock into the verified cache.
     Fetch(cmd_fetch::Args),
-    /// Inspect, verify or prune the download cache.
+    /// Inspect, verify or prune the download cache; push the step outputs to a registry
+    /// as the binary cache (`cache push`).
     #[command(subcommand)]
     Cache(cmd_cache::Command),
     /// Write or use an air-gap bundle of every locked artifact.
@@ -59,6 +61,9 @@ enum Command {
     /// explained; or one target (nvshmem, kernels, deepep, image).
     // Boxed: its arguments are most of the enum's size (clippy::large_enum_variant).
     Build(Box<cmd_build::Args>),
+    /// Push the image to an OCI registry by digest (tagged with the lock's sha256); prints
+    /// the HOST/REPO@sha256:... reference deploys pull.
+    Push(cmd_push::Args),
     /// Bring an existing Python environment onto the stack: compare with the lock, install
     /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
     Adopt(cmd_adopt::Args),
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
         Command::Fetch(args) => cmd_fetch::run(&ctx, args),
         Command::Cache(cmd) => cmd_cache::run(&ctx, cmd),
         Command::Mirror(cmd) => cmd_mirror::run(&ctx, cmd),
+        Command::Push(args) => cmd_push::run(&ctx, args),
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
         Command::Build(args) => cmd_build::run(&ctx, *args),

@@ -22,10 +22,17 @@
 //! (unless `Route::ignore_range()` or `Behavior::IgnoreRange`)
 //! with 206 + `Content-Range` (416 when the start is past the end); `HEAD` gets the
 //! headers only. Routes are keyed by path without the query string.
+//!
+//! [`TestRegistry`] is a real OCI registry (Debian's docker-registry) on `127.0.0.1` with
+//! TLS and htpasswd auth.
 
 mod http;
 pub mod native;
 pub mod pypi;
+pub mod registry;
 mod server;
 
+pub use registry::{
+    REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry, skip_registry_tests,
+};
 pub use server::{Behavior, Request, Route, TestServer};

@@ -3,10 +3,12 @@
 //! command module (tests/tidy.rs checks), so it can move into a crate of its own.
 
 pub mod build;
+pub mod cache_push;
 pub mod deepep;
 pub mod fetch;
 pub mod image;
 pub mod kernels;
 pub mod lock;
 pub mod nvshmem;
+pub mod push;
 pub mod toolchain;

@@ -1,0 +1,232 @@
+//! `cargo xtask cache push`: the binary cache's push side. Every graph step of the store
+//! that ships something (nvshmem, dropin, kernels, deepep, wheelhouse, base, image) goes to
+//! the registry as an OCI artifact tagged `<step>-<key>` (the store's directory name
+//! without `pipeline-`): its config the step's provenance (key, inputs, result, the
+//! manifest of what it ships), its one layer a tar of exactly the shipped files, checked
+//! against that manifest first. Each is signed (ed25519 over the manifest digest,
+//! crates/registry/src/sign.rs) with the signature beside it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use commstack_digest::manifest::Entry;
+use commstack_registry::artifact::{Artifact, write_artifact_layout};
+use commstack_registry::{PushOptions, PushedSigned, Target};
+use commstack_store::{StepKey, Store};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::ctx::Ctx;
+use crate::graph::{StepId, StoredResult, stored_result};
+
+/// The artifact type of a step output, and its config's media type.
+pub const STEP_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.step.v1";
+pub const STEP_CONFIG_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.config.v1+json";
+/// An uncompressed tar: wheels and the base's tar are compressed or large already, and
+/// the tar (commstack_image::write_layer) is the same bytes for the same files anywhere.
+const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// What to push where, signed with what.
+#[derive(Clone, Debug)]
+pub struct CachePushRequest {
+    /// `HOST[:PORT]/REPO` of the cache repository.
+    pub registry: String,
+    /// The ed25519 private key (PKCS#8 PEM) that signs each output.
+    pub key: PathBuf,
+    /// Only these steps (all that ship when empty).
+    pub steps: Vec<StepId>,
+    pub ca_file: Option<PathBuf>,
+    pub jobs: usize,
+}
+
+/// One pushed step output.
+#[derive(Clone, Debug, Serialize)]
+pub struct PushedStep {
+    pub step: String,
+    /// The store's directory name: `pipeline-<step>-<key>`.
+    pub key: String,
+    pub files: usize,
+    #[serde(flatten)]
+    pub pushed: PushedSigned,
+}
+
+/// Pushes the store's shipped step outputs; `say` reports each.
+pub fn cache_push(
+    ctx: &Ctx,
+    request: &CachePushRequest,
+    say: &dyn Fn(&str),
+) -> Result<Vec<PushedStep>> {
+    let target = Target::parse(&request.registry)?;
+    let key = commstack_registry::sign::read_signing_key(&request.key)?;
+    let store = Store::open(ctx.store_dir())?;
+    let mut found = Vec::new();
+    for entry in store.list()? {
+        let Some(meta) = entry.meta else { continue };
+        let Some(step) = meta.step.strip_prefix("pipeline-") else {
+            continue;
+        };
+        let Some(id) = StepId::ALL.into_iter().find(|s| s.name() == step) else {
+            continue;
+        };
+        if !request.steps.is_empty() && !request.steps.contains(&id) {
+            continue;
+        }
+        let step_key = StepKey {
+            step: meta.step.clone(),
+            hash: meta.hash.clone(),
+        };
+        let Some(stored) = stored_result(&store, &step_key)? else {
+            continue;
+        };
+        if stored.shipped.is_some() {
+            found.push((id, step_key, meta.inputs, stored));
+        }
+    }
+    if found.is_empty() {
+        bail!(
+            "the store {} holds no shipped output{}: build first (`cargo xtask build`)",
+            store.root().display(),
+            match request.steps.is_empty() {
+                true => String::new(),
+                false => format!(
+                    " of {}",
+                    request
+                        .steps
+                        .iter()
+                        .map(|s| s.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        );
+    }
+    let mut options = PushOptions::new(target);
+    options.ca_file = request.ca_file.clone();
+    options.jobs = request.jobs.max(1);
+    options.progress = !ctx.quiet;
+    let staging_root = ctx.home.join("push");
+    std::fs::create_dir_all(&staging_root)
+        .with_context(|| format!("cannot create {}", staging_root.display()))?;
+    let mut pushed = Vec::new();
+    for (id, step_key, inputs, stored) in found {
+        let dir_name = step_key.dir_name();
+        let staging = tempfile::Builder::new()
+            .prefix("cache-")
+            .tempdir_in(&staging_root)
+            .with_context(|| format!("cannot create a directory in {}", staging_root.display()))?;
+        let layout = step_layout(id, &dir_name, &inputs, &stored, staging.path())
+            .with_context(|| format!("packing the output of step {id} ({dir_name})"))?;
+        let files = stored.shipped.as_ref().map_or(0, |s| s.files.len());
+        options.tag = Some(dir_name.trim_start_matches("pipeline-").to_string());
+        let signed = commstack_registry::push_signed(&layout, &key, &options)
+            .with_context(|| format!("pushing the output of step {id} ({dir_name})"))?;
+        say(&format!(
+            "{id}: {}:{} = {} ({files} files, {} uploaded), signature {}",
+            signed
+                .pushed
+                .reference
+                .split('@')
+                .next()
+                .unwrap_or_default(),
+            options.tag.as_deref().unwrap_or_default(),
+            signed.pushed.manifest_digest,
+            crate::util::human(signed.pushed.bytes_uploaded),
+            signed.signature
+        ));
+        pushed.push(PushedStep {
+            step: id.name().to_string(),
+            key: dir_name,
+            files,
+            pushed: signed,
+        });
+    }
+    Ok(pushed)
+}
+
+/// The OCI layout of one step output in `staging/oci`: the shipped files linked into
+/// `staging/tree` and checked against the manifest the step recorded, their tar, the
+/// provenance config.
+fn step_layout(
+    id: StepId,
+    dir_name: &str,
+    inputs: &serde_json::Value,
+    stored: &StoredResult,
+    staging: &Path,
+) -> Result<PathBuf> {
+    let shipped = stored.shipped.as_ref().context("the step ships nothing")?;
+    let tree = staging.join("tree");
+    std::fs::create_dir_all(&tree)?;
+    let single_file = std::fs::symlink_metadata(&shipped.root)
+        .with_context(|| {
+            format!(
+                "the output {} is gone: build it again (`cargo xtask build --only {id} --force`)",
+                shipped.root.display()
+            )
+        })?
+        .is_file();
+    for (rel, entry) in &shipped.files {
+        let from = match single_file {
+            true => shipped.root.clone(),
+            false => shipped.root.join(rel),
+        };
+        let to = tree.join(rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match entry {
+            Entry::Link { target } => std::os::unix::fs::symlink(target, &to)?,
+            Entry::File { .. } => {
+                if std::fs::hard_link(&from, &to).is_err() {
+                    std::fs::copy(&from, &to)
+                        .with_context(|| format!("cannot read {}", from.display()))?;
+                }
+            }
+        }
+    }
+    // What is pushed is what the step recorded, byte for byte and mode for mode.
+    let now = commstack_digest::manifest::manifest(&tree, &|_| false)
+        .with_context(|| format!("hashing {}", tree.display()))?;
+    let differences = commstack_digest::manifest::differences(&shipped.files, &now);
+    if !differences.is_empty() {
+        let named: Vec<String> = differences
+            .iter()
+            .take(5)
+            .map(|(name, what)| {
+                let what = match what.as_str() {
+                    "only in the first build" => "missing",
+                    "only in the second build" => "not recorded",
+                    other => other,
+                };
+                format!("{name}: {what}")
+            })
+            .collect();
+        bail!(
+            "the store's output {} is not what the step recorded ({} file(s) differ: {}): nothing was pushed; build it again (`cargo xtask build --only {id} --force`)",
+            shipped.root.display(),
+            differences.len(),
+            named.join("; ")
+        );
+    }
+    let tar = staging.join(format!("{dir_name}.tar"));
+    commstack_image::write_layer(&tree, &tar, 0)?;
+    let config = json!({
+        "schema": 1,
+        "key": dir_name,
+        "inputs": inputs,
+        "result": stored,
+        "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
+    });
+    let layout = staging.join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: STEP_ARTIFACT_TYPE.to_string(),
+            config_media_type: STEP_CONFIG_MEDIA_TYPE.to_string(),
+            config: commstack_digest::canonical_json(&config).into_bytes(),
+            layers: vec![(LAYER_MEDIA_TYPE.to_string(), tar)],
+            annotations: [("dev.commstack.step.key".to_string(), dir_name.to_string())].into(),
+            subject: None,
+        },
+        &layout,
+    )?;
+    Ok(layout)
+}

@@ -1,0 +1,30 @@
+//! commstack-registry: talking to OCI distribution registries.
+//!
+//! - [`target`]: `HOST[:PORT]/REPO`, tags and their grammar.
+//! - [`auth`]: credentials from the environment or Docker's config file.
+//! - [`layout`]: an OCI image layout read for pushing, each blob checked against its digest.
+//! - [`push`]: the push itself (oci-client): blobs the registry lacks, then the manifest by
+//!   digest, then the tags; retries with backoff, bounded parallelism, progress.
+//! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
+//! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
+//!   what they sign, and fetching and verifying them.
+
+pub mod artifact;
+pub mod auth;
+pub mod layout;
+mod progress;
+pub mod push;
+pub mod sign;
+pub mod signed;
+pub mod target;
+
+pub use auth::{Credentials, credentials};
+pub use layout::Layout;
+pub use push::{
+    LOCK_LABEL, PushOptions, Pushed, RetryPolicy, push_layout, push_layout_async, tags_for,
+};
+pub use signed::{PushedSigned, push_signed, verify_signed};
+pub use target::{Target, lock_tag, valid_tag};
+
+// The credential type of [`Credentials`], so callers need no oci-client of their own.
+pub use oci_client::secrets::RegistryAuth;

@@ -1,0 +1,141 @@
+//! Signed pushes: a layout pushed, then a signature artifact (its one layer the
+//! [`SignatureDoc`] over the pushed manifest's digest, its `subject` that manifest) under
+//! the tag `sha256-<hex>.sig`; and the check a puller makes: fetch that signature and
+//! verify it under the trusted keys, before trusting what the manifest names.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use oci_client::{Reference, RegistryOperation};
+
+use crate::artifact::{Artifact, EMPTY_CONFIG_MEDIA_TYPE, write_artifact_layout};
+use crate::layout::{Layout, MANIFEST_MEDIA_TYPE};
+use crate::push::{PushOptions, Pushed, client_for, push_layout};
+use crate::sign::{
+    SIGNATURE_ARTIFACT_TYPE, SIGNATURE_MEDIA_TYPE, SignatureDoc, sign, signature_tag, verify,
+};
+
+/// A pushed layout and its pushed signature.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PushedSigned {
+    #[serde(flatten)]
+    pub pushed: Pushed,
+    /// `host/repo:sha256-<hex>.sig`.
+    pub signature: String,
+    /// `ed25519:<base64>` of the key that signed.
+    pub signed_by: String,
+}
+
+/// Pushes the layout at `dir`, then its signature by `key`.
+pub fn push_signed(dir: &Path, key: &SigningKey, options: &PushOptions) -> Result<PushedSigned> {
+    let layout = Layout::open(dir)?;
+    let pushed = push_layout(dir, options)?;
+    let doc = sign(key, &pushed.manifest_digest);
+    let work = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let doc_file = work.path().join("signature.json");
+    std::fs::write(&doc_file, serde_json::to_vec(&doc)?)?;
+    let signature_layout = work.path().join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: SIGNATURE_ARTIFACT_TYPE.to_string(),
+            config_media_type: EMPTY_CONFIG_MEDIA_TYPE.to_string(),
+            config: b"{}".to_vec(),
+            layers: vec![(SIGNATURE_MEDIA_TYPE.to_string(), doc_file)],
+            annotations: Default::default(),
+            subject: Some((pushed.manifest_digest.clone(), layout.manifest.len() as u64)),
+        },
+        &signature_layout,
+    )?;
+    let tag = signature_tag(&pushed.manifest_digest)?;
+    let mut sig_options = options.clone();
+    sig_options.tag = Some(tag.clone());
+    push_layout(&signature_layout, &sig_options)
+        .with_context(|| format!("pushing the signature of {}", pushed.reference))?;
+    Ok(PushedSigned {
+        signature: format!("{}:{tag}", options.target.name()),
+        signed_by: doc.key,
+        pushed,
+    })
+}
+
+/// Fetches the signature of `digest` from the registry and verifies it under `trusted`.
+/// An unsigned manifest is an error too: a puller that accepts one says so itself.
+pub fn verify_signed(
+    options: &PushOptions,
+    digest: &str,
+    trusted: &[VerifyingKey],
+) -> Result<SignatureDoc> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(verify_signed_async(options, digest, trusted))
+}
+
+async fn verify_signed_async(
+    options: &PushOptions,
+    digest: &str,
+    trusted: &[VerifyingKey],
+) -> Result<SignatureDoc> {
+    let target = &options.target;
+    let (client, credentials) = client_for(options)?;
+    let tag = signature_tag(digest)?;
+    let reference = Reference::with_tag(
+        target.registry.clone(),
+        target.repository.clone(),
+        tag.clone(),
+    );
+    let place = format!("{}:{tag}", target.name());
+    client
+        .auth(&reference, &credentials.auth, RegistryOperation::Pull)
+        .await
+        .with_context(|| format!("logging in to {} to read {place}", target.registry))?;
+    let manifest = match client
+        .pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
+        .await
+    {
+        Ok((bytes, _)) => bytes,
+        Err(err) if is_not_found(&err) => bail!(
+            "{}@{digest} is not signed (no {place}): refusing it",
+            target.name()
+        ),
+        Err(err) => return Err(err).with_context(|| format!("reading {place}")),
+    };
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest)
+        .with_context(|| format!("{place} is not a JSON manifest"))?;
+    let layer = manifest["layers"]
+        .as_array()
+        .and_then(|layers| {
+            layers
+                .iter()
+                .find(|l| l["mediaType"] == SIGNATURE_MEDIA_TYPE)
+        })
+        .and_then(|l| l["digest"].as_str())
+        .with_context(|| format!("{place} holds no {SIGNATURE_MEDIA_TYPE} layer"))?;
+    let mut bytes = Vec::new();
+    // oci-client checks the blob's digest while it streams.
+    client
+        .pull_blob(&reference, layer, &mut bytes)
+        .await
+        .with_context(|| format!("reading the signature blob {layer} of {place}"))?;
+    let doc: SignatureDoc = serde_json::from_slice(&bytes)
+        .with_context(|| format!("the signature blob {layer} of {place} is not a signature"))?;
+    verify(&doc, digest, trusted).with_context(|| format!("{}@{digest}", target.name()))?;
+    Ok(doc)
+}
+
+fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match err {
+        E::ImageManifestNotFoundError(_) => true,
+        E::ServerError { code: 404, .. } => true,
+        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown | OciErrorCode::NotFound
+            )
+        }),
+        _ => false,
+    }
+}

@@ -1,0 +1,95 @@
+//! `cargo xtask push`: the image into an OCI registry by digest. Parse, then one call into
+//! the pipeline crate (which makes the layout when none is given, and pushes through
+//! crates/registry).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::push::{PushRequest, push};
+use commstack_pipeline::util::human;
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+Blobs go first, only those the registry lacks (HEAD), each checked against its sha256
+before any is sent; then the manifest, by its digest, as the layout's bytes; then the tags:
+lock-<the lock's sha256> (from the image's dev.commstack.lock.sha256 label) and a readable
+one (--tag, else torch<v>-cuda<v>-nvshmem<v>-deepep<v> from the image's labels). The last
+line printed is the reference deploys pull: HOST[:PORT]/REPO@sha256:<manifest digest>.
+
+Credentials: $COMMSTACK_REGISTRY_USER and $COMMSTACK_REGISTRY_PASSWORD, else the auths
+entry `docker login HOST` wrote into $DOCKER_CONFIG/config.json (or ~/.docker/config.json),
+else none. HTTP basic and bearer-token registries both work with a user and password.
+Connection failures, timeouts, 5xx and 429 are retried with backoff; a rerun skips the
+blobs already uploaded. With --key the manifest digest is signed (ed25519) and the
+signature pushed beside the image. See docs/registry.md.
+
+Examples:
+  cargo xtask push --registry registry.example.com/commstack/debian-12
+  cargo xtask push --registry 127.0.0.1:5000/ci/image --oci out/oci --ca-file ca.pem --tag nightly")]
+pub struct Args {
+    /// Where to push: HOST[:PORT]/REPO (https; write http://HOST[:PORT]/REPO for a
+    /// plain-HTTP registry on a trusted network).
+    #[arg(long, value_name = "HOST[:PORT]/REPO")]
+    pub registry: String,
+    /// The OCI image layout to push (what `build image --oci DIR` wrote). Default: the
+    /// stack's image; the graph runs until the image step (reusing every step whose inputs
+    /// are unchanged) and writes its layout under <home>/push/ for this push.
+    #[arg(long, value_name = "DIR")]
+    pub oci: Option<PathBuf>,
+    /// The readable tag, instead of the one made from the image's labels.
+    #[arg(long, value_name = "NAME")]
+    pub tag: Option<String>,
+    /// PEM file of CA certificates to trust besides the system's (a registry with a
+    /// private CA).
+    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
+    pub ca_file: Option<PathBuf>,
+    /// Blobs uploaded at once.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub jobs: usize,
+    /// Refuse to change stack.lock while making the image (CI; see `build --help`).
+    #[arg(long)]
+    pub locked: bool,
+    /// Sign the image's manifest digest with this ed25519 private key (PKCS#8 PEM, e.g.
+    /// `openssl genpkey -algorithm ed25519 -out key.pem`); the signature is pushed beside
+    /// it under the tag sha256-<hex>.sig.
+    #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
+    pub key: Option<PathBuf>,
+    /// Print the result as JSON (reference, digests, tags, blobs sent and found).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let pushed = push(
+        ctx,
+        &PushRequest {
+            registry: args.registry,
+            oci: args.oci,
+            tag: args.tag,
+            ca_file: args.ca_file,
+            jobs: args.jobs,
+            locked: args.locked,
+            key: args.key,
+        },
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&pushed)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let (Some(signature), Some(key)) = (&pushed.signature, &pushed.signed_by) {
+        println!("signed by {key}: {signature}");
+    }
+    let pushed = &pushed.pushed;
+    println!(
+        "blobs: {} uploaded ({}), {} already in the registry",
+        pushed.uploaded.len(),
+        human(pushed.bytes_uploaded),
+        pushed.present.len()
+    );
+    println!("image ID (config): {}", pushed.config_digest);
+    println!("tags: {}", pushed.tags.join(", "));
+    println!("{}", pushed.reference);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,196 @@
+//! `cargo xtask cache push` against a real registry (testkit's docker-registry with TLS
+//! and htpasswd auth), from a store holding graph steps as the graph writes them: a
+//! single-file output (a wheel), a directory output with a symlink, and a step that ships
+//! nothing. Each shipped output arrives as a signed artifact under `<step>-<key>` whose
+//! signature verifies under the key that pushed it; a store output damaged after it was
+//! recorded is refused before anything is sent. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use commstack_pipeline::graph::{Shipped, StepResult, StoredResult};
+use commstack_registry::sign::read_signing_key;
+use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
+use commstack_store::{StepKey, Store};
+use commstack_testkit::registry::run_tool;
+use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
+use serde_json::json;
+
+/// A graph step in `store` whose output `make` writes under the step directory; `ships`
+/// names what it ships (relative to the step directory), as the graph records it.
+fn step(store: &Store, name: &str, ships: Option<&str>, make: impl FnOnce(&Path)) -> StepKey {
+    let inputs = json!({ "test": name });
+    let key = StepKey::new(&format!("pipeline-{name}"), &inputs);
+    store
+        .run(&key, &inputs, false, |dir| {
+            make(&dir.out);
+            let shipped = ships.map(|rel| Shipped {
+                files: commstack_digest::manifest::manifest(&dir.out.join(rel), &|_| false)
+                    .unwrap(),
+                root: dir.final_path.join(rel),
+            });
+            let stored = StoredResult {
+                result: StepResult {
+                    output: ships.map(|rel| dir.final_path.join(rel)),
+                    facts: json!({ "made_by": "the test" }),
+                },
+                shipped,
+            };
+            std::fs::write(
+                dir.out.join("result.json"),
+                serde_json::to_string(&stored).unwrap(),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    key
+}
+
+fn xtask(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .env("COMMSTACK_HOME", home)
+        .env("DOCKER_CONFIG", home.join("no-docker-config"))
+        .env("COMMSTACK_REGISTRY_USER", REGISTRY_USER)
+        .env("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD)
+        .env_remove("COMMSTACK_REGISTRY_CA")
+        .env_remove("COMMSTACK_SIGNING_KEY")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("home");
+    let store = Store::open(home.join("store")).unwrap();
+    let dropin = step(
+        &store,
+        "dropin",
+        Some("nvshmem-3.4.5-py3-none-any.whl"),
+        |out| {
+            std::fs::write(out.join("nvshmem-3.4.5-py3-none-any.whl"), "a wheel").unwrap();
+        },
+    );
+    let nvshmem = step(&store, "nvshmem", Some("nvshmem"), |out| {
+        let lib = out.join("nvshmem/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libnvshmem_host.so.3"), "ELF, nearly").unwrap();
+        std::os::unix::fs::symlink("libnvshmem_host.so.3", lib.join("libnvshmem_host.so")).unwrap();
+        std::fs::write(out.join("build-report.json"), "{}").unwrap();
+    });
+    step(&store, "toolchain", None, |out| {
+        std::fs::write(out.join("nvcc"), "not shipped").unwrap();
+    });
+    run_tool(
+        work.path(),
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
+    );
+    let key = work.path().join("key.pem");
+    let target = format!("{}/commstack/cache", registry.host());
+    let ca = registry.ca();
+    let args = |extra: &[&'static str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "cache",
+            "push",
+            "--registry",
+            &target,
+            "--key",
+            key.to_str().unwrap(),
+            "--ca-file",
+            ca.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let run = |extra: &[&'static str]| {
+        let args = args(extra);
+        xtask(&home, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let out = run(&["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pushed = pushed.as_array().unwrap();
+    let steps: Vec<&str> = pushed.iter().map(|p| p["step"].as_str().unwrap()).collect();
+    assert_eq!(steps, ["dropin", "nvshmem"], "toolchain ships nothing");
+
+    let mut options = PushOptions::new(Target::parse(&target).unwrap());
+    options.ca_file = Some(ca.clone());
+    options.progress = false;
+    options.credentials = Some(Credentials {
+        auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
+        source: "the test".into(),
+    });
+    options.retry = RetryPolicy {
+        attempts: 1,
+        backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+    };
+    let public = read_signing_key(&key).unwrap().verifying_key();
+    for (p, key) in pushed.iter().zip([&dropin, &nvshmem]) {
+        let digest = p["manifest_digest"].as_str().unwrap();
+        commstack_registry::verify_signed(&options, digest, &[public]).unwrap();
+        // Found by its step key; the manifest is an artifact naming the key.
+        let tag = key.dir_name().trim_start_matches("pipeline-").to_string();
+        let raw = run_tool(
+            work.path(),
+            "skopeo",
+            &[
+                "inspect",
+                "--raw",
+                "--cert-dir",
+                registry.cert_dir().to_str().unwrap(),
+                "--creds",
+                &format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
+                &format!("docker://{target}:{tag}"),
+            ],
+        );
+        assert_eq!(
+            format!("sha256:{}", commstack_digest::sha256_hex(&raw.stdout)),
+            digest
+        );
+        let manifest: serde_json::Value = serde_json::from_slice(&raw.stdout).unwrap();
+        assert_eq!(
+            manifest["artifactType"],
+            "application/vnd.dev.commstack.step.v1"
+        );
+        assert_eq!(
+            manifest["annotations"]["dev.commstack.step.key"],
+            key.dir_name()
+        );
+    }
+    assert_eq!(
+        pushed[1]["files"], 2,
+        "the library and its link; not the report"
+    );
+
+    // A shipped file changed after the step recorded it: refused, nothing sent.
+    let wheel = store
+        .lookup(&dropin)
+        .unwrap()
+        .join("nvshmem-3.4.5-py3-none-any.whl");
+    std::fs::write(&wheel, "another wheel").unwrap();
+    let before = registry.blob_files();
+    let out = run(&["--step", "dropin"]);
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    assert!(text.contains("not what the step recorded"), "{text}");
+    assert!(text.contains("nvshmem-3.4.5-py3-none-any.whl"), "{text}");
+    assert_eq!(registry.blob_files(), before, "nothing was sent");
+}

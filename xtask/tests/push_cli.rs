@@ -1,0 +1,199 @@
+//! `cargo xtask push` end to end against a real registry (testkit's docker-registry on
+//! 127.0.0.1 with TLS and htpasswd auth): credentials from the environment and from
+//! Docker's config file, the CA from the flag and from the environment, the reference on
+//! the last line, a signed push whose signature verifies, and a clear error when no
+//! credentials are found.
+//! COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it; a missing docker-registry fails it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use base64::Engine as _;
+use commstack_image::{ImageSpec, write_layer, write_oci_layout};
+use commstack_registry::sign::{public_key_text, read_signing_key};
+use commstack_registry::{Credentials, PushOptions, RegistryAuth, Target, verify_signed};
+use commstack_testkit::registry::run_tool;
+use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
+
+const LOCK: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// xtask with a clean environment for credentials: no COMMSTACK_REGISTRY_* and an empty
+/// Docker config directory unless `env` sets them.
+fn xtask(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    command
+        .env("COMMSTACK_HOME", home)
+        .env("DOCKER_CONFIG", home.join("no-docker-config"))
+        .env_remove("COMMSTACK_REGISTRY_USER")
+        .env_remove("COMMSTACK_REGISTRY_PASSWORD")
+        .env_remove("COMMSTACK_REGISTRY_CA")
+        .env_remove("COMMSTACK_SIGNING_KEY")
+        .args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_users_keep_them() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("opt")).unwrap();
+    std::fs::write(tree.join("opt/file"), "commstack\n").unwrap();
+    let layer = write_layer(&tree, &work.path().join("layer.tar"), 1_764_547_200).unwrap();
+    let spec = ImageSpec {
+        tag: "commstack-push-cli:test".into(),
+        epoch: 1_764_547_200,
+        labels: [("dev.commstack.lock.sha256".to_string(), LOCK.to_string())].into(),
+        ..ImageSpec::default()
+    };
+    let layout = work.path().join("oci");
+    let oci = write_oci_layout(&spec, &[layer], &layout).unwrap();
+    let home = work.path().join("home");
+    let target = format!("{}/ci/image", registry.host());
+    let ca = registry.ca();
+    let (layout, ca) = (layout.to_str().unwrap(), ca.to_str().unwrap());
+
+    // Credentials from the environment, the CA from --ca-file.
+    let out = xtask(
+        &home,
+        &[
+            ("COMMSTACK_REGISTRY_USER", REGISTRY_USER),
+            ("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD),
+        ],
+        &[
+            "push",
+            "--registry",
+            &target,
+            "--oci",
+            layout,
+            "--ca-file",
+            ca,
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines().last(),
+        Some(format!("{target}@{}", oci.manifest_digest).as_str()),
+        "{text}"
+    );
+    assert!(text.contains(&format!("tags: lock-{LOCK}, test")), "{text}");
+    assert!(text.contains("blobs: 2 uploaded"), "{text}");
+
+    // Credentials from Docker's config file (what `docker login` writes), the CA from
+    // the environment; everything is there already.
+    let docker_config = work.path().join("docker");
+    std::fs::create_dir_all(&docker_config).unwrap();
+    let auth = base64::engine::general_purpose::STANDARD
+        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
+    std::fs::write(
+        docker_config.join("config.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#,
+            registry.host()
+        ),
+    )
+    .unwrap();
+    let out = xtask(
+        &home,
+        &[
+            ("DOCKER_CONFIG", docker_config.to_str().unwrap()),
+            ("COMMSTACK_REGISTRY_CA", ca),
+        ],
+        &[
+            "push",
+            "--registry",
+            &target,
+            "--oci",
+            layout,
+            "--json",
+            "--tag",
+            "nightly",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(pushed["manifest_digest"], oci.manifest_digest.as_str());
+    assert_eq!(pushed["uploaded"], serde_json::json!([]));
+    assert_eq!(
+        pushed["tags"],
+        serde_json::json!([format!("lock-{LOCK}"), "nightly"])
+    );
+
+    // Signed: the signature beside it verifies under the key's public half.
+    run_tool(
+        work.path(),
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
+    );
+    let key = work.path().join("key.pem");
+    let out = xtask(
+        &home,
+        &[
+            ("COMMSTACK_REGISTRY_USER", REGISTRY_USER),
+            ("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD),
+        ],
+        &[
+            "push",
+            "--registry",
+            &target,
+            "--oci",
+            layout,
+            "--ca-file",
+            ca,
+            "--key",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let signing = read_signing_key(&key).unwrap();
+    assert!(
+        text.contains(&format!(
+            "signed by {}",
+            public_key_text(&signing.verifying_key())
+        )),
+        "{text}"
+    );
+    let mut options = PushOptions::new(Target::parse(&target).unwrap());
+    options.ca_file = Some(registry.ca());
+    options.credentials = Some(Credentials {
+        auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
+        source: "the test".into(),
+    });
+    verify_signed(&options, &oci.manifest_digest, &[signing.verifying_key()]).unwrap();
+
+    // No credentials anywhere: refused, saying where credentials come from.
+    let out = xtask(
+        &home,
+        &[],
+        &[
+            "push",
+            "--registry",
+            &target,
+            "--oci",
+            layout,
+            "--ca-file",
+            ca,
+        ],
+    );
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    for needed in [registry.host().as_str(), "ci/image", "401", "docker login"] {
+        assert!(text.contains(needed), "{needed:?} not in: {text}");
+    }
+}
