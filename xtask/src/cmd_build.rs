@@ -22,7 +22,16 @@ the wheelhouse and the kernels.
 
 The summary (each step: reused or built, time, output; the verify levels that ran and those
 that could not, and why) is also written as JSON to <home>/pipeline/<stack-id>/summary.json;
-each step's log is beside it under logs/. docs/pipeline.md explains keys and plans."
+each step's log is beside it under logs/. docs/pipeline.md explains keys and plans.
+
+Binary cache: with --substitute HOST[:PORT]/REPO (or stack.toml's [cache] registry), each
+step that would be built is first looked up there (`<step>-<key>`, what `cargo xtask cache
+push` filled): nvshmem, dropin, kernels, deepep, wheelhouse and base are pulled, their
+signatures checked under [cache] trusted-keys (refused otherwise, unless --allow-unsigned),
+their blobs' sha256 checked as they stream; the toolchain and NVSHMEM's source are then not
+made, and fetch downloads only what the steps built here read. The plan (--dry-run) says
+which steps would be substituted; the summary says `substituted` and from where.
+docs/registry.md explains it."
 )]
 pub struct Args {
     #[command(subcommand)]

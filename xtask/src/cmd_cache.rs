@@ -99,6 +99,7 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
                 steps,
                 ca_file,
                 jobs,
+                credentials: None,
             };
             // With --json the lines go to stderr: stdout is the JSON alone.
             let say = |line: &str| match json {

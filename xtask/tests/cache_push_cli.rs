@@ -17,22 +17,35 @@ use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 use serde_json::json;
 
-/// A graph step in `store` whose output `make` writes under the step directory; `ships`
-/// names what it ships (relative to the step directory), as the graph records it.
-fn step(store: &Store, name: &str, ships: Option<&str>, make: impl FnOnce(&Path)) -> StepKey {
+/// A graph step in `store` whose output `make` writes into a crate's own store step
+/// (`<name>-out`, as NVSHMEM's build writes `nvshmem-<hash>`); `ships` names what it ships
+/// (relative to that directory), as the graph records it. Returns the graph step's key
+/// and the crate step's directory.
+fn step(
+    store: &Store,
+    name: &str,
+    ships: Option<&str>,
+    make: impl FnOnce(&Path),
+) -> (StepKey, std::path::PathBuf) {
     let inputs = json!({ "test": name });
+    let crate_key = StepKey::new(&format!("{name}-out"), &inputs);
+    let made = store
+        .run(&crate_key, &inputs, false, |dir| {
+            make(&dir.out);
+            Ok(())
+        })
+        .unwrap();
+    let out = made.path().to_path_buf();
     let key = StepKey::new(&format!("pipeline-{name}"), &inputs);
     store
         .run(&key, &inputs, false, |dir| {
-            make(&dir.out);
             let shipped = ships.map(|rel| Shipped {
-                files: commstack_digest::manifest::manifest(&dir.out.join(rel), &|_| false)
-                    .unwrap(),
-                root: dir.final_path.join(rel),
+                files: commstack_digest::manifest::manifest(&out.join(rel), &|_| false).unwrap(),
+                root: out.join(rel),
             });
             let stored = StoredResult {
                 result: StepResult {
-                    output: ships.map(|rel| dir.final_path.join(rel)),
+                    output: ships.map(|rel| out.join(rel)),
                     facts: json!({ "made_by": "the test" }),
                 },
                 shipped,
@@ -44,7 +57,7 @@ fn step(store: &Store, name: &str, ships: Option<&str>, make: impl FnOnce(&Path)
             Ok(())
         })
         .unwrap();
-    key
+    (key, out)
 }
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
@@ -69,7 +82,7 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
     let work = tempfile::tempdir().unwrap();
     let home = work.path().join("home");
     let store = Store::open(home.join("store")).unwrap();
-    let dropin = step(
+    let (dropin, dropin_dir) = step(
         &store,
         "dropin",
         Some("nvshmem-3.4.5-py3-none-any.whl"),
@@ -77,7 +90,7 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
             std::fs::write(out.join("nvshmem-3.4.5-py3-none-any.whl"), "a wheel").unwrap();
         },
     );
-    let nvshmem = step(&store, "nvshmem", Some("nvshmem"), |out| {
+    let (nvshmem, _) = step(&store, "nvshmem", Some("nvshmem"), |out| {
         let lib = out.join("nvshmem/lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libnvshmem_host.so.3"), "ELF, nearly").unwrap();
@@ -180,10 +193,7 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
     );
 
     // A shipped file changed after the step recorded it: refused, nothing sent.
-    let wheel = store
-        .lookup(&dropin)
-        .unwrap()
-        .join("nvshmem-3.4.5-py3-none-any.whl");
+    let wheel = dropin_dir.join("nvshmem-3.4.5-py3-none-any.whl");
     std::fs::write(&wheel, "another wheel").unwrap();
     let before = registry.blob_files();
     let out = run(&["--step", "dropin"]);

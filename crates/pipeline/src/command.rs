@@ -54,6 +54,24 @@ pub struct GraphArgs {
     /// status is 1. With --only STEP, only that step is built again.
     #[arg(long, conflicts_with = "dry_run")]
     pub check: bool,
+    /// Take step outputs from this binary cache (what `cargo xtask cache push` filled)
+    /// instead of building them: each keyed step that would run is looked up by its key
+    /// (`<step>-<key>`), its signature verified under stack.toml's [cache] trusted-keys,
+    /// its layers' sha256 checked as they stream, and it is sealed in the store as a local
+    /// build is; a step the cache lacks is built here. Default: stack.toml's [cache]
+    /// registry. Not with --force (which builds again).
+    #[arg(long, value_name = "HOST[:PORT]/REPO")]
+    pub substitute: Option<String>,
+    /// Build every step here, even when stack.toml's [cache] names a registry.
+    #[arg(long, conflicts_with = "substitute")]
+    pub no_substitute: bool,
+    /// Accept pulled outputs that are unsigned or not signed by a trusted key (a warning
+    /// for each); without it they are refused.
+    #[arg(long)]
+    pub allow_unsigned: bool,
+    /// PEM CA certificates to trust for the binary cache's registry besides the system's.
+    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `build image`: the graph until the image is loaded (and verified with --verify).
@@ -114,7 +132,7 @@ impl ImageTarget {
             gpus: self.gpus,
             oci: self.oci,
             context: self.context,
-            check: false,
+            ..GraphArgs::default()
         };
         (graph, self.build)
     }
@@ -254,6 +272,7 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     steps.settings.print_notes();
     let store = commstack_store::Store::open(ctx.store_dir())?;
     let record = Record::open(dir.join("inputs.json"))?;
+    let substituter = substituter(ctx, graph, args, &steps)?;
     let engine = Engine {
         store: &store,
         record: &record,
@@ -261,6 +280,9 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         quiet: ctx.quiet,
         force: args.force,
         stack_flag: ctx.stack_flag(),
+        substitute: substituter
+            .as_ref()
+            .map(|s| s as &dyn crate::graph::Substitute),
     };
     let selection = match (graph.until, graph.only) {
         (Some(s), _) => Selection::Until(s),
@@ -328,6 +350,33 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     })
 }
 
+/// The binary cache of `--substitute REGISTRY`, else of stack.toml's [cache] registry;
+/// none with `--no-substitute` or `--force` (which builds every selected step again).
+fn substituter(
+    ctx: &Ctx,
+    graph: &GraphArgs,
+    args: &Args,
+    steps: &StackSteps,
+) -> Result<Option<crate::flow::substitute::Substituter>> {
+    let cache = &steps.settings.stack.cache;
+    let registry = match (&graph.substitute, graph.no_substitute || args.force) {
+        (_, true) => return Ok(None),
+        (Some(r), false) => r.clone(),
+        (None, false) => match &cache.registry {
+            Some(r) => r.clone(),
+            None => return Ok(None),
+        },
+    };
+    let request = crate::flow::substitute::SubstituteRequest {
+        registry,
+        trusted_keys: cache.trusted_keys.clone(),
+        allow_unsigned: graph.allow_unsigned,
+        ca_file: graph.ca_file.clone(),
+        progress: !ctx.quiet,
+    };
+    crate::flow::substitute::Substituter::new(&request, &ctx.stack_path).map(Some)
+}
+
 /// The verify levels that ran with their verdicts, and those that did not and why.
 fn verify_levels(rows: &[Ran], gpus: bool) -> Vec<VerifyLevel> {
     let verify = rows.iter().find(|r| r.step == StepId::Verify);
@@ -346,7 +395,7 @@ fn verify_levels(rows: &[Ran], gpus: bool) -> Vec<VerifyLevel> {
             (Some(_), _) => None,
             (None, None) => Some("the verify step was not part of this run".to_string()),
             (None, Some("skipped")) => verify.and_then(|r| r.reason.clone()),
-            (None, Some("reused" | "built")) if !gpus => Some(
+            (None, Some("reused" | "built" | "substituted")) if !gpus => Some(
                 "needs NVIDIA GPUs and the NVIDIA container runtime: run `cargo xtask build --gpus` on a GPU machine"
                     .to_string(),
             ),
@@ -378,6 +427,7 @@ fn print_plan(plan: &Plan, json: bool) -> Result<()> {
             Status::Reused => "reused".to_string(),
             Status::Run { reason, .. } => format!("runs: {reason}"),
             Status::Skipped { reason } => format!("skipped: {reason}"),
+            Status::Substitute { from } => format!("substituted from {from}"),
         };
         let only = if p.selected {
             ""
@@ -392,14 +442,19 @@ fn print_plan(plan: &Plan, json: bool) -> Result<()> {
 fn print_summary(summary: &Summary, file: &std::path::Path) {
     let color = std::io::stdout().is_terminal();
     println!();
-    println!("{:<14} {:<8} {:>8}  output", "step", "", "time");
+    println!("{:<14} {:<11} {:>8}  output", "step", "", "time");
     for r in summary.steps {
         let outcome = match (r.outcome, color) {
-            ("failed", true) => "\x1b[31mfailed\x1b[0m  ",
+            ("failed", true) => "\x1b[31mfailed\x1b[0m     ",
             (o, _) => o,
         };
+        // A substituted row names where it came from (the cache's reference).
+        let from = match (r.outcome, &r.reason) {
+            ("substituted", Some(from)) => format!(" (from {from})"),
+            _ => String::new(),
+        };
         println!(
-            "{:<14} {outcome:<8} {:>7.1}s  {}",
+            "{:<14} {outcome:<11} {:>7.1}s  {}{from}",
             r.step.name(),
             r.seconds,
             r.output

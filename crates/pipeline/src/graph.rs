@@ -11,8 +11,15 @@
 //! Three steps are not in the store because what they make lives elsewhere: `lock` (the
 //! stack.lock file, handled before the graph by its caller), `fetch` (the download cache)
 //! and `load` (the Docker engine). Each is asked whether its work is done.
+//!
+//! With a binary cache (`build --substitute`, [`Substitute`]), a keyed step that would run
+//! is first looked up there by its key: when the cache has it, it is pulled and sealed in
+//! the store instead of built. A step whose output only the steps after it read (the
+//! toolchain, an unpacked source) then does not run when all of those are substituted, and
+//! the steps outside the store are planned last, knowing what is built here (fetch
+//! downloads only what those steps need).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -207,6 +214,40 @@ pub trait Steps {
     /// The file or directory of bytes a keyed step ships (what a second build must give
     /// again byte for byte), given its result; None for a step that ships nothing.
     fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf>;
+    /// Whether a binary cache may hold the keyed step's output (`cache push` pushes what
+    /// ships, and the artifact carries all the steps after it read).
+    fn substitutable(&self, step: StepId) -> bool {
+        step.keyed()
+    }
+    /// Whether the keyed step's output is only an input of the steps after it (a
+    /// toolchain, an unpacked source), not a product: with every step that reads it
+    /// substituted or reused, it need not run at all.
+    fn only_an_input(&self, _step: StepId) -> bool {
+        false
+    }
+    /// With a binary cache: the keyed steps this run builds here (neither reused nor
+    /// substituted), told before lock, fetch and load are planned (fetch downloads only
+    /// what these need).
+    fn built_here(&self, _steps: &BTreeSet<StepId>) {}
+}
+
+/// A binary cache of step outputs (`build --substitute`, crate::flow::substitute).
+pub trait Substitute {
+    /// `HOST[:PORT]/REPO`, for messages.
+    fn source(&self) -> String;
+    /// Where the cache has the output of `step` under `key` (`host/repo:tag@sha256:..`),
+    /// or None when it has not.
+    fn lookup(&self, step: StepId, key: &StepKey) -> Result<Option<String>>;
+    /// Pulls the output of `step` under `key`: checks it (signature, digests, the shipped
+    /// manifest), seals in `store` the crate steps its result points into, and returns the
+    /// result (paths of this home) for the graph step, which the engine seals.
+    fn pull(
+        &self,
+        store: &Store,
+        step: StepId,
+        key: &StepKey,
+        say: &dyn Fn(&str),
+    ) -> Result<StoredResult>;
 }
 
 /// Why a step runs, or that it is reused.
@@ -220,8 +261,10 @@ pub enum Status {
         reason: String,
         changed: Vec<Change>,
     },
-    /// It does not apply to this stack.
+    /// It does not apply to this stack, or it is not needed (what reads it is substituted).
     Skipped { reason: String },
+    /// Its output is taken from the binary cache, at `from` (`host/repo:tag@digest`).
+    Substitute { from: String },
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -289,13 +332,16 @@ pub struct Engine<'a> {
     pub force: bool,
     /// ` --stack FILE` for the commands messages suggest (empty for the default stack).
     pub stack_flag: String,
+    /// The binary cache to take outputs from before building them (`--substitute`);
+    /// not consulted with `force`.
+    pub substitute: Option<&'a dyn Substitute>,
 }
 
 /// How one step of a run ended, for the summary.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ran {
     pub step: StepId,
-    /// reused, built, skipped, failed, not-run
+    /// reused, built, substituted, skipped, failed, not-run
     pub outcome: &'static str,
     pub seconds: f64,
     pub output: Option<PathBuf>,
@@ -323,6 +369,9 @@ impl Engine<'_> {
         let mut done = Done::new();
         let mut runs: BTreeMap<StepId, bool> = BTreeMap::new();
         let mut skipped: BTreeMap<StepId, String> = BTreeMap::new();
+        let substitute = self.substitute.filter(|_| !self.force);
+        // The steps outside the store, planned once every keyed step is (see below).
+        let mut outside: Vec<(usize, bool)> = Vec::new();
         for step in selection.steps() {
             let selected = selection.runs(step);
             if let Some(reason) = steps.skipped(step).or_else(|| {
@@ -342,89 +391,142 @@ impl Engine<'_> {
                 });
                 continue;
             }
+            if !step.keyed() {
+                outside.push((out.len(), selected));
+                out.push(Planned {
+                    step,
+                    key: None,
+                    status: Status::Reused,
+                    selected,
+                    inputs: None,
+                    store_key: None,
+                });
+                continue;
+            }
             // A keyed step's key holds its keyed deps' keys only: fetch running (the cache
             // filling) does not change what a build makes.
             let upstream_runs: Vec<StepId> = step
                 .deps()
                 .iter()
                 .copied()
-                .filter(|d| runs.get(d).copied().unwrap_or(false))
-                .filter(|d| !step.keyed() || d.keyed())
+                .filter(|d| d.keyed() && runs.get(d).copied().unwrap_or(false))
                 .collect();
-            let (status, inputs, store_key) = if step.keyed() {
-                let mut inputs = steps
-                    .inputs(step)
-                    .with_context(|| format!("the inputs of step {step}"))?;
-                // The keys of the keyed steps it depends on, under "after": a changed
-                // upstream output changes this key too.
-                let after: serde_json::Map<String, serde_json::Value> = step
-                    .deps()
-                    .iter()
-                    .filter_map(|d| {
-                        keys.get(d)
-                            .map(|k| (d.name().to_string(), k.clone().into()))
-                    })
-                    .collect();
-                match inputs.as_object_mut() {
-                    Some(object) => object.insert("after".into(), after.into()),
-                    None => bail!("the inputs of step {step} are not a JSON object"),
-                };
-                let key = StepKey::new(&step.store_step(), &inputs);
-                keys.insert(step, key.hash.clone());
-                let reusable = match self.force && selected {
-                    true => None,
-                    false => self.reusable(&key)?,
-                };
-                let status = match reusable {
-                    Some(result) => {
-                        done.insert(step, result);
-                        Status::Reused
+            let mut inputs = steps
+                .inputs(step)
+                .with_context(|| format!("the inputs of step {step}"))?;
+            // The keys of the keyed steps it depends on, under "after": a changed
+            // upstream output changes this key too.
+            let after: serde_json::Map<String, serde_json::Value> = step
+                .deps()
+                .iter()
+                .filter_map(|d| {
+                    keys.get(d)
+                        .map(|k| (d.name().to_string(), k.clone().into()))
+                })
+                .collect();
+            match inputs.as_object_mut() {
+                Some(object) => object.insert("after".into(), after.into()),
+                None => bail!("the inputs of step {step} are not a JSON object"),
+            };
+            let key = StepKey::new(&step.store_step(), &inputs);
+            keys.insert(step, key.hash.clone());
+            let reusable = match self.force && selected {
+                true => None,
+                false => self.reusable(&key)?,
+            };
+            let status = match reusable {
+                Some(result) => {
+                    done.insert(step, result);
+                    Status::Reused
+                }
+                None => {
+                    let changed = self.record.changes(step, &inputs);
+                    let mut reason = match self.force && selected {
+                        true => "--force".to_string(),
+                        false => explain(&changed, &upstream_runs, self.record.has(step)),
+                    };
+                    let found = match substitute {
+                        Some(cache) if steps.substitutable(step) => {
+                            let found = cache.lookup(step, &key).with_context(|| {
+                                format!(
+                                    "looking up step {step} ({}) in the binary cache {}",
+                                    key.dir_name(),
+                                    cache.source()
+                                )
+                            })?;
+                            if found.is_none() {
+                                reason.push_str(&format!(
+                                    "; not in the binary cache {}: built here",
+                                    cache.source()
+                                ));
+                            }
+                            found
+                        }
+                        _ => None,
+                    };
+                    match found {
+                        Some(from) => Status::Substitute { from },
+                        None => Status::Run { reason, changed },
                     }
-                    None => {
-                        let changed = self.record.changes(step, &inputs);
-                        let reason = match self.force && selected {
-                            true => "--force".to_string(),
-                            false => explain(&changed, &upstream_runs, self.record.has(step)),
-                        };
-                        Status::Run { reason, changed }
-                    }
-                };
-                (status, Some(inputs), Some(key))
-            } else if !upstream_runs.is_empty() {
-                let reason = format!("after {}", names(&upstream_runs));
-                (
-                    Status::Run {
-                        reason,
-                        changed: Vec::new(),
-                    },
-                    None,
-                    None,
-                )
+                }
+            };
+            runs.insert(
+                step,
+                matches!(status, Status::Run { .. } | Status::Substitute { .. }),
+            );
+            out.push(Planned {
+                step,
+                key: Some(key.dir_name()),
+                status,
+                selected,
+                inputs: Some(inputs),
+                store_key: Some(key),
+            });
+        }
+        if let Some(cache) = substitute {
+            prune(steps, selection, &mut out, &cache.source());
+            let here: BTreeSet<StepId> = out
+                .iter()
+                .filter(|p| p.step.keyed() && matches!(p.status, Status::Run { .. }))
+                .map(|p| p.step)
+                .collect();
+            steps.built_here(&here);
+        }
+        // Lock, fetch and load: after the steps before them, or when their work is not done.
+        for (index, selected) in outside {
+            let step = out[index].step;
+            let upstream_runs: Vec<StepId> = step
+                .deps()
+                .iter()
+                .copied()
+                .filter(|d| runs.get(d).copied().unwrap_or(false))
+                .collect();
+            let status = if !upstream_runs.is_empty() {
+                Status::Run {
+                    reason: format!("after {}", names(&upstream_runs)),
+                    changed: Vec::new(),
+                }
             } else {
                 match steps.pending(step, &done)? {
                     None => {
                         done.insert(step, StepResult::default());
-                        (Status::Reused, None, None)
+                        Status::Reused
                     }
-                    Some(reason) => (
-                        Status::Run {
-                            reason,
-                            changed: Vec::new(),
-                        },
-                        None,
-                        None,
-                    ),
+                    Some(reason) => Status::Run {
+                        reason,
+                        changed: Vec::new(),
+                    },
                 }
             };
             runs.insert(step, matches!(status, Status::Run { .. }));
-            out.push(Planned {
+            out[index] = Planned {
                 step,
-                key: store_key.as_ref().map(|k| k.dir_name()),
+                key: None,
                 status,
                 selected,
-                inputs,
-                store_key,
-            });
+                inputs: None,
+                store_key: None,
+            };
         }
         let only = match selection {
             Selection::Only(s) => Some(s),
@@ -480,7 +582,9 @@ impl Engine<'_> {
                     Status::Skipped { reason } => {
                         rows.push(row("skipped", 0.0, None, Some(reason.clone())))
                     }
-                    Status::Run { .. } => rows.push(row("not-run", 0.0, None, None)),
+                    Status::Run { .. } | Status::Substitute { .. } => {
+                        rows.push(row("not-run", 0.0, None, None))
+                    }
                 }
                 continue;
             }
@@ -520,6 +624,44 @@ impl Engine<'_> {
                         self.stack_flag,
                         p.step
                     );
+                }
+                Status::Substitute { from } => {
+                    self.say(&format!(
+                        "[{:>7.1}s] {:<14} substituted from {from}",
+                        started.elapsed().as_secs_f64(),
+                        p.step.name()
+                    ));
+                    let t = Instant::now();
+                    let log = self.log_dir.join(format!("{}.log", p.step.name()));
+                    let outcome = self.substitute_one(&p, &log);
+                    let seconds = t.elapsed().as_secs_f64();
+                    match outcome {
+                        Ok(result) => {
+                            self.say(&format!(
+                                "[{:>7.1}s] {:<14} pulled in {seconds:.1} s{}",
+                                started.elapsed().as_secs_f64(),
+                                p.step.name(),
+                                result
+                                    .output
+                                    .as_ref()
+                                    .map(|o| format!(": {}", o.display()))
+                                    .unwrap_or_default()
+                            ));
+                            rows.push(row(
+                                "substituted",
+                                seconds,
+                                Some(&result),
+                                Some(from.clone()),
+                            ));
+                            done.insert(p.step, result);
+                        }
+                        Err(err) => {
+                            let _ = append_log(&log, &format!("error: {err:#}\n"));
+                            rows.push(row("failed", seconds, None, Some(from.clone())));
+                            failed = Some((p.step, err, log));
+                        }
+                    }
+                    continue;
                 }
                 Status::Run { .. } => {}
             }
@@ -608,6 +750,36 @@ impl Engine<'_> {
         made.context("the step wrote no result")
     }
 
+    /// Takes a step's output from the binary cache: the crate steps it points into are
+    /// sealed by the pull, the graph step here, as [`Engine::run_one`] seals a build.
+    fn substitute_one(&self, p: &Planned, log: &Path) -> Result<StepResult> {
+        std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
+        let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
+        else {
+            bail!("step {} is not a keyed step of a binary cache", p.step);
+        };
+        let quiet = self.quiet;
+        let name = p.step.name();
+        let say = |line: &str| {
+            if !quiet {
+                eprintln!("{:>24} {name}: {line}", "");
+            }
+            let _ = append_log(log, &format!("{line}\n"));
+        };
+        let mut made = None;
+        self.store.run(key, inputs, true, |dir| {
+            let stored = cache.pull(self.store, p.step, key, &say)?;
+            std::fs::write(
+                dir.out.join(RESULT_FILE),
+                serde_json::to_string_pretty(&stored)?,
+            )?;
+            made = Some(stored.result);
+            Ok(())
+        })?;
+        self.record.set(p.step, inputs)?;
+        made.context("the pull wrote no result")
+    }
+
     fn say(&self, line: &str) {
         if !self.quiet {
             eprintln!("{line}");
@@ -631,6 +803,31 @@ fn append_log(log: &Path, text: &str) -> std::io::Result<()> {
         .create(true)
         .open(log)?
         .write_all(text.as_bytes())
+}
+
+/// With a binary cache: a step planned to run whose output is only an input of the steps
+/// after it (the toolchain, an unpacked source) does not run when every step that reads it
+/// is reused or substituted; the target of `--until`/`--only` always runs.
+fn prune(steps: &dyn Steps, selection: Selection, plan: &mut [Planned], source: &str) {
+    let target = match selection {
+        Selection::Until(s) | Selection::Only(s) => Some(s),
+        Selection::All => None,
+    };
+    let mut needed: BTreeSet<StepId> = BTreeSet::new();
+    for p in plan.iter_mut().rev() {
+        if !matches!(p.status, Status::Run { .. }) {
+            continue;
+        }
+        if needed.contains(&p.step) || !steps.only_an_input(p.step) || target == Some(p.step) {
+            needed.extend(p.step.deps().iter().copied());
+        } else {
+            p.status = Status::Skipped {
+                reason: format!(
+                    "not needed: every step that reads it is reused or substituted from {source}"
+                ),
+            };
+        }
+    }
 }
 
 fn names(steps: &[StepId]) -> String {

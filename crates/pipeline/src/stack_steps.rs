@@ -34,6 +34,9 @@ pub struct StackSteps<'a> {
     args: Args,
     image: ImageOptions,
     probes: Probes,
+    /// With a binary cache: the keyed steps built here (the graph tells, see
+    /// [`Steps::built_here`]); fetch downloads only what they read. None: everything.
+    built_here: std::cell::RefCell<Option<std::collections::BTreeSet<StepId>>>,
 }
 
 /// What of this machine a step's output depends on, read once per command.
@@ -111,6 +114,7 @@ impl<'a> StackSteps<'a> {
             args,
             image,
             probes,
+            built_here: Default::default(),
         })
     }
 
@@ -134,6 +138,16 @@ impl<'a> StackSteps<'a> {
         let mut parts = vec![Part::Sources, Part::Toolchain, Part::Wheels];
         if self.settings.stack.image.is_some() {
             parts.push(Part::Debs);
+        }
+        // With a binary cache, only what the steps built here read: substituted steps
+        // read nothing (their outputs come whole), so a build that substitutes every
+        // compile step downloads no CUDA wheels, sources or runtime wheels.
+        if let Some(here) = self.built_here.borrow().as_ref() {
+            parts.retain(|part| here.iter().any(|step| reads(*step).contains(part)));
+            if parts.is_empty() {
+                // (artifacts_of_parts reads no parts as all of them.)
+                return Ok(Vec::new());
+            }
         }
         artifacts_of_parts(&self.settings.lock, &parts)
     }
@@ -161,6 +175,24 @@ impl<'a> StackSteps<'a> {
             .find(|s| s.name == name)
             .map(|s| json!({ "tree": s.tree, "rev": s.rev, "sha256": s.sha256 }))
             .unwrap_or_default()
+    }
+}
+
+/// The parts of the download cache a step reads when it is built here (its own store
+/// steps aside): what fetch must bring for it. Dropin, kernels and the image read only
+/// the store (NVSHMEM's build, the toolchain, the base and the wheelhouse); nvshmem and
+/// deepep re-resolve the toolchain and their source through the cache.
+fn reads(step: StepId) -> &'static [Part] {
+    match step {
+        StepId::Toolchain => &[Part::Toolchain],
+        StepId::NvshmemSource => &[Part::Sources],
+        StepId::Nvshmem => &[Part::Toolchain, Part::Sources],
+        StepId::Deepep => &[Part::Toolchain, Part::Sources, Part::Wheels],
+        StepId::Wheelhouse => &[Part::Wheels],
+        StepId::Base => &[Part::Debs],
+        StepId::Kernels => &[Part::Toolchain],
+        StepId::Dropin | StepId::Image | StepId::Verify => &[],
+        StepId::Lock | StepId::Fetch | StepId::Load => &[],
     }
 }
 
@@ -270,6 +302,10 @@ impl Steps for StackSteps<'_> {
             StepId::Lock => Ok(self.lock_resolved.clone()),
             StepId::Fetch => {
                 let artifacts = self.artifacts()?;
+                if artifacts.is_empty() {
+                    // Every step that reads the cache is reused or substituted.
+                    return Ok(None);
+                }
                 let missing = commstack_fetch::not_cached(&artifacts, &self.fetch_options()?)
                     .context("reading the download cache")?;
                 Ok((!missing.is_empty()).then(|| {
@@ -484,6 +520,30 @@ impl Steps for StackSteps<'_> {
             }
         }
     }
+    /// What `cache push` pushes (the steps that ship), but the image: its layers are steps
+    /// of their own that the artifact does not carry; it is assembled here from the
+    /// substituted base, wheelhouse and self-test (no compiler but cargo's for the verify
+    /// tool).
+    fn substitutable(&self, step: StepId) -> bool {
+        matches!(
+            step,
+            StepId::Nvshmem
+                | StepId::Dropin
+                | StepId::Kernels
+                | StepId::Deepep
+                | StepId::Wheelhouse
+                | StepId::Base
+        )
+    }
+
+    fn only_an_input(&self, step: StepId) -> bool {
+        matches!(step, StepId::Toolchain | StepId::NvshmemSource)
+    }
+
+    fn built_here(&self, steps: &std::collections::BTreeSet<StepId>) {
+        *self.built_here.borrow_mut() = Some(steps.clone());
+    }
+
     fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
         let output = result.output.clone()?;
         match step {

@@ -337,6 +337,9 @@ impl Built {
                 Status::Reused => format!("{:<14} reused", p.step.name()),
                 Status::Run { reason, .. } => format!("{:<14} runs: {reason}", p.step.name()),
                 Status::Skipped { reason } => format!("{:<14} skipped: {reason}", p.step.name()),
+                Status::Substitute { from } => {
+                    format!("{:<14} substituted from {from}", p.step.name())
+                }
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -391,6 +394,7 @@ fn build_opts(
         quiet: true,
         force,
         stack_flag: String::new(),
+        substitute: None,
     };
     let plan = engine.plan(&fixture, Selection::All)?;
     let planned = plan.steps.clone();

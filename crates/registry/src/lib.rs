@@ -5,6 +5,8 @@
 //! - [`layout`]: an OCI image layout read for pushing, each blob checked against its digest.
 //! - [`push`]: the push itself (oci-client): blobs the registry lacks, then the manifest by
 //!   digest, then the tags; retries with backoff, bounded parallelism, progress.
+//! - [`pull`]: manifests found by tag, blobs downloaded with their sha256 checked as they
+//!   stream, resumed after an interruption.
 //! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
 //! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
 //!   what they sign, and fetching and verifying them.
@@ -13,6 +15,7 @@ pub mod artifact;
 pub mod auth;
 pub mod layout;
 mod progress;
+pub mod pull;
 pub mod push;
 pub mod sign;
 pub mod signed;
@@ -23,8 +26,10 @@ pub use layout::Layout;
 pub use push::{
     LOCK_LABEL, PushOptions, Pushed, RetryPolicy, push_layout, push_layout_async, tags_for,
 };
-pub use signed::{PushedSigned, push_signed, verify_signed};
+pub use signed::{PushedSigned, fetch_signature, push_signed, verify_signed};
 pub use target::{Target, lock_tag, valid_tag};
 
+// The public key type trusted keys parse into, so callers need no ed25519 crate of their own.
+pub use ed25519_dalek::VerifyingKey;
 // The credential type of [`Credentials`], so callers need no oci-client of their own.
 pub use oci_client::secrets::RegistryAuth;

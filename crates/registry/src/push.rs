@@ -45,7 +45,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    fn backoff_for(&self, failures: u32) -> Duration {
+    pub(crate) fn backoff_for(&self, failures: u32) -> Duration {
         let factor = 1u32 << failures.saturating_sub(1).min(16);
         self.backoff.saturating_mul(factor).min(self.max_backoff)
     }
@@ -150,22 +150,47 @@ pub fn push_layout(dir: &Path, options: &PushOptions) -> Result<Pushed> {
 }
 
 /// Names the place in every error, and says what to do.
-struct Site {
+pub(crate) struct Site {
     target: Target,
     credentials_source: String,
     anonymous: bool,
     ca_given: bool,
     attempts: u32,
+    /// "push" or "pull", for the 403 hint.
+    operation: &'static str,
 }
 
 impl Site {
+    pub(crate) fn new(
+        options: &PushOptions,
+        credentials: &Credentials,
+        operation: &'static str,
+    ) -> Site {
+        Site {
+            target: options.target.clone(),
+            credentials_source: credentials.source.clone(),
+            anonymous: matches!(credentials.auth, RegistryAuth::Anonymous),
+            ca_given: options.ca_file.is_some(),
+            attempts: options.retry.attempts,
+            operation,
+        }
+    }
+
     /// `err` (from `what`) with the registry, the repository and a hint.
-    fn fail(&self, what: &str, err: OciDistributionError) -> anyhow::Error {
+    pub(crate) fn fail(&self, what: &str, err: OciDistributionError) -> anyhow::Error {
         let hint = self.hint(&err);
         anyhow::Error::new(err).context(format!(
             "{what} on registry {}, repository {}: {hint}",
             self.target.registry, self.target.repository
         ))
+    }
+
+    /// What a rerun keeps of this attempt.
+    fn rerun(&self) -> &'static str {
+        match self.operation {
+            "pull" => "A rerun resumes a blob's download where it stopped",
+            _ => "Blobs already uploaded stay there and a rerun skips them",
+        }
     }
 
     fn hint(&self, err: &OciDistributionError) -> String {
@@ -184,14 +209,17 @@ impl Site {
             }
             Some(403) => {
                 return format!(
-                    "the registry denied the push (403; credentials: {}): these credentials may not push to {}",
-                    self.credentials_source, self.target.repository
+                    "the registry denied the {op} (403; credentials: {}): these credentials may not {op} {}",
+                    self.credentials_source,
+                    self.target.repository,
+                    op = self.operation
                 );
             }
             Some(code) if code >= 500 || code == 429 => {
                 return format!(
-                    "the registry failed {} times (HTTP {code}); blobs already uploaded stay there and a rerun skips them: try again later",
-                    self.attempts
+                    "the registry failed {} times (HTTP {code}). {}: try again later",
+                    self.attempts,
+                    self.rerun()
                 );
             }
             _ => {}
@@ -214,8 +242,9 @@ impl Site {
         }
         if transient(err) {
             return format!(
-                "no answer after {} attempts: is the registry up at {registry}, and reachable from here? A rerun skips the blobs already uploaded",
-                self.attempts
+                "no answer after {} attempts: is the registry up at {registry}, and reachable from here? {}",
+                self.attempts,
+                self.rerun()
             );
         }
         "see the cause below".to_string()
@@ -234,7 +263,7 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The innermost error: "Connection refused", not "error sending request".
-fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     let mut last = err;
     while let Some(source) = last.source() {
         last = source;
@@ -261,7 +290,7 @@ fn status_of(err: &OciDistributionError) -> Option<u16> {
 }
 
 /// Worth another attempt: the connection, a timeout, 5xx, 429.
-fn transient(err: &OciDistributionError) -> bool {
+pub(crate) fn transient(err: &OciDistributionError) -> bool {
     if let Some(code) = status_of(err) {
         return code >= 500 || code == 429;
     }
@@ -277,7 +306,7 @@ fn transient(err: &OciDistributionError) -> bool {
 }
 
 /// Runs `op` until it succeeds, fails for good, or has failed `policy.attempts` times.
-async fn with_retry<T, F, Fut>(
+pub(crate) async fn with_retry<T, F, Fut>(
     policy: &RetryPolicy,
     what: &str,
     progress: &Progress,
@@ -369,13 +398,7 @@ pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Push
     let tags = tags_for(&layout, options.tag.as_deref())?;
     let target = &options.target;
     let (client, credentials) = client_for(options)?;
-    let site = Site {
-        target: target.clone(),
-        credentials_source: credentials.source.clone(),
-        anonymous: matches!(credentials.auth, RegistryAuth::Anonymous),
-        ca_given: options.ca_file.is_some(),
-        attempts: options.retry.attempts,
-    };
+    let site = Site::new(options, &credentials, "push");
     let progress = Progress::new(options.progress);
     let image = Reference::with_digest(
         target.registry.clone(),

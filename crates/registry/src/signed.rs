@@ -11,7 +11,8 @@ use oci_client::{Reference, RegistryOperation};
 
 use crate::artifact::{Artifact, EMPTY_CONFIG_MEDIA_TYPE, write_artifact_layout};
 use crate::layout::{Layout, MANIFEST_MEDIA_TYPE};
-use crate::push::{PushOptions, Pushed, client_for, push_layout};
+use crate::progress::Progress;
+use crate::push::{PushOptions, Pushed, Site, client_for, push_layout, with_retry};
 use crate::sign::{
     SIGNATURE_ARTIFACT_TYPE, SIGNATURE_MEDIA_TYPE, SignatureDoc, sign, signature_tag, verify,
 };
@@ -66,20 +67,38 @@ pub fn verify_signed(
     digest: &str,
     trusted: &[VerifyingKey],
 ) -> Result<SignatureDoc> {
+    let target = &options.target;
+    let Some(doc) = fetch_signature(options, digest)? else {
+        bail!(
+            "{}@{digest} is not signed (no {}:{}): refusing it",
+            target.name(),
+            target.name(),
+            signature_tag(digest)?
+        );
+    };
+    verify(&doc, digest, trusted).with_context(|| format!("{}@{digest}", target.name()))?;
+    Ok(doc)
+}
+
+/// The signature document of `digest` (its `sha256-<hex>.sig` artifact), not verified
+/// yet; None when the registry has none. Errors are the registry's (unreachable,
+/// credentials, a damaged signature blob), never a verdict on the signature.
+pub fn fetch_signature(options: &PushOptions, digest: &str) -> Result<Option<SignatureDoc>> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(verify_signed_async(options, digest, trusted))
+        .block_on(fetch_signature_async(options, digest))
 }
 
-async fn verify_signed_async(
+async fn fetch_signature_async(
     options: &PushOptions,
     digest: &str,
-    trusted: &[VerifyingKey],
-) -> Result<SignatureDoc> {
+) -> Result<Option<SignatureDoc>> {
     let target = &options.target;
     let (client, credentials) = client_for(options)?;
+    let site = Site::new(options, &credentials, "pull");
+    let progress = Progress::new(false);
     let tag = signature_tag(digest)?;
     let reference = Reference::with_tag(
         target.registry.clone(),
@@ -87,20 +106,20 @@ async fn verify_signed_async(
         tag.clone(),
     );
     let place = format!("{}:{tag}", target.name());
-    client
-        .auth(&reference, &credentials.auth, RegistryOperation::Pull)
-        .await
-        .with_context(|| format!("logging in to {} to read {place}", target.registry))?;
-    let manifest = match client
-        .pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
-        .await
-    {
+    let what = format!("reading the signature {place}");
+    with_retry(&options.retry, "logging in", &progress, || {
+        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
+    })
+    .await
+    .map_err(|e| site.fail(&what, e))?;
+    let pulled = with_retry(&options.retry, &what, &progress, || {
+        client.pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
+    })
+    .await;
+    let manifest = match pulled {
         Ok((bytes, _)) => bytes,
-        Err(err) if is_not_found(&err) => bail!(
-            "{}@{digest} is not signed (no {place}): refusing it",
-            target.name()
-        ),
-        Err(err) => return Err(err).with_context(|| format!("reading {place}")),
+        Err(err) if is_not_found(&err) => return Ok(None),
+        Err(err) => return Err(site.fail(&what, err)),
     };
     let manifest: serde_json::Value = serde_json::from_slice(&manifest)
         .with_context(|| format!("{place} is not a JSON manifest"))?;
@@ -113,19 +132,22 @@ async fn verify_signed_async(
         })
         .and_then(|l| l["digest"].as_str())
         .with_context(|| format!("{place} holds no {SIGNATURE_MEDIA_TYPE} layer"))?;
-    let mut bytes = Vec::new();
     // oci-client checks the blob's digest while it streams.
-    client
-        .pull_blob(&reference, layer, &mut bytes)
-        .await
-        .with_context(|| format!("reading the signature blob {layer} of {place}"))?;
+    let bytes = with_retry(&options.retry, &what, &progress, || async {
+        let mut bytes = Vec::new();
+        client
+            .pull_blob(&reference, layer, &mut bytes)
+            .await
+            .map(|()| bytes)
+    })
+    .await
+    .map_err(|e| site.fail(&format!("reading the signature blob {layer} of {place}"), e))?;
     let doc: SignatureDoc = serde_json::from_slice(&bytes)
         .with_context(|| format!("the signature blob {layer} of {place} is not a signature"))?;
-    verify(&doc, digest, trusted).with_context(|| format!("{}@{digest}", target.name()))?;
-    Ok(doc)
+    Ok(Some(doc))
 }
 
-fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
+pub(crate) fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode};
     match err {
         E::ImageManifestNotFoundError(_) => true,

@@ -190,6 +190,16 @@ pub struct Image {
     pub user: String,
 }
 
+/// `[cache]`: the binary cache of step outputs (docs/registry.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cache {
+    /// `HOST[:PORT]/REPO` that `build` substitutes from when `--substitute` names no other.
+    pub registry: Option<String>,
+    /// The public keys whose signatures a pulled output may carry, each
+    /// `ed25519:<base64 of the 32-byte key>` (checked here for form only).
+    pub trusted_keys: Vec<String>,
+}
+
 pub const DEFAULT_DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 pub const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 pub const UBUNTU_KEYRING: &str = "/usr/share/keyrings/ubuntu-archive-keyring.gpg";
@@ -218,6 +228,10 @@ pub struct Stack {
     pub resolve: Resolve,
     /// `[image]`, when the stack makes one.
     pub image: Option<Image>,
+    /// `[cache]`: where `build --substitute` pulls step outputs from, and whose
+    /// signatures it accepts. Not in the echo or the fingerprint: it changes where
+    /// outputs come from, never what they are, so the lock does not go stale.
+    pub cache: Cache,
     pub(crate) path: PathBuf,
     pub(crate) text: String,
     pub(crate) spans: BTreeMap<String, Range<usize>>,

@@ -23,6 +23,9 @@ pub(crate) struct RawManifest {
     pub(crate) resolve: RawResolve,
     /// Absent: the stack makes no image (and its lock has no `[base]`).
     pub(crate) image: Option<RawImage>,
+    /// The binary cache (`build --substitute`); not part of the lock.
+    #[serde(default)]
+    pub(crate) cache: RawCache,
 }
 
 #[derive(Deserialize)]
@@ -170,4 +173,12 @@ pub(crate) struct RawImage {
     pub(crate) keyring: Option<Spanned<String>>,
     pub(crate) include: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) user: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawCache {
+    pub(crate) registry: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) trusted_keys: Vec<Spanned<String>>,
 }

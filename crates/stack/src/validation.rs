@@ -73,6 +73,7 @@ impl Validator<'_> {
             None => Some(None),
             Some(raw) => self.image(raw, base).map(Some),
         };
+        let cache = self.cache(raw.cache);
         Some(Stack {
             target: target?,
             torch: torch?,
@@ -81,6 +82,7 @@ impl Validator<'_> {
             toolchain: toolchain?,
             resolve: resolve?,
             image: image?,
+            cache: cache?,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
             spans: std::mem::take(&mut self.spans),
@@ -468,6 +470,60 @@ impl Validator<'_> {
 }
 
 impl Validator<'_> {
+    /// `[cache]`: the registry's form (`HOST[:PORT]/REPO`, no tag) and each trusted key's
+    /// (`ed25519:` and base64 of 32 bytes); the registry crate checks the key itself.
+    fn cache(&mut self, raw: RawCache) -> Option<Cache> {
+        let mut ok = true;
+        if let Some(r) = &raw.registry {
+            self.span("cache.registry", r);
+            let text = r.get_ref();
+            let rest = text
+                .strip_prefix("https://")
+                .or_else(|| text.strip_prefix("http://"))
+                .unwrap_or(text);
+            let good = match rest.trim_end_matches('/').split_once('/') {
+                Some((host, repo)) => {
+                    !host.is_empty()
+                        && !repo.is_empty()
+                        && !repo.contains([':', '@'])
+                        && repo.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)
+                        })
+                }
+                None => false,
+            };
+            if !good {
+                self.err(
+                    r.span(),
+                    format!("cache.registry {text:?} is not HOST[:PORT]/REPO"),
+                    Some("the registry and a lower-case repository without a tag, e.g. \"registry.example.com/commstack/cache\"".into()),
+                );
+                ok = false;
+            }
+        }
+        let mut keys = Vec::new();
+        for (i, key) in raw.trusted_keys.iter().enumerate() {
+            self.span(&format!("cache.trusted-keys.{i}"), key);
+            let text = key.get_ref().trim();
+            let decoded = text.strip_prefix("ed25519:").and_then(base64_32);
+            if decoded.is_none() {
+                self.err(
+                    key.span(),
+                    format!("cache.trusted-keys[{i}] {text:?} is not an ed25519 public key"),
+                    Some("write ed25519:<base64 of the 32-byte key>; `cargo xtask cache push` prints the key it signs with, and `openssl pkey -in KEY.pem -pubout -outform DER | tail -c 32 | base64` gives it from the private key".into()),
+                );
+                ok = false;
+            }
+            keys.push(text.to_string());
+        }
+        ok.then(|| Cache {
+            registry: raw
+                .registry
+                .map(|r| r.into_inner().trim_end_matches('/').to_string()),
+            trusted_keys: keys,
+        })
+    }
+
     fn image(&mut self, raw: RawImage, base: Option<&'static bases::Base>) -> Option<Image> {
         let mut ok = true;
         let distribution = base.map(|b| b.distribution());
@@ -644,4 +700,20 @@ pub fn parse_timestamp(s: &str) -> Option<jiff::Timestamp> {
     date.to_zoned(jiff::tz::TimeZone::UTC)
         .ok()
         .map(|z| z.timestamp())
+}
+
+/// Standard base64 (with padding) of exactly 32 bytes: an ed25519 public key. Written here
+/// (44 characters, the alphabet and one '=') so the stack crate needs no base64 crate.
+fn base64_32(text: &str) -> Option<()> {
+    let body = text.strip_suffix('=')?;
+    let ok = body.len() == 43
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+        // 32 bytes leave 4 bits over in the last character: they must be zero.
+        && body
+            .bytes()
+            .last()
+            .is_some_and(|b| b"AEIMQUYcgkosw048".contains(&b));
+    ok.then_some(())
 }

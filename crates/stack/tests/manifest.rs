@@ -444,3 +444,48 @@ fn imageless_stack_fingerprint_is_unchanged() {
     assert_eq!(lock.manifest, stack.echo());
     assert!(lock.base.is_none() && lock.debs.is_empty());
 }
+
+/// `[cache]`: the registry and the trusted keys parse; a bad one is named with its place,
+/// and the section does not move the fingerprint (the lock stays fresh).
+#[test]
+fn cache_section_parses_and_names_bad_fields() {
+    let key = "ed25519:O2onvM62pC1io6jQKm8Nc2UyFXcd4kOmOsBIoYtZ2ik=";
+    let text = format!(
+        "{MINIMAL}\n[cache]\nregistry = \"registry.example.com:5000/commstack/cache\"\ntrusted-keys = [\"{key}\"]\n"
+    );
+    let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
+    assert_eq!(
+        s.cache.registry.as_deref(),
+        Some("registry.example.com:5000/commstack/cache")
+    );
+    assert_eq!(s.cache.trusted_keys, [key]);
+    let plain = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();
+    assert_eq!(plain.cache, Default::default());
+    assert_eq!(s.fingerprint(), plain.fingerprint());
+
+    // A key that is not base64 of 32 bytes (one character short), and one without the
+    // algorithm: each an error at its value.
+    let short = &key[..key.len() - 2];
+    let err = errors(&format!(
+        "{MINIMAL}\n[cache]\ntrusted-keys = [\"{short}=\", \"{}\"]\n",
+        &key["ed25519:".len()..]
+    ));
+    assert!(
+        err.contains("stack.toml:19:17: cache.trusted-keys[0]")
+            && err.contains("is not an ed25519 public key"),
+        "{err}"
+    );
+    assert!(err.contains("cache.trusted-keys[1]"), "{err}");
+    assert!(err.contains("hint: write ed25519:<base64"), "{err}");
+    let err = errors(&format!(
+        "{MINIMAL}\n[cache]\nregistry = \"registry.example.com\"\n"
+    ));
+    assert!(
+        err.contains(
+            "stack.toml:19:12: cache.registry \"registry.example.com\" is not HOST[:PORT]/REPO"
+        ),
+        "{err}"
+    );
+    let err = errors(&format!("{MINIMAL}\n[cache]\nkeys = []\n"));
+    assert!(err.contains("unknown field `keys`"), "{err}");
+}

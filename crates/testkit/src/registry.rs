@@ -187,6 +187,27 @@ impl TestRegistry {
         }
     }
 
+    /// Kills docker-registry (a registry gone midway); [`TestRegistry::serve`] starts it
+    /// again on the same port, with the same storage.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The file that holds the blob `digest` (`sha256:<hex>`) in the registry's
+    /// filesystem storage (distribution's layout), to damage or remove it.
+    pub fn blob_data(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("storage/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
     /// What the registry wrote to stdout and stderr.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()

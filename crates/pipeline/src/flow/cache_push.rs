@@ -5,6 +5,14 @@
 //! manifest of what it ships), its one layer a tar of exactly the shipped files, checked
 //! against that manifest first. Each is signed (ed25519 over the manifest digest,
 //! crates/registry/src/sign.rs) with the signature beside it.
+//!
+//! What the steps after it read of a step's output is more than the shipped files: the
+//! result points into a crate's own store step (`nvshmem-<hash>`, whose build report the
+//! drop-in step reads beside the install). So the artifact carries that whole directory:
+//! the shipped files in the first layer (the same bytes for the same files anywhere), the
+//! rest of the directory in a second (reports; logs left out), and the directory's name and
+//! description (`.step.json`) in the config, so that `build --substitute` makes the same
+//! store step in another home (crate keys hold no path of the home, issue 17).
 
 use std::path::{Path, PathBuf};
 
@@ -24,7 +32,10 @@ pub const STEP_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.step.v1";
 pub const STEP_CONFIG_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.config.v1+json";
 /// An uncompressed tar: wheels and the base's tar are compressed or large already, and
 /// the tar (commstack_image::write_layer) is the same bytes for the same files anywhere.
-const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+/// The config's schema: 2 added the crate step directory (`step_dir`, `store_root`) and
+/// the second layer.
+pub const CONFIG_SCHEMA: u64 = 2;
 
 /// What to push where, signed with what.
 #[derive(Clone, Debug)]
@@ -37,6 +48,8 @@ pub struct CachePushRequest {
     pub steps: Vec<StepId>,
     pub ca_file: Option<PathBuf>,
     pub jobs: usize,
+    /// None: from the environment and Docker's config file (tests give their own).
+    pub credentials: Option<commstack_registry::Credentials>,
 }
 
 /// One pushed step output.
@@ -103,6 +116,7 @@ pub fn cache_push(
     let mut options = PushOptions::new(target);
     options.ca_file = request.ca_file.clone();
     options.jobs = request.jobs.max(1);
+    options.credentials = request.credentials.clone();
     options.progress = !ctx.quiet;
     let staging_root = ctx.home.join("push");
     std::fs::create_dir_all(&staging_root)
@@ -114,14 +128,21 @@ pub fn cache_push(
             .prefix("cache-")
             .tempdir_in(&staging_root)
             .with_context(|| format!("cannot create a directory in {}", staging_root.display()))?;
-        let layout = step_layout(id, &dir_name, &inputs, &stored, staging.path())
-            .with_context(|| format!("packing the output of step {id} ({dir_name})"))?;
+        let layout = step_layout(
+            id,
+            &dir_name,
+            &inputs,
+            &stored,
+            store.root(),
+            staging.path(),
+        )
+        .with_context(|| format!("packing the output of step {id} ({dir_name})"))?;
         let files = stored.shipped.as_ref().map_or(0, |s| s.files.len());
         options.tag = Some(dir_name.trim_start_matches("pipeline-").to_string());
         let signed = commstack_registry::push_signed(&layout, &key, &options)
             .with_context(|| format!("pushing the output of step {id} ({dir_name})"))?;
         say(&format!(
-            "{id}: {}:{} = {} ({files} files, {} uploaded), signature {}",
+            "{id}: {}:{} = {} ({files} files, {} uploaded), signature {} by {}",
             signed
                 .pushed
                 .reference
@@ -131,7 +152,8 @@ pub fn cache_push(
             options.tag.as_deref().unwrap_or_default(),
             signed.pushed.manifest_digest,
             crate::util::human(signed.pushed.bytes_uploaded),
-            signed.signature
+            signed.signature,
+            signed.signed_by
         ));
         pushed.push(PushedStep {
             step: id.name().to_string(),
@@ -151,9 +173,13 @@ fn step_layout(
     dir_name: &str,
     inputs: &serde_json::Value,
     stored: &StoredResult,
+    store_root: &Path,
     staging: &Path,
 ) -> Result<PathBuf> {
     let shipped = stored.shipped.as_ref().context("the step ships nothing")?;
+    let step_dir = StepDirOf::find(store_root, &shipped.root).with_context(|| {
+        format!("step {id}: what it ships is not in a step of the store, so another home could not make it again")
+    })?;
     let tree = staging.join("tree");
     std::fs::create_dir_all(&tree)?;
     let single_file = std::fs::symlink_metadata(&shipped.root)
@@ -209,11 +235,52 @@ fn step_layout(
     }
     let tar = staging.join(format!("{dir_name}.tar"));
     commstack_image::write_layer(&tree, &tar, 0)?;
+    // The rest of the crate's step directory, linked like the shipped files.
+    let rest = staging.join("rest");
+    std::fs::create_dir_all(&rest)?;
+    let shipped_paths: std::collections::BTreeSet<PathBuf> = match single_file {
+        true => [step_dir.shipped.clone()].into(),
+        false => shipped
+            .files
+            .keys()
+            .map(|k| step_dir.shipped.join(k))
+            .collect(),
+    };
+    for entry in walkdir::WalkDir::new(&step_dir.path).min_depth(1) {
+        let entry = entry.with_context(|| format!("walking {}", step_dir.path.display()))?;
+        let rel = entry.path().strip_prefix(&step_dir.path)?.to_path_buf();
+        if entry.file_type().is_dir() || shipped_paths.contains(&rel) || not_carried(&rel) {
+            continue;
+        }
+        let to = rest.join(&rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match entry.file_type().is_symlink() {
+            true => std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?,
+            false => {
+                if std::fs::hard_link(entry.path(), &to).is_err() {
+                    std::fs::copy(entry.path(), &to)
+                        .with_context(|| format!("cannot read {}", entry.path().display()))?;
+                }
+            }
+        }
+    }
+    let rest_tar = staging.join(format!("{dir_name}.rest.tar"));
+    commstack_image::write_layer(&rest, &rest_tar, 0)?;
     let config = json!({
-        "schema": 1,
+        "schema": CONFIG_SCHEMA,
         "key": dir_name,
         "inputs": inputs,
         "result": stored,
+        "store_root": store_root,
+        "step_dir": {
+            "name": step_dir.name,
+            "meta": step_dir.meta,
+            "shipped": step_dir.shipped,
+            "shipped_is_file": single_file,
+        },
+        "layers": ["shipped", "rest"],
         "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
     });
     let layout = staging.join("oci");
@@ -222,11 +289,67 @@ fn step_layout(
             artifact_type: STEP_ARTIFACT_TYPE.to_string(),
             config_media_type: STEP_CONFIG_MEDIA_TYPE.to_string(),
             config: commstack_digest::canonical_json(&config).into_bytes(),
-            layers: vec![(LAYER_MEDIA_TYPE.to_string(), tar)],
+            layers: vec![
+                (LAYER_MEDIA_TYPE.to_string(), tar),
+                (LAYER_MEDIA_TYPE.to_string(), rest_tar),
+            ],
             annotations: [("dev.commstack.step.key".to_string(), dir_name.to_string())].into(),
             subject: None,
         },
         &layout,
     )?;
     Ok(layout)
+}
+
+/// The crate's store step a shipped root lies in: `<store>/steps/<name>/<shipped>`.
+pub(crate) struct StepDirOf {
+    pub name: String,
+    pub path: PathBuf,
+    /// The shipped root, relative to the step directory ("" when it is the directory).
+    pub shipped: PathBuf,
+    /// Its `.step.json`, which names its key and inputs.
+    pub meta: commstack_store::StepMeta,
+}
+
+impl StepDirOf {
+    fn find(store_root: &Path, root: &Path) -> Result<StepDirOf> {
+        let steps = store_root.join("steps");
+        let rel = root
+            .strip_prefix(&steps)
+            .with_context(|| format!("{} is not under {}", root.display(), steps.display()))?;
+        let mut parts = rel.components();
+        let name = parts
+            .next()
+            .with_context(|| format!("{} is the store's steps/ itself", root.display()))?
+            .as_os_str()
+            .to_string_lossy()
+            .into_owned();
+        if name.starts_with("pipeline-") {
+            bail!(
+                "{} lies in a graph step, not in a crate's step",
+                root.display()
+            );
+        }
+        let path = steps.join(&name);
+        let meta_file = path.join(commstack_store::META_FILE);
+        let meta: commstack_store::StepMeta = serde_json::from_str(
+            &std::fs::read_to_string(&meta_file)
+                .with_context(|| format!("reading {}", meta_file.display()))?,
+        )
+        .with_context(|| format!("{} is not a step description", meta_file.display()))?;
+        Ok(StepDirOf {
+            name,
+            path,
+            shipped: parts.as_path().to_path_buf(),
+            meta,
+        })
+    }
+}
+
+/// What of a crate's step directory no other home needs: the store's own records (a
+/// substituted step gets its own) and the build's logs.
+fn not_carried(rel: &Path) -> bool {
+    rel.starts_with("logs")
+        || rel == Path::new(commstack_store::META_FILE)
+        || rel == Path::new(".used")
 }

@@ -11,4 +11,5 @@ pub mod kernels;
 pub mod lock;
 pub mod nvshmem;
 pub mod push;
+pub mod substitute;
 pub mod toolchain;

@@ -1,0 +1,443 @@
+//! `build --substitute`: the binary cache's pull side. Before a keyed step runs, the graph
+//! looks for `<step>-<key>` (what `cache push` tags, crate::flow::cache_push) in the cache
+//! repository; when it is there, this takes it instead of building:
+//!
+//! 1. the signature (`sha256-<hex>.sig`) is verified under stack.toml's `[cache]
+//!    trusted-keys` (an unsigned or untrusted output is refused unless `--allow-unsigned`);
+//! 2. the manifest must be a step artifact of this very key (its annotation, its config's
+//!    key and inputs: the signature binds them), and the config names the crate step
+//!    directory the result points into (`nvshmem-<hash>`), its `.step.json`, and where in
+//!    it the shipped files lie;
+//! 3. each layer is downloaded into the store's tmp/ with its sha256 checked as it streams
+//!    (an interrupted download continues on the rerun), unpacked with the one unpacker
+//!    into that crate step's directory as `Store::run` builds it (so it is sealed, or
+//!    left in tmp/ and failed/, exactly as a local build is), the shipped files compared
+//!    with the config's manifest before anything is sealed;
+//! 4. the result's paths (the pusher's home) are moved into this home's store, and the
+//!    engine seals the graph step with it (crate::graph).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use commstack_registry::pull::Found;
+use commstack_registry::{PushOptions, Target, VerifyingKey};
+use commstack_store::{StepKey, StepMeta, Store};
+use serde::Deserialize;
+
+use crate::flow::cache_push::{CONFIG_SCHEMA, STEP_ARTIFACT_TYPE};
+use crate::graph::{StepId, StoredResult, Substitute};
+
+/// Where to substitute from, and whom to trust.
+#[derive(Clone, Debug)]
+pub struct SubstituteRequest {
+    /// `HOST[:PORT]/REPO`.
+    pub registry: String,
+    /// `ed25519:<base64>` each (stack.toml's `[cache] trusted-keys`).
+    pub trusted_keys: Vec<String>,
+    /// Accept outputs that are unsigned or signed by no trusted key (said on each).
+    pub allow_unsigned: bool,
+    pub ca_file: Option<PathBuf>,
+    /// Draw progress bars for large blobs.
+    pub progress: bool,
+}
+
+/// The binary cache the graph substitutes from.
+pub struct Substituter {
+    options: PushOptions,
+    trusted: Vec<VerifyingKey>,
+    allow_unsigned: bool,
+    /// What the plan found, by tag: the run pulls the manifest the plan saw.
+    found: RefCell<BTreeMap<String, Found>>,
+}
+
+/// The config of a step artifact (crate::flow::cache_push), as far as a pull reads it.
+#[derive(Deserialize)]
+struct StepConfig {
+    schema: u64,
+    key: String,
+    inputs: serde_json::Value,
+    result: StoredResult,
+    store_root: PathBuf,
+    step_dir: StepDirConfig,
+}
+
+#[derive(Deserialize)]
+struct StepDirConfig {
+    name: String,
+    meta: StepMeta,
+    shipped: PathBuf,
+    shipped_is_file: bool,
+}
+
+/// A layer of the manifest.
+#[derive(Deserialize)]
+struct Descriptor {
+    digest: String,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    artifact_type: Option<String>,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+impl Substituter {
+    /// Refuses a cache nobody is trusted for: with no trusted key and no
+    /// `--allow-unsigned`, no output could be accepted.
+    pub fn new(request: &SubstituteRequest, stack_path: &Path) -> Result<Substituter> {
+        let target = Target::parse(&request.registry)
+            .with_context(|| format!("the binary cache {:?}", request.registry))?;
+        let trusted = request
+            .trusted_keys
+            .iter()
+            .map(|k| {
+                commstack_registry::sign::parse_public_key(k)
+                    .with_context(|| format!("{}: [cache] trusted-keys", stack_path.display()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if trusted.is_empty() && !request.allow_unsigned {
+            bail!(
+                "substituting from {}: {} trusts no key ([cache] trusted-keys is empty or absent), so no pulled output could be accepted: add the public key the cache is signed with (`trusted-keys = [\"ed25519:...\"]`, the key `cache push` prints), or pass --allow-unsigned to accept outputs without a trusted signature",
+                target.name(),
+                stack_path.display()
+            );
+        }
+        let mut options = PushOptions::new(target);
+        options.ca_file = request.ca_file.clone();
+        options.progress = request.progress;
+        Ok(Substituter {
+            options,
+            trusted,
+            allow_unsigned: request.allow_unsigned,
+            found: RefCell::new(BTreeMap::new()),
+        })
+    }
+
+    /// For tests: the retries of each request (a registry gone is found out sooner).
+    pub fn set_retry(&mut self, retry: commstack_registry::RetryPolicy) {
+        self.options.retry = retry;
+    }
+
+    /// For tests: the credentials, instead of the environment's and Docker's.
+    pub fn set_credentials(&mut self, credentials: commstack_registry::Credentials) {
+        self.options.credentials = Some(credentials);
+    }
+
+    fn place(&self, tag: &str) -> String {
+        format!("{}:{tag}", self.options.target.name())
+    }
+}
+
+/// The cache's tag of a graph step: its store name without `pipeline-`.
+fn tag_of(key: &StepKey) -> String {
+    key.dir_name().trim_start_matches("pipeline-").to_string()
+}
+
+impl Substitute for Substituter {
+    fn source(&self) -> String {
+        self.options.target.name()
+    }
+
+    fn lookup(&self, _step: StepId, key: &StepKey) -> Result<Option<String>> {
+        let tag = tag_of(key);
+        let Some(found) = commstack_registry::pull::find_tag(&self.options, &tag)? else {
+            return Ok(None);
+        };
+        let reference = format!("{}@{}", self.place(&tag), found.digest);
+        self.found.borrow_mut().insert(tag, found);
+        Ok(Some(reference))
+    }
+
+    fn pull(
+        &self,
+        store: &Store,
+        step: StepId,
+        key: &StepKey,
+        say: &dyn Fn(&str),
+    ) -> Result<StoredResult> {
+        let tag = tag_of(key);
+        let place = self.place(&tag);
+        let found = match self.found.borrow().get(&tag).cloned() {
+            Some(found) => found,
+            None => commstack_registry::pull::find_tag(&self.options, &tag)?
+                .with_context(|| format!("the binary cache has no {place} (any more)"))?,
+        };
+        let what = format!("the output of step {step} ({place}@{})", found.digest);
+        self.check_signature(&found, &what, say)?;
+        let manifest: Manifest = serde_json::from_slice(&found.manifest)
+            .with_context(|| format!("{what}: the manifest is not an OCI image manifest"))?;
+        if manifest.artifact_type.as_deref() != Some(STEP_ARTIFACT_TYPE)
+            || manifest.annotations.get("dev.commstack.step.key") != Some(&key.dir_name())
+        {
+            bail!(
+                "{what}: not the step artifact of {} (artifact type {:?}, key {:?}): refusing it",
+                key.dir_name(),
+                manifest.artifact_type,
+                manifest.annotations.get("dev.commstack.step.key")
+            );
+        }
+        let config = commstack_registry::pull::pull_small_blob(
+            &self.options,
+            &manifest.config.digest,
+            manifest.config.size,
+        )
+        .with_context(|| format!("{what}: its config"))?;
+        let config: StepConfig = serde_json::from_slice(&config)
+            .with_context(|| format!("{what}: its config is not a step's provenance"))?;
+        if config.schema != CONFIG_SCHEMA || manifest.layers.len() != 2 {
+            bail!(
+                "{what}: pushed by another commstack (config schema {}, {} layers; this one reads schema {CONFIG_SCHEMA}, 2 layers): push it again with this one (`cargo xtask cache push`)",
+                config.schema,
+                manifest.layers.len()
+            );
+        }
+        // The key is the hash of the inputs: the config must hold the inputs of this key.
+        if config.key != key.dir_name() || StepKey::new(&key.step, &config.inputs) != *key {
+            bail!(
+                "{what}: its config is for {} with other inputs, not for {}: refusing it",
+                config.key,
+                key.dir_name()
+            );
+        }
+        let shipped = config
+            .result
+            .shipped
+            .as_ref()
+            .with_context(|| format!("{what}: its result ships nothing"))?;
+        let dir = &config.step_dir;
+        let crate_key = StepKey {
+            step: dir.meta.step.clone(),
+            hash: dir.meta.hash.clone(),
+        };
+        if StepKey::new(&crate_key.step, &dir.meta.inputs) != crate_key
+            || crate_key.dir_name() != dir.name
+            || !safe_relative(&dir.shipped)
+        {
+            bail!(
+                "{what}: its crate step {} is not described by its own inputs (or names a path outside it): refusing it",
+                dir.name
+            );
+        }
+
+        let outcome = store.run(&crate_key, &dir.meta.inputs, false, |out| {
+            let parts: Vec<PathBuf> = manifest
+                .layers
+                .iter()
+                .map(|l| {
+                    let hex = l.digest.trim_start_matches("sha256:");
+                    store.root().join("tmp").join(format!("pull-{hex}.tar"))
+                })
+                .collect();
+            for (i, (layer, part)) in manifest.layers.iter().zip(&parts).enumerate() {
+                say(&format!(
+                    "layer {} of 2 ({}): {} bytes",
+                    i + 1,
+                    layer.digest,
+                    layer.size
+                ));
+                commstack_registry::pull::pull_blob(&self.options, &layer.digest, layer.size, part)
+                    .with_context(|| format!("{what}: layer {} of 2", i + 1))?;
+                let unpacked = out.out.join(format!(".pull-{i}"));
+                commstack_archive::unpack(part, &unpacked, &Default::default())
+                    .with_context(|| format!("{what}: unpacking layer {} of 2", i + 1))?;
+                match i {
+                    0 => {
+                        let root = out.out.join(&dir.shipped);
+                        match dir.shipped_is_file {
+                            true => {
+                                let name = dir
+                                    .shipped
+                                    .file_name()
+                                    .context("a shipped file with no name")?;
+                                move_into(&unpacked.join(name), &root)?;
+                            }
+                            false => move_into(&unpacked, &root)?,
+                        }
+                        check_shipped(&root, dir.shipped_is_file, &shipped.files)
+                            .with_context(|| format!("{what}: {}", dir.name))?;
+                    }
+                    _ => move_into(&unpacked, &out.out)?,
+                }
+                let _ = std::fs::remove_dir_all(&unpacked);
+            }
+            for part in &parts {
+                let _ = std::fs::remove_file(part);
+            }
+            Ok(())
+        })?;
+        match outcome.was_cached() {
+            true => say(&format!(
+                "the store has {} already: not downloaded",
+                dir.name
+            )),
+            false => say(&format!("unpacked into {}", outcome.path().display())),
+        }
+
+        // The result in this home's paths: the pusher's store root becomes this one.
+        let mut result = serde_json::to_value(&config.result)?;
+        relocate(&mut result, &config.store_root, store.root());
+        let result: StoredResult = serde_json::from_value(result)?;
+        if let Some(output) = &result.result.output
+            && !output.exists()
+        {
+            bail!(
+                "{what}: its output {} is not in this store after the pull (the result names a step the artifact does not carry)",
+                output.display()
+            );
+        }
+        Ok(result)
+    }
+}
+
+impl Substituter {
+    /// The signature under the trusted keys. An unsigned output, or one whose signature
+    /// is not by a trusted key or does not verify, is refused, or with --allow-unsigned
+    /// said and taken; a registry that cannot be read is an error either way.
+    fn check_signature(&self, found: &Found, what: &str, say: &dyn Fn(&str)) -> Result<()> {
+        let doc = commstack_registry::fetch_signature(&self.options, &found.digest)
+            .with_context(|| format!("checking the signature of {what}"))?;
+        let verdict = match &doc {
+            None => Err(anyhow::anyhow!(
+                "it is not signed (no {})",
+                self.place(&commstack_registry::sign::signature_tag(&found.digest)?)
+            )),
+            Some(doc) => commstack_registry::sign::verify(doc, &found.digest, &self.trusted),
+        };
+        match (verdict, doc) {
+            (Ok(()), Some(doc)) => {
+                say(&format!("signature by {} verified", doc.key));
+                Ok(())
+            }
+            (Ok(()), None) => unreachable!("an unsigned output never verifies"),
+            (Err(err), _) if self.allow_unsigned => {
+                say(&format!(
+                    "WARNING: {what}: {err:#}; taken because of --allow-unsigned"
+                ));
+                Ok(())
+            }
+            (Err(err), _) => Err(err.context(format!(
+                "refusing {what}: a pulled output must be signed by a key of stack.toml's [cache] trusted-keys (add the key that signs the cache there, or pass --allow-unsigned to take outputs without a trusted signature)"
+            ))),
+        }
+    }
+}
+
+/// Relative, with no `..`: a path the config names inside a step directory.
+fn safe_relative(path: &Path) -> bool {
+    path.components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// Moves `from` (a file, a link or a directory) to `to`, merging into directories that
+/// exist there.
+fn move_into(from: &Path, to: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(from)
+        .with_context(|| format!("{} is not in the layer", from.display()))?;
+    if meta.is_dir() && to.is_dir() {
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            move_into(&entry.path(), &to.join(entry.file_name()))?;
+        }
+        return Ok(());
+    }
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    if std::fs::symlink_metadata(to).is_ok() {
+        bail!(
+            "{} is in both layers of the artifact: refusing it",
+            to.display()
+        );
+    }
+    std::fs::rename(from, to)
+        .with_context(|| format!("cannot move {} to {}", from.display(), to.display()))
+}
+
+/// Every shipped file as the artifact's config records it: content, size, mode, links.
+fn check_shipped(
+    root: &Path,
+    is_file: bool,
+    want: &BTreeMap<String, commstack_digest::manifest::Entry>,
+) -> Result<()> {
+    let skip = |rel: &str| !is_file && crate::graph::not_shipped(rel);
+    let now = commstack_digest::manifest::manifest(root, &skip)
+        .with_context(|| format!("hashing {}", root.display()))?;
+    let differences = commstack_digest::manifest::differences(want, &now);
+    if !differences.is_empty() {
+        let named: Vec<String> = differences
+            .iter()
+            .take(5)
+            .map(|(name, what)| {
+                let what = match what.as_str() {
+                    "only in the first build" => "missing",
+                    "only in the second build" => "not in the manifest",
+                    other => other,
+                };
+                format!("{name}: {what}")
+            })
+            .collect();
+        bail!(
+            "the pulled files are not those the signed manifest records ({} differ: {}): refusing them",
+            differences.len(),
+            named.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Every string of `value` that is `from` or starts with `from/` gets `to` instead.
+fn relocate(value: &mut serde_json::Value, from: &Path, to: &Path) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let Ok(rest) = Path::new(s.as_str()).strip_prefix(from) {
+                let moved = match rest.as_os_str().is_empty() {
+                    true => to.to_path_buf(),
+                    false => to.join(rest),
+                };
+                *s = moved.to_string_lossy().into_owned();
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                relocate(item, from, to);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for item in map.values_mut() {
+                relocate(item, from, to);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_of_the_pushers_store_move_into_this_one() {
+        let mut v = serde_json::json!({
+            "output": "/home/a/store/steps/x-1/out.whl",
+            "facts": { "wheel": { "path": "/home/a/store/steps/y-2/w.whl" }, "n": 3,
+                       "other": "/home/a/storey/z", "list": ["/home/a/store"] },
+        });
+        relocate(&mut v, Path::new("/home/a/store"), Path::new("/b/s"));
+        assert_eq!(v["output"], "/b/s/steps/x-1/out.whl");
+        assert_eq!(v["facts"]["wheel"]["path"], "/b/s/steps/y-2/w.whl");
+        assert_eq!(
+            v["facts"]["other"], "/home/a/storey/z",
+            "a prefix of a name is not a directory"
+        );
+        assert_eq!(v["facts"]["list"][0], "/b/s");
+        assert_eq!(v["facts"]["n"], 3);
+    }
+}

@@ -1,0 +1,293 @@
+//! Pulling: a manifest found by its tag, and blobs downloaded to files with their sha256
+//! checked while they stream. What `build --substitute` uses to take a step's output from
+//! the binary cache instead of building it.
+//!
+//! A download goes to a `.part` file the caller names; an interrupted one (the registry
+//! gone, the process killed) is continued on the next attempt or rerun from the bytes it
+//! has, with an HTTP range request, and the whole file is hashed again before it counts.
+//! A registry that ignores the range sends the blob whole, and the file starts over.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use oci_client::client::BlobResponse;
+use oci_client::{Reference, RegistryOperation};
+use sha2::{Digest, Sha256};
+
+use crate::layout::MANIFEST_MEDIA_TYPE;
+use crate::progress::Progress;
+use crate::push::{PushOptions, Site, client_for, root_cause, transient, with_retry};
+
+/// A manifest found under a tag.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub tag: String,
+    /// `sha256:<hex>` of the manifest's bytes, computed here (not the registry's word).
+    pub digest: String,
+    pub manifest: Vec<u8>,
+}
+
+/// The manifest tagged `tag` in the options' repository; None when there is no such tag.
+pub fn find_tag(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
+    runtime()?.block_on(find_tag_async(options, tag))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+async fn find_tag_async(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
+    let target = &options.target;
+    let (client, credentials) = client_for(options)?;
+    let site = Site::new(options, &credentials, "pull");
+    let progress = Progress::new(false);
+    let reference = Reference::with_tag(
+        target.registry.clone(),
+        target.repository.clone(),
+        tag.to_string(),
+    );
+    let what = format!("looking up {}:{tag}", target.name());
+    with_retry(&options.retry, "logging in", &progress, || {
+        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
+    })
+    .await
+    .map_err(|e| site.fail(&what, e))?;
+    let pulled = with_retry(&options.retry, &what, &progress, || {
+        client.pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
+    })
+    .await;
+    let bytes = match pulled {
+        Ok((bytes, _)) => bytes.to_vec(),
+        Err(err) if crate::signed::is_not_found(&err) => return Ok(None),
+        Err(err) => return Err(site.fail(&what, err)),
+    };
+    Ok(Some(Found {
+        tag: tag.to_string(),
+        digest: format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
+        manifest: bytes,
+    }))
+}
+
+/// Downloads the blob `digest` (`size` bytes) of the options' repository into `part`,
+/// continuing what `part` holds already; on Ok the file is the whole blob and its sha256
+/// is `digest`. A blob whose bytes do not hash to its digest is removed and refused.
+pub fn pull_blob(options: &PushOptions, digest: &str, size: u64, part: &Path) -> Result<()> {
+    let runtime = runtime()?;
+    let resumed = std::fs::metadata(part).is_ok_and(|m| m.len() > 0);
+    match runtime.block_on(pull_blob_async(options, digest, size, part)) {
+        // The bytes an earlier run left may be what was wrong (another blob's, a damaged
+        // disk): the file is gone now, so once more from the first byte.
+        Err(_) if resumed && !part.exists() => {
+            runtime.block_on(pull_blob_async(options, digest, size, part))
+        }
+        other => other,
+    }
+}
+
+async fn pull_blob_async(
+    options: &PushOptions,
+    digest: &str,
+    size: u64,
+    part: &Path,
+) -> Result<()> {
+    let target = &options.target;
+    let want = digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64)
+        .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
+    let (client, credentials) = client_for(options)?;
+    let site = Site::new(options, &credentials, "pull");
+    let progress = Progress::new(options.progress);
+    let reference = Reference::with_digest(
+        target.registry.clone(),
+        target.repository.clone(),
+        digest.to_string(),
+    );
+    let what = format!("downloading the blob {digest} ({size} bytes)");
+    with_retry(&options.retry, "logging in", &progress, || {
+        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
+    })
+    .await
+    .map_err(|e| site.fail(&what, e))?;
+
+    let bar = progress.bar("blob", size);
+    let mut failures = 0u32;
+    let (hasher, have) = loop {
+        // What an earlier attempt (or run) left: hashed again, then continued.
+        let (mut hasher, have) = hash_part(part)?;
+        if have > size {
+            std::fs::remove_file(part)?;
+            continue;
+        }
+        bar.set_position(have);
+        let mut have = have;
+        let attempt: std::result::Result<(), Failed> = async {
+            let (stream, offset) = match have {
+                0 => (
+                    client
+                        .pull_blob_stream(&reference, digest)
+                        .await
+                        .map_err(Failed::Registry)?,
+                    0,
+                ),
+                _ if have == size => return Ok(()),
+                _ => match client
+                    .pull_blob_stream_partial(&reference, digest, have, None)
+                    .await
+                    .map_err(Failed::Registry)?
+                {
+                    BlobResponse::Partial(s) => (s, have),
+                    // The registry ignored the range: the blob comes whole.
+                    BlobResponse::Full(s) => (s, 0),
+                },
+            };
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(offset > 0)
+                .write(true)
+                .truncate(offset == 0)
+                .open(part)
+                .map_err(|e| Failed::Local(e.into()))?;
+            if offset == 0 {
+                hasher = Sha256::new();
+                have = 0;
+            }
+            let mut stream = stream.stream;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(Failed::Stream)?;
+                hasher.update(&chunk);
+                file.write_all(&chunk)
+                    .map_err(|e| Failed::Local(e.into()))?;
+                have += chunk.len() as u64;
+                bar.inc(chunk.len() as u64);
+            }
+            file.sync_all().map_err(|e| Failed::Local(e.into()))?;
+            Ok(())
+        }
+        .await;
+        match attempt {
+            // Hashed as it streamed: the bytes that were there, then those received.
+            Ok(()) => break (hasher, have),
+            Err(Failed::Local(e)) => {
+                return Err(e.context(format!("writing {}", part.display())));
+            }
+            Err(Failed::Registry(e)) if blob_unknown(&e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "{what}: the registry {} has no such blob in {} (its manifest names it, the blob is gone): push the output again (`cargo xtask cache push`)",
+                    target.registry, target.repository
+                )));
+            }
+            Err(Failed::Registry(e)) if !transient(&e) => return Err(site.fail(&what, e)),
+            // oci-client's own check of a whole blob: the bytes are wrong, not late.
+            Err(Failed::Stream(e))
+                if e.get_ref()
+                    .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>()) =>
+            {
+                let _ = std::fs::remove_file(part);
+                bail!(
+                    "the blob {digest} from {} does not hash to its digest ({e}): refusing it (the registry's copy is damaged or was altered)",
+                    target.name()
+                );
+            }
+            Err(err) => {
+                failures += 1;
+                let cause = match &err {
+                    Failed::Registry(e) => root_cause(e),
+                    Failed::Stream(e) => e.to_string(),
+                    Failed::Local(_) => unreachable!(),
+                };
+                if failures >= options.retry.attempts.max(1) {
+                    match err {
+                        Failed::Registry(e) => return Err(site.fail(&what, e)),
+                        _ => bail!(
+                            "{what} from {}: {cause}, {failures} times; the {} bytes received are kept in {} and a rerun continues from there",
+                            target.name(),
+                            std::fs::metadata(part).map(|m| m.len()).unwrap_or(0),
+                            part.display()
+                        ),
+                    }
+                }
+                let wait = options.retry.backoff_for(failures);
+                progress.println(&format!(
+                    "{what}: {cause}; retrying in {:.1} s (attempt {} of {})",
+                    wait.as_secs_f64(),
+                    failures + 1,
+                    options.retry.attempts
+                ));
+                tokio::time::sleep(wait).await;
+            }
+        }
+    };
+    bar.finish_and_clear();
+    let got = hex::encode(hasher.finalize());
+    if have != size || got != want {
+        let _ = std::fs::remove_file(part);
+        bail!(
+            "the blob {digest} from {} is not what its manifest names: {have} bytes with sha256:{got}, expected {size} bytes: refusing it (the registry's copy is damaged or was altered)",
+            target.name()
+        );
+    }
+    Ok(())
+}
+
+/// A 404 or BLOB_UNKNOWN for a blob.
+fn blob_unknown(err: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match err {
+        E::ServerError { code: 404, .. } => true,
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| matches!(e.code, OciErrorCode::BlobUnknown | OciErrorCode::NotFound)),
+        _ => crate::signed::is_not_found(err),
+    }
+}
+
+/// Why one download attempt stopped.
+enum Failed {
+    Registry(oci_client::errors::OciDistributionError),
+    /// The body stopped midway (the connection dropped, the digest check of oci-client).
+    Stream(std::io::Error),
+    Local(anyhow::Error),
+}
+
+/// The sha256 state over what `part` holds, and its length (0 when it does not exist).
+fn hash_part(part: &Path) -> Result<(Sha256, u64)> {
+    let mut hasher = Sha256::new();
+    let mut file = match std::fs::File::open(part) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((hasher, 0)),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", part.display())),
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", part.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((hasher, total))
+}
+
+/// Reads the blob `digest` of the options' repository into memory (a config: small),
+/// checking its sha256.
+pub fn pull_small_blob(options: &PushOptions, digest: &str, size: u64) -> Result<Vec<u8>> {
+    const MAX: u64 = 64 << 20;
+    if size > MAX {
+        bail!("the blob {digest} is {size} bytes, more than a config may be ({MAX})");
+    }
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let part = dir.path().join("blob");
+    pull_blob(options, digest, size, &part)?;
+    Ok(std::fs::read(&part)?)
+}

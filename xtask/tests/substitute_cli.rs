@@ -1,0 +1,111 @@
+//! `cargo xtask build --dry-run --substitute` from the command line, against a real
+//! registry (testkit's docker-registry with TLS and htpasswd) that holds nothing yet: a
+//! cache nobody is trusted for is refused before any lookup; with stack.toml's `[cache]`
+//! (which leaves the lock fresh) the plan looks up each step that would be built and
+//! says it is built here; `--no-substitute` looks nothing up. The pull itself is tested in
+//! xtask/tests/substitute_registry.rs. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
+
+fn xtask(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .env("COMMSTACK_HOME", home)
+        .env("DOCKER_CONFIG", home.join("no-docker-config"))
+        .env("COMMSTACK_REGISTRY_USER", REGISTRY_USER)
+        .env("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD)
+        .env_remove("COMMSTACK_REGISTRY_CA")
+        .env_remove("COMMSTACK_STACK")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The plan's row of `step`.
+fn row<'a>(out: &'a str, step: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(step))
+        .unwrap_or_else(|| panic!("no row for {step} in:\n{out}"))
+}
+
+#[test]
+fn dry_run_with_a_binary_cache_names_it_and_refuses_an_untrusted_one() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = work.path().join("stack");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["stack.toml", "stack.lock", "requirements.lock"] {
+        std::fs::copy(root.join(file), dir.join(file)).unwrap();
+    }
+    let stack = dir.join("stack.toml");
+    let home = work.path().join("home");
+    let cache = format!("{}/cache/steps", registry.host());
+    let ca = registry.ca();
+    let build = |extra: &[&str]| {
+        let mut args = vec![
+            "--stack",
+            stack.to_str().unwrap(),
+            "build",
+            "--dry-run",
+            "--ca-file",
+            ca.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        xtask(&home, &args)
+    };
+
+    // No [cache] trusted-keys and no --allow-unsigned: refused before anything runs.
+    let out = build(&["--substitute", &cache]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("trusts no key") && text(&out).contains("--allow-unsigned"),
+        "{}",
+        text(&out)
+    );
+
+    // [cache] in stack.toml: the lock stays fresh, and the plan asks the cache.
+    let mut toml = std::fs::read_to_string(&stack).unwrap();
+    toml.push_str(&format!(
+        "\n[cache]\nregistry = \"{cache}\"\ntrusted-keys = [\"ed25519:O2onvM62pC1io6jQKm8Nc2UyFXcd4kOmOsBIoYtZ2ik=\"]\n"
+    ));
+    std::fs::write(&stack, toml).unwrap();
+    let out = build(&["--locked"]);
+    let plan = text(&out);
+    assert!(out.status.success(), "{plan}");
+    eprintln!("{plan}");
+    for step in [
+        "nvshmem",
+        "dropin",
+        "kernels",
+        "deepep",
+        "wheelhouse",
+        "base",
+    ] {
+        assert!(
+            row(&plan, step).contains(&format!("not in the binary cache {cache}: built here")),
+            "{step}:\n{plan}"
+        );
+    }
+    // The toolchain is needed by the steps built here; the image is never looked up.
+    assert!(row(&plan, "toolchain").contains("runs:"), "{plan}");
+    assert!(!row(&plan, "image").contains("binary cache"), "{plan}");
+
+    // --no-substitute: nothing is looked up.
+    let out = build(&["--locked", "--no-substitute"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains("binary cache"), "{}", text(&out));
+}

@@ -1,0 +1,843 @@
+//! `build --substitute` against a real registry (testkit's docker-registry with TLS and
+//! htpasswd): the graph's keyed steps built in one home with fixture recipes (real files
+//! in the recipes' own store steps, the production keys of the bookworm stack), pushed
+//! with `cache push` and a key made by openssl, then substituted into an empty home: the
+//! same keys and the same bytes, and no recipe runs for a substituted step. Then the
+//! faults: a blob altered in the registry's storage, an untrusted signature, a missing
+//! blob, wrong credentials, the registry killed midway: each a clear error, nothing sealed
+//! in the store that should not be, and the rerun completes.
+//!
+//! docker-registry, htpasswd and openssl are required (the test fails without them);
+//! COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it instead.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use StepId::*;
+use anyhow::{Context, Result, bail};
+use commstack_digest::{canonical_json, sha256_hex};
+use commstack_pipeline::ctx::{Ctx, GlobalArgs};
+use commstack_pipeline::flow::build::Args;
+use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
+use commstack_pipeline::flow::substitute::{SubstituteRequest, Substituter};
+use commstack_pipeline::graph::{
+    Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps, StoredResult, Substitute,
+};
+use commstack_pipeline::record::Record;
+use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
+use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
+use commstack_store::{META_FILE, StepKey, Store};
+use commstack_testkit::registry::run_tool;
+use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
+use serde_json::json;
+
+const REPO: &str = "cache/steps";
+
+/// The default stack (it has [image]) and its lock, copied as they are.
+fn write_stack(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::create_dir_all(dir).unwrap();
+    for file in ["stack.toml", "stack.lock"] {
+        std::fs::copy(root.join(file), dir.join(file)).unwrap();
+    }
+    dir.join("stack.toml")
+}
+
+fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
+    Ctx::new(GlobalArgs {
+        stack: Some(stack.to_path_buf()),
+        home: Some(home.to_path_buf()),
+        quiet: true,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The recipes
+// ---------------------------------------------------------------------------------------
+
+/// Keys from a real [`StackSteps`]; each keyed step's recipe writes files made from its
+/// inputs and its upstream outputs into a store step of its own (`fixture-<step>`), as
+/// the crates do. NVSHMEM's is a directory like the real one: an install (`nvshmem/`,
+/// what it ships: a library with the executable bit, a header, a link) and a report beside
+/// it that the drop-in's recipe reads, as the real drop-in reads NVSHMEM's build report.
+struct Recipes<'a> {
+    stack: StackSteps<'a>,
+    store: Store,
+    markers: PathBuf,
+    ran: RefCell<Vec<StepId>>,
+    here: RefCell<Option<BTreeSet<StepId>>>,
+}
+
+/// The outputs a step's recipe reads (through fetch and load, which have none).
+fn data_deps(step: StepId) -> Vec<StepId> {
+    step.deps()
+        .iter()
+        .flat_map(|&d| match d.keyed() {
+            true => vec![d],
+            false => data_deps(d),
+        })
+        .collect()
+}
+
+/// What `step` ships, given its result.
+fn shipped_root(step: StepId, result: &StepResult) -> Option<PathBuf> {
+    let output = result.output.clone()?;
+    match step {
+        Nvshmem => Some(output.join("nvshmem")),
+        s if s.keyed() => Some(output),
+        _ => None,
+    }
+}
+
+/// Every file's sha256, size and mode (and every link's target) under `path`: equal
+/// fingerprints are equal bytes.
+fn fingerprint(path: &Path) -> Result<String> {
+    let m = commstack_digest::manifest::manifest(path, &|_| false)
+        .with_context(|| format!("hashing {}", path.display()))?;
+    Ok(sha256_hex(canonical_json(&serde_json::to_value(m)?)))
+}
+
+fn fingerprint_of(done: &Done, step: StepId) -> Result<String> {
+    let root = done
+        .get(&step)
+        .and_then(|r| shipped_root(step, r))
+        .with_context(|| format!("step {step} has no output"))?;
+    fingerprint(&root)
+}
+
+impl Recipes<'_> {
+    fn recipe(&self, step: StepId, done: &Done) -> Result<StepResult> {
+        let mut text = format!("{step}\n{}\n", canonical_json(&self.stack.inputs(step)?));
+        for dep in data_deps(step) {
+            text.push_str(&format!("{dep} {}\n", fingerprint_of(done, dep)?));
+        }
+        if step == Dropin {
+            let nvshmem = done[&Nvshmem].output.clone().context("nvshmem's output")?;
+            let report = std::fs::read_to_string(nvshmem.join("report.json"))
+                .context("the drop-in reads NVSHMEM's report")?;
+            text.push_str(&format!("report {report}\n"));
+        }
+        let inputs = json!({ "text": text });
+        let key = StepKey::new(&format!("fixture-{}", step.name()), &inputs);
+        let made = self.store.run(&key, &inputs, false, |dir| {
+            use std::os::unix::fs::PermissionsExt;
+            match step {
+                Nvshmem => {
+                    let lib = dir.out.join("nvshmem/lib");
+                    std::fs::create_dir_all(&lib)?;
+                    std::fs::create_dir_all(dir.out.join("nvshmem/include"))?;
+                    std::fs::write(lib.join("libnvshmem_host.so.3"), &text)?;
+                    std::fs::set_permissions(
+                        lib.join("libnvshmem_host.so.3"),
+                        std::fs::Permissions::from_mode(0o755),
+                    )?;
+                    std::os::unix::fs::symlink(
+                        "libnvshmem_host.so.3",
+                        lib.join("libnvshmem_host.so"),
+                    )?;
+                    std::fs::write(dir.out.join("nvshmem/include/nvshmem.h"), "/* h */\n")?;
+                    std::fs::write(
+                        dir.out.join("report.json"),
+                        format!("{{\"of\":\"{}\"}}", sha256_hex(&text)),
+                    )?;
+                }
+                _ => std::fs::write(dir.out.join(format!("{}.out", step.name())), &text)?,
+            }
+            Ok(())
+        })?;
+        Ok(StepResult {
+            output: Some(match step {
+                Nvshmem => made.path().to_path_buf(),
+                _ => made.path().join(format!("{}.out", step.name())),
+            }),
+            facts: json!({ "bytes": text.len(), "dir": made.path() }),
+        })
+    }
+
+    fn loaded_marker(&self, done: &Done) -> Result<PathBuf> {
+        Ok(self
+            .markers
+            .join(format!("loaded-{}", fingerprint_of(done, Image)?)))
+    }
+}
+
+impl Steps for Recipes<'_> {
+    fn skipped(&self, step: StepId) -> Option<String> {
+        self.stack.skipped(step)
+    }
+
+    fn inputs(&self, step: StepId) -> Result<serde_json::Value> {
+        self.stack.inputs(step)
+    }
+
+    fn pending(&self, step: StepId, done: &Done) -> Result<Option<String>> {
+        Ok(match step {
+            Lock => None,
+            // Nothing to download when no step that reads the cache is built here.
+            Fetch if self.here.borrow().as_ref().is_some_and(|h| h.is_empty()) => None,
+            Fetch => (!self.markers.join("fetched").exists()).then(|| "not fetched".into()),
+            Load => (!self.loaded_marker(done)?.exists()).then(|| "not loaded".into()),
+            _ => bail!("step {step} is keyed"),
+        })
+    }
+
+    fn run(&self, step: StepId, done: &Done, _say: &dyn Fn(&str)) -> Result<StepResult> {
+        self.ran.borrow_mut().push(step);
+        let marker = match step {
+            Lock => bail!("the lock is made before the graph runs"),
+            Fetch => self.markers.join("fetched"),
+            Load => self.loaded_marker(done)?,
+            _ => return self.recipe(step, done),
+        };
+        std::fs::create_dir_all(&self.markers)?;
+        std::fs::write(&marker, step.name())?;
+        Ok(StepResult {
+            output: Some(marker),
+            facts: serde_json::Value::Null,
+        })
+    }
+
+    fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
+        shipped_root(step, result)
+    }
+
+    /// As the stack's own steps: the toolchain and NVSHMEM's source only feed the
+    /// steps after them.
+    fn only_an_input(&self, step: StepId) -> bool {
+        matches!(step, Toolchain | NvshmemSource)
+    }
+
+    fn built_here(&self, steps: &BTreeSet<StepId>) {
+        *self.here.borrow_mut() = Some(steps.clone());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A build, with or without a binary cache
+// ---------------------------------------------------------------------------------------
+
+struct Built {
+    plan: Vec<Planned>,
+    /// The steps whose recipe ran, in order.
+    ran: Vec<StepId>,
+    /// (step, outcome, key, reason) of each row.
+    rows: Vec<(StepId, &'static str, Option<String>, Option<String>)>,
+    /// The fingerprint of what each keyed step ships, for the steps done.
+    outputs: BTreeMap<StepId, String>,
+    /// The failed step and its error.
+    failed: Option<(StepId, String)>,
+}
+
+impl Built {
+    fn status(&self, step: StepId) -> &Status {
+        &self.plan.iter().find(|p| p.step == step).unwrap().status
+    }
+    fn outcome(&self, step: StepId) -> &'static str {
+        self.rows.iter().find(|r| r.0 == step).unwrap().1
+    }
+}
+
+fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute>) -> Result<Built> {
+    let ctx = ctx_for(stack, home)?;
+    let recipes = Recipes {
+        stack: StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?,
+        store: Store::open(ctx.store_dir())?,
+        markers: home.join("fixture"),
+        ran: RefCell::new(Vec::new()),
+        here: RefCell::new(None),
+    };
+    let store = Store::open(ctx.store_dir())?;
+    let record = Record::open(home.join("pipeline/inputs.json"))?;
+    let engine = Engine {
+        store: &store,
+        record: &record,
+        log_dir: home.join("pipeline/logs"),
+        quiet: true,
+        force: false,
+        stack_flag: String::new(),
+        substitute: cache,
+    };
+    let plan = engine.plan(&recipes, Selection::All)?;
+    let planned = plan.steps.clone();
+    let report = engine.run(&recipes, plan)?;
+    let mut outputs = BTreeMap::new();
+    for step in StepId::ALL.into_iter().filter(|s| s.keyed()) {
+        let Some(key) = planned.iter().find(|p| p.step == step).and_then(|p| {
+            p.key
+                .as_ref()
+                .map(|k| store.root().join("steps").join(k).join("result.json"))
+        }) else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(&key) else {
+            continue;
+        };
+        let stored: StoredResult = serde_json::from_str(&text)?;
+        let shipped = stored.shipped.context("a keyed step ships")?;
+        assert!(
+            shipped.root.starts_with(home),
+            "{step}: the result names {} outside this home",
+            shipped.root.display()
+        );
+        // What the result records is what is there.
+        let now = commstack_digest::manifest::manifest(&shipped.root, &|_| false)?;
+        assert_eq!(now, shipped.files, "{step}: the files its result records");
+        outputs.insert(step, fingerprint(&shipped.root)?);
+    }
+    Ok(Built {
+        plan: planned,
+        ran: recipes.ran.into_inner(),
+        rows: report
+            .rows
+            .iter()
+            .map(|r| (r.step, r.outcome, r.key.clone(), r.reason.clone()))
+            .collect(),
+        outputs,
+        failed: report.failed.map(|(s, e, _)| (s, format!("{e:#}"))),
+    })
+}
+
+/// The step directories sealed in a home's store (`pipeline-nvshmem`, `fixture-nvshmem`),
+/// sorted; and that tmp/ holds no step directory (a failed attempt goes to failed/).
+fn sealed(home: &Path) -> Vec<String> {
+    let store = home.join("store");
+    let tmp_dirs: Vec<String> = std::fs::read_dir(store.join("tmp"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(tmp_dirs.is_empty(), "left in tmp/: {tmp_dirs:?}");
+    let mut out: Vec<String> = std::fs::read_dir(store.join("steps"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().join(META_FILE).is_file())
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name[..name.rfind('-').unwrap()].to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// The registry, the key, the push
+// ---------------------------------------------------------------------------------------
+
+struct Setup {
+    dir: tempfile::TempDir,
+    registry: RefCell<TestRegistry>,
+    stack: PathBuf,
+    /// The first build, in home A.
+    first: Built,
+    /// `ed25519:<base64>` of the key that signed the push.
+    public_key: String,
+}
+
+fn credentials(password: &str) -> Credentials {
+    Credentials {
+        auth: RegistryAuth::Basic(REGISTRY_USER.into(), password.into()),
+        source: "the test".into(),
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 2,
+        backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(20),
+    }
+}
+
+/// Builds in home A and pushes `steps` (all that ship when empty), signed.
+fn setup(steps: &[StepId]) -> Result<Setup> {
+    let dir = tempfile::tempdir()?;
+    let stack = write_stack(&dir.path().join("stack"));
+    let first = build(&stack, &dir.path().join("a"), None)?;
+    assert!(first.failed.is_none(), "{:?}", first.failed);
+    let registry = TestRegistry::start();
+    run_tool(
+        dir.path(),
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
+    );
+    let key = commstack_registry::sign::read_signing_key(&dir.path().join("key.pem"))?;
+    let public_key = commstack_registry::sign::public_key_text(&key.verifying_key());
+    let ctx = ctx_for(&stack, &dir.path().join("a"))?;
+    let pushed = cache_push(
+        &ctx,
+        &CachePushRequest {
+            registry: format!("{}/{REPO}", registry.host()),
+            key: dir.path().join("key.pem"),
+            steps: steps.to_vec(),
+            ca_file: Some(registry.ca()),
+            jobs: 2,
+            credentials: Some(credentials(REGISTRY_PASSWORD)),
+        },
+        &|_| {},
+    )?;
+    let want = match steps.is_empty() {
+        true => StepId::ALL.iter().filter(|s| s.keyed()).count(),
+        false => steps.len(),
+    };
+    assert_eq!(pushed.len(), want, "the steps pushed");
+    Ok(Setup {
+        dir,
+        registry: RefCell::new(registry),
+        stack,
+        first,
+        public_key,
+    })
+}
+
+impl Setup {
+    fn substituter(&self, trusted: &[String], allow_unsigned: bool) -> Result<Substituter> {
+        let mut s = Substituter::new(
+            &SubstituteRequest {
+                registry: format!("{}/{REPO}", self.registry.borrow().host()),
+                trusted_keys: trusted.to_vec(),
+                allow_unsigned,
+                ca_file: Some(self.registry.borrow().ca()),
+                progress: false,
+            },
+            &self.stack,
+        )?;
+        s.set_credentials(credentials(REGISTRY_PASSWORD));
+        s.set_retry(fast_retry());
+        Ok(s)
+    }
+
+    fn trusted(&self) -> Result<Substituter> {
+        self.substituter(std::slice::from_ref(&self.public_key), false)
+    }
+
+    fn home(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The digest of layer `index` (0: the shipped files) of `step`'s artifact.
+    fn layer(&self, step: StepId, index: usize) -> Result<String> {
+        let key = self
+            .first
+            .rows
+            .iter()
+            .find(|r| r.0 == step)
+            .and_then(|r| r.2.clone())
+            .context("the step's key")?;
+        let registry = self.registry.borrow();
+        let mut options = PushOptions::new(Target::parse(&format!("{}/{REPO}", registry.host()))?);
+        options.ca_file = Some(registry.ca());
+        options.credentials = Some(credentials(REGISTRY_PASSWORD));
+        let found =
+            commstack_registry::pull::find_tag(&options, key.trim_start_matches("pipeline-"))?
+                .context("the artifact is in the registry")?;
+        let manifest: serde_json::Value = serde_json::from_slice(&found.manifest)?;
+        Ok(manifest["layers"][index]["digest"]
+            .as_str()
+            .context("a layer digest")?
+            .to_string())
+    }
+}
+
+/// Every keyed step: the same key and the same bytes as the first build.
+fn assert_same_outputs(first: &Built, other: &Built) {
+    let keyed: Vec<StepId> = StepId::ALL.into_iter().filter(|s| s.keyed()).collect();
+    assert_eq!(
+        other.outputs.keys().copied().collect::<Vec<_>>(),
+        keyed,
+        "every keyed step is done"
+    );
+    assert_eq!(other.outputs, first.outputs, "what each step ships");
+    for step in keyed {
+        let key = |b: &Built| {
+            b.rows
+                .iter()
+                .find(|r| r.0 == step)
+                .and_then(|r| r.2.clone())
+        };
+        assert_eq!(key(other), key(first), "{step}'s key");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let cache = s.trusted()?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&cache))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    for step in StepId::ALL.into_iter().filter(|s| s.keyed()) {
+        match b.status(step) {
+            Status::Substitute { from } => assert!(
+                from.starts_with(&format!(
+                    "{}/{REPO}:{}-",
+                    s.registry.borrow().host(),
+                    step.name()
+                )) && from.contains("@sha256:"),
+                "{step}: {from}"
+            ),
+            other => panic!("{step} is planned {other:?}, not substituted"),
+        }
+        assert_eq!(b.outcome(step), "substituted", "{step}");
+    }
+    // No recipe ran for a keyed step; nothing was fetched (no step reads the cache).
+    assert_eq!(
+        b.ran,
+        [Load],
+        "the recipes that ran in the substituting home"
+    );
+    assert_eq!(b.status(Fetch), &Status::Reused);
+    assert_same_outputs(&s.first, &b);
+    // The crate steps the results point into are in this store, under the same names.
+    assert!(sealed(&home).contains(&"fixture-nvshmem".to_string()));
+
+    // Again: everything is in the store now.
+    let again = build(&s.stack, &home, Some(&cache))?;
+    assert!(again.ran.is_empty(), "{:?}", again.ran);
+    assert!(
+        again.plan.iter().all(|p| p.status == Status::Reused),
+        "{:?}",
+        again
+            .plan
+            .iter()
+            .map(|p| (p.step, &p.status))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(again.outputs, s.first.outputs);
+    Ok(())
+}
+
+/// Only NVSHMEM (and what it reads) is in the cache: the rest is built here, from the
+/// pulled install and the report the artifact carries beside it (the drop-in reads it).
+#[test]
+fn a_step_the_cache_lacks_is_built_here_from_the_pulled_outputs() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[Toolchain, NvshmemSource, Nvshmem])?;
+    let cache = s.trusted()?;
+    let b = build(&s.stack, &s.home("b"), Some(&cache))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    for step in [Toolchain, NvshmemSource, Nvshmem] {
+        assert_eq!(b.outcome(step), "substituted", "{step}");
+    }
+    match b.status(Dropin) {
+        Status::Run { reason, .. } => assert!(
+            reason.contains("not in the binary cache") && reason.contains(REPO),
+            "{reason}"
+        ),
+        other => panic!("dropin is planned {other:?}"),
+    }
+    assert_eq!(
+        b.ran,
+        [
+            Fetch, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Load, Verify
+        ]
+    );
+    assert_same_outputs(&s.first, &b);
+    Ok(())
+}
+
+/// The cache has every step but the toolchain and NVSHMEM's source: those are not made
+/// at all (only the steps after them read them, and those are substituted).
+#[test]
+fn a_step_only_substituted_steps_read_is_not_made() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[
+        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Verify,
+    ])?;
+    let cache = s.trusted()?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&cache))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    for step in [Toolchain, NvshmemSource] {
+        match b.status(step) {
+            Status::Skipped { reason } => assert!(
+                reason.starts_with(
+                    "not needed: every step that reads it is reused or substituted from"
+                ) && reason.ends_with(REPO),
+                "{step}: {reason}"
+            ),
+            other => panic!("{step} is planned {other:?}"),
+        }
+        assert_eq!(b.outcome(step), "skipped");
+    }
+    assert_eq!(b.ran, [Load], "no recipe but load's");
+    let mut first = s.first.outputs.clone();
+    first.retain(|step, _| !matches!(step, Toolchain | NvshmemSource));
+    assert_eq!(b.outputs, first, "what each substituted step ships");
+    Ok(())
+}
+
+#[test]
+fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    // Another key's public half: a real ed25519 key that did not sign the cache.
+    run_tool(
+        s.dir.path(),
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "other.pem"],
+    );
+    let other = commstack_registry::sign::read_signing_key(&s.dir.path().join("other.pem"))?;
+    let other = commstack_registry::sign::public_key_text(&other.verifying_key());
+    let home = s.home("b");
+    let b = build(
+        &s.stack,
+        &home,
+        Some(&s.substituter(std::slice::from_ref(&other), false)?),
+    )?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Toolchain, "the first substituted step: {err}");
+    assert!(
+        err.contains("refusing the output of step toolchain")
+            && err.contains(&format!("{REPO}:toolchain-"))
+            && err.contains("is not a trusted key")
+            && err.contains("--allow-unsigned"),
+        "{err}"
+    );
+    assert!(b.ran.is_empty(), "{:?}", b.ran);
+    assert_eq!(sealed(&home), Vec::<String>::new(), "nothing sealed");
+
+    // No trusted key at all: refused before anything is looked up.
+    let err = s
+        .substituter(&[], false)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("trusts no key") && err.contains("--allow-unsigned"),
+        "{err}"
+    );
+
+    // --allow-unsigned takes it, saying so in the step's log.
+    let b = build(&s.stack, &home, Some(&s.substituter(&[other], true)?))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    assert_same_outputs(&s.first, &b);
+    let log = std::fs::read_to_string(home.join("pipeline/logs/nvshmem.log"))?;
+    assert!(log.contains("taken because of --allow-unsigned"), "{log}");
+    Ok(())
+}
+
+#[test]
+fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let digest = s.layer(Nvshmem, 0)?;
+    let data = s.registry.borrow().blob_data(&digest);
+    let mut bytes = std::fs::read(&data)?;
+    bytes[600] ^= 0x20; // one byte of the layer: its sha256 no longer matches
+    std::fs::write(&data, &bytes)?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Nvshmem, "{err}");
+    assert!(
+        err.contains(&digest) && err.contains("refusing it") && err.contains("layer 1 of 2"),
+        "{err}"
+    );
+    // The steps before it are sealed; NVSHMEM's is not, and its download is gone.
+    assert_eq!(
+        sealed(&home),
+        [
+            "fixture-nvshmem-source",
+            "fixture-toolchain",
+            "pipeline-nvshmem-source",
+            "pipeline-toolchain"
+        ]
+    );
+    let hex = digest.trim_start_matches("sha256:");
+    assert!(!home.join(format!("store/tmp/pull-{hex}.tar")).exists());
+    Ok(())
+}
+
+#[test]
+fn a_missing_blob_is_a_clear_error() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let digest = s.layer(Dropin, 0)?;
+    let data = s.registry.borrow().blob_data(&digest);
+    std::fs::remove_dir_all(data.parent().unwrap())?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Dropin, "{err}");
+    assert!(
+        err.contains(&digest) && err.contains("has no such blob") && err.contains("cache push"),
+        "{err}"
+    );
+    assert!(!sealed(&home).iter().any(|s| s.ends_with("dropin")));
+    Ok(())
+}
+
+#[test]
+fn wrong_credentials_are_refused_before_anything_is_pulled() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let mut cache = s.trusted()?;
+    cache.set_credentials(credentials("wrong horse"));
+    let home = s.home("b");
+    let err = match build(&s.stack, &home, Some(&cache)) {
+        Ok(b) => panic!("the build went on: {:?}", b.failed),
+        Err(e) => format!("{e:#}"),
+    };
+    eprintln!("the error: {err}");
+    assert!(
+        err.contains("looking up step toolchain")
+            && err.contains("refused the credentials (401")
+            && err.contains(REPO),
+        "{err}"
+    );
+    assert_eq!(sealed(&home), Vec::<String>::new());
+    Ok(())
+}
+
+/// The registry is killed as NVSHMEM's pull starts: the steps pulled before stay sealed,
+/// NVSHMEM's is not; the registry comes back, and the rerun (with half of a layer already
+/// downloaded, as a download cut midway leaves it) completes with the same outputs.
+#[test]
+fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    struct KillAt<'a> {
+        inner: Substituter,
+        registry: &'a RefCell<TestRegistry>,
+        at: StepId,
+    }
+    impl Substitute for KillAt<'_> {
+        fn source(&self) -> String {
+            self.inner.source()
+        }
+        fn lookup(&self, step: StepId, key: &StepKey) -> Result<Option<String>> {
+            self.inner.lookup(step, key)
+        }
+        fn pull(
+            &self,
+            store: &Store,
+            step: StepId,
+            key: &StepKey,
+            say: &dyn Fn(&str),
+        ) -> Result<StoredResult> {
+            if step == self.at {
+                self.registry.borrow_mut().stop();
+            }
+            self.inner.pull(store, step, key, say)
+        }
+    }
+    let s = setup(&[])?;
+    let home = s.home("b");
+    let killing = KillAt {
+        inner: s.trusted()?,
+        registry: &s.registry,
+        at: Nvshmem,
+    };
+    let b = build(&s.stack, &home, Some(&killing))?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Nvshmem, "{err}");
+    assert!(
+        err.contains("checking the signature of the output of step nvshmem")
+            && err.contains(&s.registry.borrow().host())
+            && err.contains("Connection refused")
+            && !err.contains("refusing"),
+        "{err}"
+    );
+    assert_eq!(
+        sealed(&home),
+        [
+            "fixture-nvshmem-source",
+            "fixture-toolchain",
+            "pipeline-nvshmem-source",
+            "pipeline-toolchain"
+        ]
+    );
+
+    // Back up; half of NVSHMEM's shipped layer where an interrupted download leaves it.
+    s.registry.borrow_mut().serve();
+    let digest = s.layer(Nvshmem, 0)?;
+    let whole = std::fs::read(s.registry.borrow().blob_data(&digest))?;
+    let part = home.join(format!(
+        "store/tmp/pull-{}.tar",
+        digest.trim_start_matches("sha256:")
+    ));
+    std::fs::write(&part, &whole[..whole.len() / 2])?;
+
+    let rerun = build(&s.stack, &home, Some(&s.trusted()?))?;
+    assert!(rerun.failed.is_none(), "{:?}", rerun.failed);
+    assert_eq!(rerun.status(Toolchain), &Status::Reused);
+    assert_eq!(rerun.outcome(Nvshmem), "substituted");
+    assert_eq!(rerun.ran, [Load]);
+    assert!(!part.exists(), "the finished download is removed");
+    assert_same_outputs(&s.first, &rerun);
+    Ok(())
+}
+
+/// The production steps' fetch: with a binary cache, only what the steps built here read
+/// (nothing when none is; the .debs alone for the base).
+#[test]
+fn fetch_downloads_only_what_the_steps_built_here_read() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let stack = write_stack(&dir.path().join("stack"));
+    let ctx = ctx_for(&stack, &dir.path().join("home"))?;
+    let steps = StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?;
+    let missing = |steps: &StackSteps| -> Result<usize> {
+        Ok(match steps.pending(Fetch, &Done::new())? {
+            None => 0,
+            Some(reason) => reason.split(' ').next().context("a count")?.parse()?,
+        })
+    };
+    let all = missing(&steps)?;
+    let lock = commstack_stack::Lock::parse(
+        &stack.with_extension("lock"),
+        &std::fs::read_to_string(stack.with_extension("lock"))?,
+    )
+    .map_err(|d| anyhow::anyhow!("{d}"))?;
+    assert!(
+        all > lock.debs.len(),
+        "{all} artifacts to fetch without a cache"
+    );
+    steps.built_here(&BTreeSet::new());
+    assert_eq!(
+        missing(&steps)?,
+        0,
+        "nothing is built here: nothing to fetch"
+    );
+    steps.built_here(&BTreeSet::from([Base, Image]));
+    assert_eq!(
+        missing(&steps)?,
+        lock.debs.len(),
+        "the base reads the .debs only"
+    );
+    steps.built_here(&BTreeSet::from([Wheelhouse]));
+    let wheels = missing(&steps)?;
+    assert!(wheels > 0 && wheels < all, "{wheels} of {all}");
+    Ok(())
+}
