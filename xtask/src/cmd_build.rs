@@ -26,7 +26,8 @@ each step's log is beside it under logs/. docs/pipeline.md explains keys and pla
 
 Binary cache: with --substitute HOST[:PORT]/REPO (or stack.toml's [cache] registry), each
 step that would be built is first looked up there (`<step>-<key>`, what `cargo xtask cache
-push` filled): nvshmem, dropin, kernels, deepep, wheelhouse and base are pulled, their
+push` filled): nvshmem, dropin, kernels, deepep, wheelhouse, base and image (with its
+layer steps) are pulled, their
 signatures checked under [cache] trusted-keys (refused otherwise, unless --allow-unsigned),
 their blobs' sha256 checked as they stream; the toolchain and NVSHMEM's source are then not
 made, and fetch downloads only what the steps built here read. The plan (--dry-run) says

@@ -46,7 +46,9 @@ pub enum Command {
 Each output becomes an OCI artifact (artifactType application/vnd.dev.commstack.step.v1):
 its config the step's provenance (store key, inputs, result, the manifest of every shipped
 file with sha256 and mode), its layer a tar of exactly those files, checked against that
-manifest before anything is sent (a damaged store output is refused). The manifest digest
+manifest before anything is sent (a damaged store output is refused); the image's also
+carries its layer steps (image-layer-<hash>: layer.tar, layer.json), so that a substituting
+home writes no layer and compiles nothing for it. The manifest digest
 is signed with the ed25519 key given (`openssl genpkey -algorithm ed25519 -out key.pem`);
 the signature is pushed beside it under the tag sha256-<hex>.sig. Credentials, CA and
 retries as for `cargo xtask push`.")]

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use commstack_pipeline::command::CacheArgs;
 use commstack_pipeline::ctx::Ctx;
+use commstack_pipeline::flow::build;
 use commstack_pipeline::flow::push::{PushRequest, push};
 use commstack_pipeline::util::human;
 
@@ -22,12 +24,15 @@ Credentials: $COMMSTACK_REGISTRY_USER and $COMMSTACK_REGISTRY_PASSWORD, else the
 entry `docker login HOST` wrote into $DOCKER_CONFIG/config.json (or ~/.docker/config.json),
 else none. HTTP basic and bearer-token registries both work with a user and password.
 Connection failures, timeouts, 5xx and 429 are retried with backoff; a rerun skips the
-blobs already uploaded. With --key the manifest digest is signed (ed25519) and the
+blobs already uploaded (--upload-jobs at once). Without --oci the graph runs until the image
+with build's flags (fetch: --mirror, --offline, --accept-tree-match; the binary cache:
+--substitute, --allow-unsigned, --no-substitute; the build settings). With --key the manifest digest is signed (ed25519) and the
 signature pushed beside the image. See docs/registry.md.
 
 Examples:
   cargo xtask push --registry registry.example.com/commstack/debian-12
-  cargo xtask push --registry 127.0.0.1:5000/ci/image --oci out/oci --ca-file ca.pem --tag nightly")]
+  cargo xtask push --registry 127.0.0.1:5000/ci/image --oci out/oci --ca-file ca.pem --tag nightly
+  cargo xtask push --registry HOST/REPO --mirror /srv/mirror --accept-tree-match --substitute HOST/cache")]
 pub struct Args {
     /// Where to push: HOST[:PORT]/REPO (https; write http://HOST[:PORT]/REPO for a
     /// plain-HTTP registry on a trusted network).
@@ -41,13 +46,9 @@ pub struct Args {
     /// The readable tag, instead of the one made from the image's labels.
     #[arg(long, value_name = "NAME")]
     pub tag: Option<String>,
-    /// PEM file of CA certificates to trust besides the system's (a registry with a
-    /// private CA).
-    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
-    pub ca_file: Option<PathBuf>,
     /// Blobs uploaded at once.
     #[arg(long, default_value_t = 4, value_name = "N")]
-    pub jobs: usize,
+    pub upload_jobs: usize,
     /// Refuse to change stack.lock while making the image (CI; see `build --help`).
     #[arg(long)]
     pub locked: bool,
@@ -59,6 +60,19 @@ pub struct Args {
     /// Print the result as JSON (reference, digests, tags, blobs sent and found).
     #[arg(long)]
     pub json: bool,
+    /// Print the plan of the graph until the image (each step reused, substituted or
+    /// run, and why) and push nothing. Not with --oci.
+    #[arg(long, conflicts_with = "oci")]
+    pub dry_run: bool,
+    /// The binary cache the graph substitutes from, as `build`'s; --ca-file is also
+    /// trusted for the registry pushed to.
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// The build settings and fetch flags, as `build`'s (--mirror, --accept-tree-match,
+    /// --offline, --cuda-archs, --jobs for compiles, ...): they make the image when no
+    /// --oci is given.
+    #[command(flatten)]
+    pub build: build::Args,
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
@@ -68,12 +82,17 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             registry: args.registry,
             oci: args.oci,
             tag: args.tag,
-            ca_file: args.ca_file,
-            jobs: args.jobs,
+            jobs: args.upload_jobs,
             locked: args.locked,
             key: args.key,
+            dry_run: args.dry_run,
+            cache: args.cache,
+            build: args.build,
         },
     )?;
+    let Some(pushed) = pushed else {
+        return Ok(ExitCode::SUCCESS);
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&pushed)?);
         return Ok(ExitCode::SUCCESS);

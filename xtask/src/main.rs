@@ -63,7 +63,8 @@ enum Command {
     Build(Box<cmd_build::Args>),
     /// Push the image to an OCI registry by digest (tagged with the lock's sha256); prints
     /// the HOST/REPO@sha256:... reference deploys pull.
-    Push(cmd_push::Args),
+    // Boxed as build's: it takes build's arguments.
+    Push(Box<cmd_push::Args>),
     /// Bring an existing Python environment onto the stack: compare with the lock, install
     /// the drop-in NVSHMEM and DeepEP with a backup, prove it (--undo restores it).
     Adopt(cmd_adopt::Args),
@@ -90,7 +91,7 @@ fn main() -> ExitCode {
         Command::Fetch(args) => cmd_fetch::run(&ctx, args),
         Command::Cache(cmd) => cmd_cache::run(&ctx, cmd),
         Command::Mirror(cmd) => cmd_mirror::run(&ctx, cmd),
-        Command::Push(args) => cmd_push::run(&ctx, args),
+        Command::Push(args) => cmd_push::run(&ctx, *args),
         Command::Store(cmd) => cmd_store::run(&ctx, cmd),
         Command::Toolchain(args) => cmd_toolchain::run(&ctx, args),
         Command::Build(args) => cmd_build::run(&ctx, *args),

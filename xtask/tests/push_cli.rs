@@ -197,3 +197,88 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
         assert!(text.contains(needed), "{needed:?} not in: {text}");
     }
 }
+
+/// Without --oci, push runs the graph until the image with build's flags: the fetch flags
+/// (`--mirror`, `--accept-tree-match`, `--offline`), the build settings and the binary
+/// cache's (`--substitute`) parse and reach the graph. No registry is needed: `--dry-run`
+/// plans and pushes nothing, and the refusals come before anything is pushed.
+#[test]
+fn push_without_a_layout_takes_builds_graph_and_fetch_flags() {
+    let work = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = work.path().join("stack");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["stack.toml", "stack.lock", "requirements.lock"] {
+        std::fs::copy(root.join(file), dir.join(file)).unwrap();
+    }
+    let stack = dir.join("stack.toml");
+    let home = work.path().join("home");
+    let mirror = work.path().join("mirror");
+    std::fs::create_dir_all(&mirror).unwrap();
+    let push = |extra: &[&str]| {
+        let mut args = vec![
+            "--stack",
+            stack.to_str().unwrap(),
+            "push",
+            "--registry",
+            "127.0.0.1:9/ci/image",
+        ];
+        args.extend_from_slice(extra);
+        let out = xtask(&home, &[], &args);
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        (out.status.success(), text)
+    };
+
+    // The plan until the image, with the fetch flags and a build setting taken.
+    let (ok, text) = push(&[
+        "--dry-run",
+        "--locked",
+        "--mirror",
+        mirror.to_str().unwrap(),
+        "--accept-tree-match",
+        "--offline",
+        "--jobs",
+        "2",
+        "--upload-jobs",
+        "3",
+    ]);
+    assert!(ok, "{text}");
+    for step in ["fetch", "base", "image"] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some(step)),
+            "no row for {step}: {text}"
+        );
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("load ")),
+        "the plan stops at the image: {text}"
+    );
+
+    // --mirror reaches fetch: an empty one is refused there, named.
+    let (ok, text) = push(&["--dry-run", "--locked", "--mirror", ""]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("--mirror") && text.contains("empty"),
+        "{text}"
+    );
+
+    // The binary cache's flags reach the graph: a cache nobody is trusted for is refused
+    // before anything runs (the same without --dry-run: nothing is built or pushed).
+    for dry in [true, false] {
+        let mut args = vec!["--locked", "--substitute", "127.0.0.1:9/cache/steps"];
+        if dry {
+            args.push("--dry-run");
+        }
+        let (ok, text) = push(&args);
+        assert!(!ok, "{text}");
+        assert!(
+            text.contains("trusts no key") && text.contains("127.0.0.1:9"),
+            "{text}"
+        );
+    }
+
+    // --dry-run plans the graph: not with a layout given.
+    let (ok, text) = push(&["--dry-run", "--oci", "/nonexistent"]);
+    assert!(!ok && text.contains("--oci"), "{text}");
+}

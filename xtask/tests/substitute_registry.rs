@@ -143,6 +143,35 @@ impl Recipes<'_> {
                         format!("{{\"of\":\"{}\"}}", sha256_hex(&text)),
                     )?;
                 }
+                // As the image crate makes it: the image step's files (image.json names
+                // each layer's tar relative to the store's steps/), each layer a store
+                // step of its own (`image-layer-<hash>`: layer.tar, layer.json).
+                Image => {
+                    let mut layers = Vec::new();
+                    for i in 0..2 {
+                        let tar = format!("layer {i}\n{text}");
+                        let inputs = json!({ "layer": sha256_hex(&tar) });
+                        let key = StepKey::new(commstack_image::assemble::LAYER_STEP, &inputs);
+                        self.store.run(&key, &inputs, false, |l| {
+                            std::fs::write(l.out.join("layer.tar"), &tar)?;
+                            std::fs::write(
+                                l.out.join("layer.json"),
+                                format!("{{\"diff_id\":\"sha256:{}\"}}", sha256_hex(&tar)),
+                            )?;
+                            Ok(())
+                        })?;
+                        layers.push(json!({
+                            "file": format!("{}/layer.tar", key.dir_name()),
+                            "size": tar.len(),
+                        }));
+                    }
+                    std::fs::create_dir_all(dir.out.join("image"))?;
+                    std::fs::write(
+                        dir.out.join("image/image.json"),
+                        canonical_json(&json!({ "layers": layers })),
+                    )?;
+                    std::fs::write(dir.out.join("image/image.out"), &text)?;
+                }
                 _ => std::fs::write(dir.out.join(format!("{}.out", step.name())), &text)?,
             }
             Ok(())
@@ -150,6 +179,7 @@ impl Recipes<'_> {
         Ok(StepResult {
             output: Some(match step {
                 Nvshmem => made.path().to_path_buf(),
+                Image => made.path().join("image"),
                 _ => made.path().join(format!("{}.out", step.name())),
             }),
             facts: json!({ "bytes": text.len(), "dir": made.path() }),
@@ -297,6 +327,25 @@ fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute>) -> Result<Bu
         outputs,
         failed: report.failed.map(|(s, e, _)| (s, format!("{e:#}"))),
     })
+}
+
+/// The image's layer steps in a home's store (`image-layer-<hash>`), each with the
+/// fingerprint of its files (the store's own records left out).
+fn layer_steps(home: &Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let prefix = format!("{}-", commstack_image::assemble::LAYER_STEP);
+    for entry in std::fs::read_dir(home.join("store/steps"))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let m = commstack_digest::manifest::manifest(&entry.path(), &|rel| {
+            rel == META_FILE || rel == ".used"
+        })?;
+        out.insert(name, sha256_hex(canonical_json(&serde_json::to_value(m)?)));
+    }
+    Ok(out)
 }
 
 /// The step directories sealed in a home's store (`pipeline-nvshmem`, `fixture-nvshmem`),
@@ -504,6 +553,15 @@ fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
     assert_same_outputs(&s.first, &b);
     // The crate steps the results point into are in this store, under the same names.
     assert!(sealed(&home).contains(&"fixture-nvshmem".to_string()));
+    // The image's layer steps came with its artifact (no recipe made them): the same
+    // names, the same bytes.
+    let layers = layer_steps(&home)?;
+    assert_eq!(layers.len(), 2, "{layers:?}");
+    assert_eq!(
+        layers,
+        layer_steps(&s.home("a"))?,
+        "the image's layer steps"
+    );
 
     // Again: everything is in the store now.
     let again = build(&s.stack, &home, Some(&cache))?;
@@ -668,6 +726,45 @@ fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<(
             "pipeline-toolchain"
         ]
     );
+    let hex = digest.trim_start_matches("sha256:");
+    assert!(!home.join(format!("store/tmp/pull-{hex}.tar")).exists());
+    Ok(())
+}
+
+/// A layer tar the image's artifact carries (its layer steps' files follow the first two
+/// layers, `layer.json` then `layer.tar` of each), altered in the registry's storage:
+/// refused as it streams; every step before the image is sealed, nothing of the image is.
+#[test]
+fn an_image_layer_altered_in_the_registry_is_refused_and_nothing_of_the_image_is_sealed()
+-> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let digest = s.layer(Image, 3)?;
+    let data = s.registry.borrow().blob_data(&digest);
+    let mut bytes = std::fs::read(&data)?;
+    bytes[0] ^= 0x20;
+    std::fs::write(&data, &bytes)?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Image, "{err}");
+    assert!(
+        err.contains(&digest) && err.contains("image-layer-") && err.contains("layer.tar"),
+        "{err}"
+    );
+    let sealed = sealed(&home);
+    for gone in ["image-layer", "fixture-image", "pipeline-image"] {
+        assert!(!sealed.iter().any(|s| s == gone), "{gone}: {sealed:?}");
+    }
+    for step in ["base", "kernels", "wheelhouse"] {
+        assert!(
+            sealed.contains(&format!("pipeline-{step}")),
+            "{step}: {sealed:?}"
+        );
+    }
     let hex = digest.trim_start_matches("sha256:");
     assert!(!home.join(format!("store/tmp/pull-{hex}.tar")).exists());
     Ok(())

@@ -41,7 +41,8 @@ use crate::venv::{
 pub const IMAGE_RECIPE: &str = "commstack-image-1";
 pub const IMAGE_FILE: &str = "image.json";
 const IMAGE_STEP: &str = "image";
-const LAYER_STEP: &str = "image-layer";
+/// The store step of each layer but the base's (`image-layer-<hash>`: layer.tar, layer.json).
+pub const LAYER_STEP: &str = "image-layer";
 const LAYER_FILE: &str = "layer.tar";
 const LAYER_JSON: &str = "layer.json";
 /// commstack's own files in the image.

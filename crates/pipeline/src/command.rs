@@ -54,6 +54,16 @@ pub struct GraphArgs {
     /// status is 1. With --only STEP, only that step is built again.
     #[arg(long, conflicts_with = "dry_run")]
     pub check: bool,
+    /// The binary cache (`--substitute` and its trust and TLS).
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// The binary cache's flags, shared by `build` (the whole graph) and `push` (which runs the
+/// graph until the image).
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(skip)]
+pub struct CacheArgs {
     /// Take step outputs from this binary cache (what `cargo xtask cache push` filled)
     /// instead of building them: each keyed step that would run is looked up by its key
     /// (`<step>-<key>`), its signature verified under stack.toml's [cache] trusted-keys,
@@ -69,7 +79,8 @@ pub struct GraphArgs {
     /// for each); without it they are refused.
     #[arg(long)]
     pub allow_unsigned: bool,
-    /// PEM CA certificates to trust for the binary cache's registry besides the system's.
+    /// PEM CA certificates to trust besides the system's, for the binary cache's registry
+    /// (and for `push`, the registry pushed to).
     #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
     pub ca_file: Option<PathBuf>,
 }
@@ -359,7 +370,10 @@ fn substituter(
     steps: &StackSteps,
 ) -> Result<Option<crate::flow::substitute::Substituter>> {
     let cache = &steps.settings.stack.cache;
-    let registry = match (&graph.substitute, graph.no_substitute || args.force) {
+    let registry = match (
+        &graph.cache.substitute,
+        graph.cache.no_substitute || args.force,
+    ) {
         (_, true) => return Ok(None),
         (Some(r), false) => r.clone(),
         (None, false) => match &cache.registry {
@@ -370,8 +384,8 @@ fn substituter(
     let request = crate::flow::substitute::SubstituteRequest {
         registry,
         trusted_keys: cache.trusted_keys.clone(),
-        allow_unsigned: graph.allow_unsigned,
-        ca_file: graph.ca_file.clone(),
+        allow_unsigned: graph.cache.allow_unsigned,
+        ca_file: graph.cache.ca_file.clone(),
         progress: !ctx.quiet,
     };
     crate::flow::substitute::Substituter::new(&request, &ctx.stack_path).map(Some)

@@ -520,10 +520,10 @@ impl Steps for StackSteps<'_> {
             }
         }
     }
-    /// What `cache push` pushes (the steps that ship), but the image: its layers are steps
-    /// of their own that the artifact does not carry; it is assembled here from the
-    /// substituted base, wheelhouse and self-test (no compiler but cargo's for the verify
-    /// tool).
+    /// What `cache push` pushes (the steps that ship). The image's artifact carries its
+    /// layer steps (`image-layer-<hash>`) beside the image step's files; its base layer
+    /// comes with the substituted base: no layer is written and no compiler (cargo's for
+    /// the verify tool included) runs for it.
     fn substitutable(&self, step: StepId) -> bool {
         matches!(
             step,
@@ -533,6 +533,7 @@ impl Steps for StackSteps<'_> {
                 | StepId::Deepep
                 | StepId::Wheelhouse
                 | StepId::Base
+                | StepId::Image
         )
     }
 

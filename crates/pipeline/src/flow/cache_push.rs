@@ -13,6 +13,13 @@
 //! rest of the directory in a second (reports; logs left out), and the directory's name and
 //! description (`.step.json`) in the config, so that `build --substitute` makes the same
 //! store step in another home (crate keys hold no path of the home, issue 17).
+//!
+//! The image step's directory names its layers' tars, which lie in store steps of their
+//! own (`image-layer-<hash>`, crates/image): the image's artifact carries those steps whole
+//! after its first two layers, one layer per file as it is (a layer tar's blob digest is its
+//! diff_id), each step named in the config with its `.step.json` (`carried_steps`), so a
+//! substituting home has the image and every layer `load`, `verify` and `--oci` read
+//! without writing a layer or compiling the verify tool.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +40,12 @@ pub const STEP_CONFIG_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.con
 /// An uncompressed tar: wheels and the base's tar are compressed or large already, and
 /// the tar (commstack_image::write_layer) is the same bytes for the same files anywhere.
 pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+/// A file of a carried store step (an image layer's `layer.tar`, `layer.json`), as it is.
+pub const CARRIED_FILE_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.file.v1";
 /// The config's schema: 2 added the crate step directory (`step_dir`, `store_root`) and
-/// the second layer.
-pub const CONFIG_SCHEMA: u64 = 2;
+/// the second layer; 3 the store steps carried beside it (`carried_steps`, one layer per
+/// file after the first two: the image's layer steps).
+pub const CONFIG_SCHEMA: u64 = 3;
 
 /// What to push where, signed with what.
 #[derive(Clone, Debug)]
@@ -268,6 +278,17 @@ fn step_layout(
     }
     let rest_tar = staging.join(format!("{dir_name}.rest.tar"));
     commstack_image::write_layer(&rest, &rest_tar, 0)?;
+    let carried = carried_steps(store_root, &shipped.root)
+        .with_context(|| format!("step {id}: the store steps its output names"))?;
+    let mut layers = vec![
+        (LAYER_MEDIA_TYPE.to_string(), tar),
+        (LAYER_MEDIA_TYPE.to_string(), rest_tar),
+    ];
+    for step in &carried {
+        for file in &step.files {
+            layers.push((CARRIED_FILE_MEDIA_TYPE.to_string(), file.from.clone()));
+        }
+    }
     let config = json!({
         "schema": CONFIG_SCHEMA,
         "key": dir_name,
@@ -280,7 +301,8 @@ fn step_layout(
             "shipped": step_dir.shipped,
             "shipped_is_file": single_file,
         },
-        "layers": ["shipped", "rest"],
+        "carried_steps": carried,
+        "layers": ["shipped", "rest", "the carried steps' files, in order"],
         "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
     });
     let layout = staging.join("oci");
@@ -289,16 +311,103 @@ fn step_layout(
             artifact_type: STEP_ARTIFACT_TYPE.to_string(),
             config_media_type: STEP_CONFIG_MEDIA_TYPE.to_string(),
             config: commstack_digest::canonical_json(&config).into_bytes(),
-            layers: vec![
-                (LAYER_MEDIA_TYPE.to_string(), tar),
-                (LAYER_MEDIA_TYPE.to_string(), rest_tar),
-            ],
+            layers,
             annotations: [("dev.commstack.step.key".to_string(), dir_name.to_string())].into(),
             subject: None,
         },
         &layout,
     )?;
     Ok(layout)
+}
+
+/// A store step the artifact carries whole beside the crate step, one layer per file.
+#[derive(Serialize, serde::Deserialize)]
+pub(crate) struct CarriedStep {
+    pub name: String,
+    /// Its `.step.json`: its key and inputs.
+    pub meta: commstack_store::StepMeta,
+    pub files: Vec<CarriedFile>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+pub(crate) struct CarriedFile {
+    /// Relative to the step directory.
+    pub path: PathBuf,
+    pub sha256: String,
+    pub size: u64,
+    pub executable: bool,
+    /// Where it is in the pusher's store (not in the config).
+    #[serde(skip)]
+    pub from: PathBuf,
+}
+
+/// The store steps an output names that no graph step's artifact carries: an image step
+/// (its `image.json`) names its layers' tars relative to the store's `steps/`; all but the
+/// base's lie in `image-layer-<hash>` steps of their own, which the image's artifact
+/// carries whole (the base's is the base step's, pulled with it). The files go as they
+/// are (a layer tar's blob digest is its diff_id), hashed here.
+fn carried_steps(store_root: &Path, shipped_root: &Path) -> Result<Vec<CarriedStep>> {
+    let image_json = shipped_root.join(commstack_image::assemble::IMAGE_FILE);
+    if !image_json.is_file() {
+        return Ok(Vec::new());
+    }
+    let image: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&image_json)
+            .with_context(|| format!("reading {}", image_json.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", image_json.display()))?;
+    let prefix = format!("{}-", commstack_image::assemble::LAYER_STEP);
+    let steps = store_root.join("steps");
+    let mut names = Vec::new();
+    for layer in image["layers"].as_array().into_iter().flatten() {
+        let file = layer["file"]
+            .as_str()
+            .with_context(|| format!("{}: a layer without a file", image_json.display()))?;
+        let Some(std::path::Component::Normal(name)) = Path::new(file).components().next() else {
+            continue;
+        };
+        let name = name.to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let mut carried = Vec::new();
+    for name in names {
+        let dir = steps.join(&name);
+        let meta_file = dir.join(commstack_store::META_FILE);
+        let meta: commstack_store::StepMeta = serde_json::from_str(
+            &std::fs::read_to_string(&meta_file).with_context(|| {
+                format!(
+                    "reading {} (the image names a layer in it; `cargo xtask build image --force` makes it again)",
+                    meta_file.display()
+                )
+            })?,
+        )
+        .with_context(|| format!("{} is not a step description", meta_file.display()))?;
+        let mut files = Vec::new();
+        for entry in walkdir::WalkDir::new(&dir).min_depth(1).sort_by_file_name() {
+            let entry = entry.with_context(|| format!("walking {}", dir.display()))?;
+            let rel = entry.path().strip_prefix(&dir)?.to_path_buf();
+            if entry.file_type().is_dir() || not_carried(&rel) {
+                continue;
+            }
+            if !entry.file_type().is_file() {
+                bail!("{} is not a plain file", entry.path().display());
+            }
+            use std::os::unix::fs::PermissionsExt;
+            let meta = entry.metadata()?;
+            files.push(CarriedFile {
+                sha256: commstack_digest::sha256_file(entry.path())
+                    .with_context(|| format!("hashing {}", entry.path().display()))?,
+                size: meta.len(),
+                executable: meta.permissions().mode() & 0o111 != 0,
+                path: rel,
+                from: entry.path().to_path_buf(),
+            });
+        }
+        carried.push(CarriedStep { name, meta, files });
+    }
+    Ok(carried)
 }
 
 /// The crate's store step a shipped root lies in: `<store>/steps/<name>/<shipped>`.

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use commstack_registry::{PushOptions, Pushed, Target};
 use serde::Serialize;
 
-use crate::command::GraphArgs;
+use crate::command::{CacheArgs, GraphArgs};
 use crate::ctx::Ctx;
 use crate::graph::StepId;
 
@@ -21,10 +21,18 @@ pub struct PushRequest {
     /// An OCI layout to push; None: the stack's image, its layout written for this push.
     pub oci: Option<PathBuf>,
     pub tag: Option<String>,
-    pub ca_file: Option<PathBuf>,
+    /// Blobs uploaded at once.
     pub jobs: usize,
     /// Refuse to change stack.lock while making the image (`build --locked`).
     pub locked: bool,
+    /// Print the plan of the graph until the image, push nothing (without `oci`).
+    pub dry_run: bool,
+    /// The binary cache the graph substitutes from; its `ca_file` is also the CA trusted
+    /// for the registry pushed to.
+    pub cache: CacheArgs,
+    /// The build settings and fetch flags the graph takes, as `build`'s (`--mirror`,
+    /// `--accept-tree-match`, `--offline`, `--cuda-archs`, ...).
+    pub build: crate::flow::build::Args,
     /// Sign the pushed manifest with this ed25519 key (PKCS#8 PEM).
     pub key: Option<PathBuf>,
 }
@@ -40,8 +48,8 @@ pub struct PushReport {
     pub signed_by: Option<String>,
 }
 
-/// Pushes (and signs) and says what was sent.
-pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<PushReport> {
+/// Pushes (and signs) and says what was sent; None for a dry run (the plan printed).
+pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
     // A bad target or key fails before anything is built.
     let target = Target::parse(&request.registry)?;
     let key = match &request.key {
@@ -50,7 +58,7 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<PushReport> {
     };
     let mut options = PushOptions::new(target);
     options.tag = request.tag.clone();
-    options.ca_file = request.ca_file.clone();
+    options.ca_file = request.cache.ca_file.clone();
     options.jobs = request.jobs.max(1);
     options.progress = !ctx.quiet;
     if let Some(tag) = &request.tag
@@ -78,7 +86,21 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<PushReport> {
         })
     };
     match &request.oci {
-        Some(dir) => send(dir),
+        Some(_) if request.dry_run => {
+            bail!("--dry-run plans the graph until the image: not with --oci (nothing to plan)")
+        }
+        Some(dir) => send(dir).map(Some),
+        None if request.dry_run => {
+            let graph = GraphArgs {
+                until: Some(StepId::Image),
+                locked: request.locked,
+                dry_run: true,
+                cache: request.cache.clone(),
+                ..GraphArgs::default()
+            };
+            crate::command::build(ctx, &graph, &request.build)?;
+            Ok(None)
+        }
         None => {
             // The layout is removed after the push: its gzip layers are made again
             // (deterministically) by the next push that needs them.
@@ -94,16 +116,17 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<PushReport> {
                 until: Some(StepId::Image),
                 oci: Some(dir.clone()),
                 locked: request.locked,
+                cache: request.cache.clone(),
                 ..GraphArgs::default()
             };
-            let built = crate::command::build(ctx, &graph, &crate::flow::build::Args::default())?;
+            let built = crate::command::build(ctx, &graph, &request.build)?;
             if built.exit != ExitCode::SUCCESS {
                 bail!(
                     "the image could not be made (the failed step is above; summary: {}): nothing was pushed",
                     built.summary_file.display()
                 );
             }
-            send(&dir)
+            send(&dir).map(Some)
         }
     }
 }

@@ -26,7 +26,7 @@ use commstack_registry::{PushOptions, Target, VerifyingKey};
 use commstack_store::{StepKey, StepMeta, Store};
 use serde::Deserialize;
 
-use crate::flow::cache_push::{CONFIG_SCHEMA, STEP_ARTIFACT_TYPE};
+use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedStep, STEP_ARTIFACT_TYPE};
 use crate::graph::{StepId, StoredResult, Substitute};
 
 /// Where to substitute from, and whom to trust.
@@ -61,6 +61,9 @@ struct StepConfig {
     result: StoredResult,
     store_root: PathBuf,
     step_dir: StepDirConfig,
+    /// The image's layer steps (schema 3), their files the layers after the first two.
+    #[serde(default)]
+    carried_steps: Vec<CarriedStep>,
 }
 
 #[derive(Deserialize)]
@@ -191,11 +194,13 @@ impl Substitute for Substituter {
         .with_context(|| format!("{what}: its config"))?;
         let config: StepConfig = serde_json::from_slice(&config)
             .with_context(|| format!("{what}: its config is not a step's provenance"))?;
-        if config.schema != CONFIG_SCHEMA || manifest.layers.len() != 2 {
+        let carried_files: usize = config.carried_steps.iter().map(|c| c.files.len()).sum();
+        if config.schema != CONFIG_SCHEMA || manifest.layers.len() != 2 + carried_files {
             bail!(
-                "{what}: pushed by another commstack (config schema {}, {} layers; this one reads schema {CONFIG_SCHEMA}, 2 layers): push it again with this one (`cargo xtask cache push`)",
+                "{what}: pushed by another commstack (config schema {}, {} layers; this one reads schema {CONFIG_SCHEMA}, {} layers): push it again with this one (`cargo xtask cache push`)",
                 config.schema,
-                manifest.layers.len()
+                manifest.layers.len(),
+                2 + carried_files
             );
         }
         // The key is the hash of the inputs: the config must hold the inputs of this key.
@@ -226,16 +231,26 @@ impl Substitute for Substituter {
             );
         }
 
+        // The store steps the output names (the image's layers) first: the crate step is
+        // sealed only when what it names is here.
+        let mut next = 2;
+        for carried in &config.carried_steps {
+            let layers = &manifest.layers[next..next + carried.files.len()];
+            next += carried.files.len();
+            self.pull_carried(store, carried, layers, &what, say)?;
+        }
+
         let outcome = store.run(&crate_key, &dir.meta.inputs, false, |out| {
-            let parts: Vec<PathBuf> = manifest
-                .layers
+            // The first two layers: the shipped files and the rest of the directory.
+            let own_layers = &manifest.layers[..2];
+            let parts: Vec<PathBuf> = own_layers
                 .iter()
                 .map(|l| {
                     let hex = l.digest.trim_start_matches("sha256:");
                     store.root().join("tmp").join(format!("pull-{hex}.tar"))
                 })
                 .collect();
-            for (i, (layer, part)) in manifest.layers.iter().zip(&parts).enumerate() {
+            for (i, (layer, part)) in own_layers.iter().zip(&parts).enumerate() {
                 say(&format!(
                     "layer {} of 2 ({}): {} bytes",
                     i + 1,
@@ -292,8 +307,118 @@ impl Substitute for Substituter {
                 output.display()
             );
         }
+        if let Some(output) = &result.result.output {
+            image_layers_present(store, output).with_context(|| what.clone())?;
+        }
         Ok(result)
     }
+}
+
+impl Substituter {
+    /// One carried store step (an image layer's `image-layer-<hash>`), made in this store
+    /// as `Store::run` makes a step: each file's blob downloaded (its sha256 the one the
+    /// signed config records), moved into the step directory, sealed. A step the store
+    /// has already is not downloaded.
+    fn pull_carried(
+        &self,
+        store: &Store,
+        carried: &CarriedStep,
+        layers: &[Descriptor],
+        what: &str,
+        say: &dyn Fn(&str),
+    ) -> Result<()> {
+        let key = StepKey {
+            step: carried.meta.step.clone(),
+            hash: carried.meta.hash.clone(),
+        };
+        if StepKey::new(&key.step, &carried.meta.inputs) != key
+            || key.dir_name() != carried.name
+            || !carried.files.iter().all(|f| safe_relative(&f.path))
+        {
+            bail!(
+                "{what}: the store step {} it carries is not described by its own inputs (or names a path outside it): refusing it",
+                carried.name
+            );
+        }
+        for (file, layer) in carried.files.iter().zip(layers) {
+            if layer.digest != format!("sha256:{}", file.sha256) || layer.size != file.size {
+                bail!(
+                    "{what}: the layer for {}/{} is {} ({} bytes), its config records sha256:{} ({} bytes): refusing it",
+                    carried.name,
+                    file.path.display(),
+                    layer.digest,
+                    layer.size,
+                    file.sha256,
+                    file.size
+                );
+            }
+        }
+        let outcome = store.run(&key, &carried.meta.inputs, false, |out| {
+            use std::os::unix::fs::PermissionsExt;
+            for (file, layer) in carried.files.iter().zip(layers) {
+                say(&format!(
+                    "{}/{} ({}): {} bytes",
+                    carried.name,
+                    file.path.display(),
+                    layer.digest,
+                    layer.size
+                ));
+                let hex = layer.digest.trim_start_matches("sha256:");
+                let part = store.root().join("tmp").join(format!("pull-{hex}.tar"));
+                commstack_registry::pull::pull_blob(
+                    &self.options,
+                    &layer.digest,
+                    layer.size,
+                    &part,
+                )
+                .with_context(|| format!("{what}: {}/{}", carried.name, file.path.display()))?;
+                let to = out.out.join(&file.path);
+                if let Some(parent) = to.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::rename(&part, &to).with_context(|| {
+                    format!("cannot move {} to {}", part.display(), to.display())
+                })?;
+                let mode = if file.executable { 0o755 } else { 0o644 };
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+            }
+            Ok(())
+        })?;
+        match outcome.was_cached() {
+            true => say(&format!(
+                "the store has {} already: not downloaded",
+                carried.name
+            )),
+            false => say(&format!("unpacked into {}", outcome.path().display())),
+        }
+        Ok(())
+    }
+}
+
+/// An image step's output names its layers' tars relative to the store's `steps/`: each
+/// must be in this store now, at its recorded size (the base's comes with the base step).
+fn image_layers_present(store: &Store, output: &Path) -> Result<()> {
+    let image_json = output.join(commstack_image::assemble::IMAGE_FILE);
+    if !output.is_dir() || !image_json.is_file() {
+        return Ok(());
+    }
+    let image: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&image_json)?)
+        .with_context(|| format!("{} is not JSON", image_json.display()))?;
+    let steps = store.root().join("steps");
+    for layer in image["layers"].as_array().into_iter().flatten() {
+        let (Some(file), Some(size)) = (layer["file"].as_str(), layer["size"].as_u64()) else {
+            bail!("{}: a layer without a file or size", image_json.display());
+        };
+        let path = steps.join(file);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.len() == size => {}
+            _ => bail!(
+                "the image names the layer {} ({size} bytes), which is not in this store after the pull: the artifact does not carry it and no step made it",
+                path.display()
+            ),
+        }
+    }
+    Ok(())
 }
 
 impl Substituter {
