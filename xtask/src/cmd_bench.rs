@@ -5,6 +5,8 @@
 mod fetch;
 // `bench build`: the whole graph's no-op time, and the image's size against what it holds.
 mod build;
+// `bench substitute`: a warm registry, docker pull against build --substitute.
+mod substitute;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -64,6 +66,11 @@ enum Which {
         #[command(flatten)]
         fetch: commstack_pipeline::flow::build::SourceFetchArgs,
     },
+    /// A new machine with a warm registry: pushes this home's image and step outputs
+    /// (signed), then times `docker pull` of the image against `build --substitute` in an
+    /// empty home (to the loaded, statically verified image; target <= 1.2x docker pull),
+    /// and checks both give the image ID that was pushed and that nothing was compiled.
+    Substitute(substitute::Args),
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
     Logscan {
@@ -76,6 +83,16 @@ enum Which {
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
         Which::Build { runs, fetch } => build::bench_build(ctx, runs as usize, fetch),
+        Which::Substitute(a) => substitute::bench_substitute(
+            ctx,
+            &substitute::Request {
+                registry: &a.registry,
+                key: &a.key,
+                ca_file: a.ca_file.as_deref(),
+                fetch: &a.fetch,
+                keep: a.keep,
+            },
+        ),
         Which::Lock {
             runs,
             with_pip,
