@@ -36,4 +36,5 @@ pub use fetch::{
 pub use mirror_export::{
     ExportReport, MIRROR_MANIFEST, MirrorEntry, MirrorManifest, export_mirror, read_manifest,
 };
+pub use progress::Progress;
 pub use source::Mirror;

@@ -4,7 +4,8 @@ use std::io::IsTerminal;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-pub(crate) struct Progress {
+/// Shared with the registry's pushes and pulls (crates/registry), which draw the same bars.
+pub struct Progress {
     multi: MultiProgress,
     visible: bool,
 }

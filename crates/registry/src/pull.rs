@@ -13,12 +13,13 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use oci_client::client::BlobResponse;
-use oci_client::{Reference, RegistryOperation};
+use oci_client::{Client, Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
 
+use crate::auth::Credentials;
 use crate::layout::MANIFEST_MEDIA_TYPE;
-use crate::progress::Progress;
-use crate::push::{PushOptions, Site, client_for, root_cause, transient, with_retry};
+use crate::progress::{Progress, blob_bar};
+use crate::push::{PushOptions, Site, client_for, root_cause, runtime, transient, with_retry};
 
 /// A manifest found under a tag.
 #[derive(Clone, Debug)]
@@ -29,16 +30,35 @@ pub struct Found {
     pub manifest: Vec<u8>,
 }
 
+/// Logs in for pulls and reads the raw manifest at `reference` (a tag); None when the
+/// registry has no such tag. `what` names the look-up in errors.
+pub(crate) async fn tagged_manifest(
+    options: &PushOptions,
+    (client, credentials): (&Client, &Credentials),
+    site: &Site,
+    progress: &Progress,
+    reference: &Reference,
+    what: &str,
+) -> Result<Option<Vec<u8>>> {
+    with_retry(&options.retry, "logging in", progress, || {
+        client.auth(reference, &credentials.auth, RegistryOperation::Pull)
+    })
+    .await
+    .map_err(|e| site.fail(what, e))?;
+    let pulled = with_retry(&options.retry, what, progress, || {
+        client.pull_manifest_raw(reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
+    })
+    .await;
+    match pulled {
+        Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
+        Err(err) if crate::signed::is_not_found(&err) => Ok(None),
+        Err(err) => Err(site.fail(what, err)),
+    }
+}
+
 /// The manifest tagged `tag` in the options' repository; None when there is no such tag.
 pub fn find_tag(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
     runtime()?.block_on(find_tag_async(options, tag))
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
 }
 
 async fn find_tag_async(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
@@ -52,19 +72,17 @@ async fn find_tag_async(options: &PushOptions, tag: &str) -> Result<Option<Found
         tag.to_string(),
     );
     let what = format!("looking up {}:{tag}", target.name());
-    with_retry(&options.retry, "logging in", &progress, || {
-        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
-    })
-    .await
-    .map_err(|e| site.fail(&what, e))?;
-    let pulled = with_retry(&options.retry, &what, &progress, || {
-        client.pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
-    })
-    .await;
-    let bytes = match pulled {
-        Ok((bytes, _)) => bytes.to_vec(),
-        Err(err) if crate::signed::is_not_found(&err) => return Ok(None),
-        Err(err) => return Err(site.fail(&what, err)),
+    let Some(bytes) = tagged_manifest(
+        options,
+        (&client, &credentials),
+        &site,
+        &progress,
+        &reference,
+        &what,
+    )
+    .await?
+    else {
+        return Ok(None);
     };
     Ok(Some(Found {
         tag: tag.to_string(),
@@ -115,7 +133,7 @@ async fn pull_blob_async(
     .await
     .map_err(|e| site.fail(&what, e))?;
 
-    let bar = progress.bar("blob", size);
+    let bar = blob_bar(&progress, "blob", size);
     let mut failures = 0u32;
     let (hasher, have) = loop {
         // What an earlier attempt (or run) left: hashed again, then continued.

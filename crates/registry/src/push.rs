@@ -18,7 +18,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::auth::{self, Credentials, PASSWORD_ENV, USER_ENV};
 use crate::layout::{Blob, Layout, verify_blob};
-use crate::progress::Progress;
+use crate::progress::{Progress, blob_bar};
 use crate::target::{Target, lock_tag, tag_from, valid_tag};
 
 /// The label the image step writes with the lock's sha256 (docs/image.md).
@@ -142,11 +142,15 @@ pub fn tags_for(layout: &Layout, tag: Option<&str>) -> Result<Vec<String>> {
 /// Pushes the OCI layout at `dir`. Builds its own tokio runtime: call from synchronous
 /// code; from async code use [`push_layout_async`].
 pub fn push_layout(dir: &Path, options: &PushOptions) -> Result<Pushed> {
+    runtime()?.block_on(push_layout_async(dir, options))
+}
+
+/// The tokio runtime the synchronous entry points (push, pull, signatures) run on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the async runtime")?
-        .block_on(push_layout_async(dir, options))
+        .context("starting the async runtime")
 }
 
 /// Names the place in every error, and says what to do.
@@ -437,7 +441,7 @@ pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Push
     // Every blob to send is checked first: a damaged layout sends nothing.
     let to_check: u64 = missing.iter().map(|b| b.size).sum();
     if to_check > 0 {
-        let bar = progress.bar("checking digests", to_check);
+        let bar = blob_bar(&progress, "checking digests", to_check);
         let blobs = missing.clone();
         let hashing = bar.clone();
         tokio::task::spawn_blocking(move || {
@@ -459,7 +463,7 @@ pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Push
                     "uploading the {} blob {} ({} bytes)",
                     blob.role, blob.digest, blob.size
                 );
-                let bar = progress.bar(&blob.role, blob.size);
+                let bar = blob_bar(progress, &blob.role, blob.size);
                 with_retry(&options.retry, &what, progress, || {
                     bar.set_position(0);
                     client.push_blob_stream(

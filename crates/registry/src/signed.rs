@@ -7,10 +7,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use ed25519_dalek::{SigningKey, VerifyingKey};
-use oci_client::{Reference, RegistryOperation};
+use oci_client::Reference;
 
 use crate::artifact::{Artifact, EMPTY_CONFIG_MEDIA_TYPE, write_artifact_layout};
-use crate::layout::{Layout, MANIFEST_MEDIA_TYPE};
+use crate::layout::Layout;
 use crate::progress::Progress;
 use crate::push::{PushOptions, Pushed, Site, client_for, push_layout, with_retry};
 use crate::sign::{
@@ -84,11 +84,7 @@ pub fn verify_signed(
 /// yet; None when the registry has none. Errors are the registry's (unreachable,
 /// credentials, a damaged signature blob), never a verdict on the signature.
 pub fn fetch_signature(options: &PushOptions, digest: &str) -> Result<Option<SignatureDoc>> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(fetch_signature_async(options, digest))
+    crate::push::runtime()?.block_on(fetch_signature_async(options, digest))
 }
 
 async fn fetch_signature_async(
@@ -107,19 +103,17 @@ async fn fetch_signature_async(
     );
     let place = format!("{}:{tag}", target.name());
     let what = format!("reading the signature {place}");
-    with_retry(&options.retry, "logging in", &progress, || {
-        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
-    })
-    .await
-    .map_err(|e| site.fail(&what, e))?;
-    let pulled = with_retry(&options.retry, &what, &progress, || {
-        client.pull_manifest_raw(&reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
-    })
-    .await;
-    let manifest = match pulled {
-        Ok((bytes, _)) => bytes,
-        Err(err) if is_not_found(&err) => return Ok(None),
-        Err(err) => return Err(site.fail(&what, err)),
+    let Some(manifest) = crate::pull::tagged_manifest(
+        options,
+        (&client, &credentials),
+        &site,
+        &progress,
+        &reference,
+        &what,
+    )
+    .await?
+    else {
+        return Ok(None);
     };
     let manifest: serde_json::Value = serde_json::from_slice(&manifest)
         .with_context(|| format!("{place} is not a JSON manifest"))?;

@@ -224,18 +224,7 @@ fn step_layout(
         .with_context(|| format!("hashing {}", tree.display()))?;
     let differences = commstack_digest::manifest::differences(&shipped.files, &now);
     if !differences.is_empty() {
-        let named: Vec<String> = differences
-            .iter()
-            .take(5)
-            .map(|(name, what)| {
-                let what = match what.as_str() {
-                    "only in the first build" => "missing",
-                    "only in the second build" => "not recorded",
-                    other => other,
-                };
-                format!("{name}: {what}")
-            })
-            .collect();
+        let named = crate::util::named_differences(&shipped.files, &now, "not recorded");
         bail!(
             "the store's output {} is not what the step recorded ({} file(s) differ: {}): nothing was pushed; build it again (`cargo xtask build --only {id} --force`)",
             shipped.root.display(),

@@ -497,18 +497,7 @@ fn check_shipped(
         .with_context(|| format!("hashing {}", root.display()))?;
     let differences = commstack_digest::manifest::differences(want, &now);
     if !differences.is_empty() {
-        let named: Vec<String> = differences
-            .iter()
-            .take(5)
-            .map(|(name, what)| {
-                let what = match what.as_str() {
-                    "only in the first build" => "missing",
-                    "only in the second build" => "not in the manifest",
-                    other => other,
-                };
-                format!("{name}: {what}")
-            })
-            .collect();
+        let named = crate::util::named_differences(want, &now, "not in the manifest");
         bail!(
             "the pulled files are not those the signed manifest records ({} differ: {}): refusing them",
             differences.len(),
