@@ -77,6 +77,16 @@ fn dry_run_with_a_binary_cache_names_it_and_refuses_an_untrusted_one() {
         text(&out)
     );
 
+    // --offline opens no connection: a registry given with it is refused, naming both.
+    let out = build(&["--substitute", &cache, "--allow-unsigned", "--offline"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("--offline opens no network connection")
+            && text(&out).contains(&format!("--substitute {cache}")),
+        "{}",
+        text(&out)
+    );
+
     // [cache] in stack.toml: the lock stays fresh, and the plan asks the cache.
     let mut toml = std::fs::read_to_string(&stack).unwrap();
     toml.push_str(&format!(

@@ -697,6 +697,73 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
 }
 
 #[test]
+fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[Toolchain])?;
+    // The toolchain artifact's manifest, as the cache holds it.
+    let key = s
+        .first
+        .rows
+        .iter()
+        .find(|r| r.0 == Toolchain)
+        .and_then(|r| r.2.clone())
+        .context("the step's key")?;
+    let registry = s.registry.borrow();
+    let mut options = PushOptions::new(Target::parse(&format!("{}/{REPO}", registry.host()))?);
+    options.ca_file = Some(registry.ca());
+    options.credentials = Some(credentials(REGISTRY_PASSWORD));
+    let found = commstack_registry::pull::find_tag(&options, key.trim_start_matches("pipeline-"))?
+        .context("the artifact is in the registry")?;
+    // A signature that names the trusted key but was made by another: pushed over the
+    // real one, under the same tag.
+    run_tool(
+        s.dir.path(),
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "forger.pem"],
+    );
+    let forger = commstack_registry::sign::read_signing_key(&s.dir.path().join("forger.pem"))?;
+    let mut doc = commstack_registry::sign::sign(&forger, &found.digest);
+    doc.key = s.public_key.clone();
+    let doc_file = s.dir.path().join("forged.json");
+    std::fs::write(&doc_file, serde_json::to_vec(&doc)?)?;
+    let layout = s.dir.path().join("forged-oci");
+    commstack_registry::artifact::write_artifact_layout(
+        &commstack_registry::artifact::Artifact {
+            artifact_type: commstack_registry::sign::SIGNATURE_ARTIFACT_TYPE.to_string(),
+            config_media_type: commstack_registry::artifact::EMPTY_CONFIG_MEDIA_TYPE.to_string(),
+            config: b"{}".to_vec(),
+            layers: vec![(
+                commstack_registry::sign::SIGNATURE_MEDIA_TYPE.to_string(),
+                doc_file,
+            )],
+            annotations: Default::default(),
+            subject: Some((found.digest.clone(), found.manifest.len() as u64)),
+        },
+        &layout,
+    )?;
+    options.tag = Some(commstack_registry::sign::signature_tag(&found.digest)?);
+    options.progress = false;
+    commstack_registry::push_layout(&layout, &options)?;
+    drop(registry);
+
+    // Tampering, not a missing signature: --allow-unsigned does not take it.
+    let home = s.home("b");
+    let b = build(
+        &s.stack,
+        &home,
+        Some(&s.substituter(std::slice::from_ref(&s.public_key), true)?),
+    )?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    assert_eq!(step, Toolchain, "{err}");
+    assert!(err.contains("does not verify"), "{err}");
+    assert!(b.ran.iter().all(|s| !s.keyed()), "{:?}", b.ran);
+    assert_eq!(sealed(&home), Vec::<String>::new(), "nothing sealed");
+    Ok(())
+}
+
+#[test]
 fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<()> {
     if skip_registry_tests() {
         return Ok(());

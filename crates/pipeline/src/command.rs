@@ -375,10 +375,14 @@ fn substituter(
         graph.cache.no_substitute || args.force,
     ) {
         (_, true) => return Ok(None),
+        (Some(r), false) if args.fetch.offline => bail!(
+            "--substitute {r} reads a registry, and --offline opens no network connection: leave out one of them"
+        ),
         (Some(r), false) => r.clone(),
+        // Offline, stack.toml's cache is not asked: everything is built here.
         (None, false) => match &cache.registry {
-            Some(r) => r.clone(),
-            None => return Ok(None),
+            Some(r) if !args.fetch.offline => r.clone(),
+            _ => return Ok(None),
         },
     };
     let request = crate::flow::substitute::SubstituteRequest {

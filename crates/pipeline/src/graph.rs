@@ -767,15 +767,23 @@ impl Engine<'_> {
             let _ = append_log(log, &format!("{line}\n"));
         };
         let mut made = None;
-        self.store.run(key, inputs, true, |dir| {
-            let stored = cache.pull(self.store, p.step, key, &say)?;
-            std::fs::write(
-                dir.out.join(RESULT_FILE),
-                serde_json::to_string_pretty(&stored)?,
-            )?;
-            made = Some(stored.result);
-            Ok(())
-        })?;
+        self.store
+            .run(key, inputs, true, |dir| {
+                let stored = cache.pull(self.store, p.step, key, &say)?;
+                std::fs::write(
+                    dir.out.join(RESULT_FILE),
+                    serde_json::to_string_pretty(&stored)?,
+                )?;
+                made = Some(stored.result);
+                Ok(())
+            })
+            .with_context(|| {
+                format!(
+                    "substituting {} from {} (to build it here instead, run the same command with --no-substitute)",
+                    p.step,
+                    cache.source()
+                )
+            })?;
         self.record.set(p.step, inputs)?;
         made.context("the pull wrote no result")
     }

@@ -116,7 +116,7 @@ async fn pull_blob_async(
     let target = &options.target;
     let want = digest
         .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64)
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
         .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
     let (client, credentials) = client_for(options)?;
     let site = Site::new(options, &credentials, "pull");
@@ -178,6 +178,10 @@ async fn pull_blob_async(
             let mut stream = stream.stream;
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(Failed::Stream)?;
+                // No more than the manifest names: a registry cannot fill the disk.
+                if have + chunk.len() as u64 > size {
+                    return Err(Failed::TooLong);
+                }
                 hasher.update(&chunk);
                 file.write_all(&chunk)
                     .map_err(|e| Failed::Local(e.into()))?;
@@ -201,6 +205,13 @@ async fn pull_blob_async(
                 )));
             }
             Err(Failed::Registry(e)) if !transient(&e) => return Err(site.fail(&what, e)),
+            Err(Failed::TooLong) => {
+                let _ = std::fs::remove_file(part);
+                bail!(
+                    "the blob {digest} from {} is longer than the {size} bytes its manifest names: refusing it (the registry's copy is damaged or was altered)",
+                    target.name()
+                );
+            }
             // oci-client's own check of a whole blob: the bytes are wrong, not late.
             Err(Failed::Stream(e))
                 if e.get_ref()
@@ -217,7 +228,7 @@ async fn pull_blob_async(
                 let cause = match &err {
                     Failed::Registry(e) => root_cause(e),
                     Failed::Stream(e) => e.to_string(),
-                    Failed::Local(_) => unreachable!(),
+                    Failed::Local(_) | Failed::TooLong => unreachable!(),
                 };
                 if failures >= options.retry.attempts.max(1) {
                     match err {
@@ -272,6 +283,8 @@ enum Failed {
     /// The body stopped midway (the connection dropped, the digest check of oci-client).
     Stream(std::io::Error),
     Local(anyhow::Error),
+    /// More bytes than the manifest names.
+    TooLong,
 }
 
 /// The sha256 state over what `part` holds, and its length (0 when it does not exist).

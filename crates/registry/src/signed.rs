@@ -28,11 +28,17 @@ pub struct PushedSigned {
     pub signed_by: String,
 }
 
-/// Pushes the layout at `dir`, then its signature by `key`.
+/// Pushes the signature by `key` of the layout at `dir`, then the layout: its tags appear
+/// only once its signature is there, so a puller never sees a tagged, unsigned output
+/// (a registry accepts a manifest whose subject it does not have yet).
 pub fn push_signed(dir: &Path, key: &SigningKey, options: &PushOptions) -> Result<PushedSigned> {
+    use sha2::Digest;
     let layout = Layout::open(dir)?;
-    let pushed = push_layout(dir, options)?;
-    let doc = sign(key, &pushed.manifest_digest);
+    let manifest_digest = format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(&layout.manifest))
+    );
+    let doc = sign(key, &manifest_digest);
     let work = tempfile::tempdir().context("cannot create a temporary directory")?;
     let doc_file = work.path().join("signature.json");
     std::fs::write(&doc_file, serde_json::to_vec(&doc)?)?;
@@ -44,15 +50,27 @@ pub fn push_signed(dir: &Path, key: &SigningKey, options: &PushOptions) -> Resul
             config: b"{}".to_vec(),
             layers: vec![(SIGNATURE_MEDIA_TYPE.to_string(), doc_file)],
             annotations: Default::default(),
-            subject: Some((pushed.manifest_digest.clone(), layout.manifest.len() as u64)),
+            subject: Some((manifest_digest.clone(), layout.manifest.len() as u64)),
         },
         &signature_layout,
     )?;
-    let tag = signature_tag(&pushed.manifest_digest)?;
+    let tag = signature_tag(&manifest_digest)?;
     let mut sig_options = options.clone();
     sig_options.tag = Some(tag.clone());
-    push_layout(&signature_layout, &sig_options)
-        .with_context(|| format!("pushing the signature of {}", pushed.reference))?;
+    push_layout(&signature_layout, &sig_options).with_context(|| {
+        format!(
+            "pushing the signature of {}@{manifest_digest}",
+            options.target.name()
+        )
+    })?;
+    let pushed = push_layout(dir, options)?;
+    if pushed.manifest_digest != manifest_digest {
+        bail!(
+            "{}: pushed as {}, signed as {manifest_digest}: the layout changed during the push; push it again",
+            dir.display(),
+            pushed.manifest_digest
+        );
+    }
     Ok(PushedSigned {
         signature: format!("{}:{tag}", options.target.name()),
         signed_by: doc.key,
@@ -117,15 +135,24 @@ async fn fetch_signature_async(
     };
     let manifest: serde_json::Value = serde_json::from_slice(&manifest)
         .with_context(|| format!("{place} is not a JSON manifest"))?;
-    let layer = manifest["layers"]
+    let descriptor = manifest["layers"]
         .as_array()
         .and_then(|layers| {
             layers
                 .iter()
                 .find(|l| l["mediaType"] == SIGNATURE_MEDIA_TYPE)
         })
-        .and_then(|l| l["digest"].as_str())
         .with_context(|| format!("{place} holds no {SIGNATURE_MEDIA_TYPE} layer"))?;
+    let layer = descriptor["digest"]
+        .as_str()
+        .with_context(|| format!("{place}: its signature layer has no digest"))?;
+    // A signature document is a few hundred bytes: nothing larger is read into memory.
+    let size = descriptor["size"].as_u64().unwrap_or(u64::MAX);
+    if size > MAX_SIGNATURE_BYTES {
+        bail!(
+            "{place}: its signature layer {layer} claims {size} bytes, more than a signature can be ({MAX_SIGNATURE_BYTES}): refusing it"
+        );
+    }
     // oci-client checks the blob's digest while it streams.
     let bytes = with_retry(&options.retry, &what, &progress, || async {
         let mut bytes = Vec::new();
@@ -140,6 +167,9 @@ async fn fetch_signature_async(
         .with_context(|| format!("the signature blob {layer} of {place} is not a signature"))?;
     Ok(Some(doc))
 }
+
+/// The most bytes a signature blob may have.
+const MAX_SIGNATURE_BYTES: u64 = 64 * 1024;
 
 pub(crate) fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode};

@@ -285,6 +285,15 @@ impl Substitute for Substituter {
             for part in &parts {
                 let _ = std::fs::remove_file(part);
             }
+            // Both layers together: still exactly the shipped files (the second layer
+            // added none to them), and no link that leads out of the step.
+            check_shipped(
+                &out.out.join(&dir.shipped),
+                dir.shipped_is_file,
+                &shipped.files,
+            )
+            .with_context(|| format!("{what}: {}", dir.name))?;
+            links_stay_inside(&out.out).with_context(|| format!("{what}: {}", dir.name))?;
             Ok(())
         })?;
         match outcome.was_cached() {
@@ -332,6 +341,7 @@ impl Substituter {
             hash: carried.meta.hash.clone(),
         };
         if StepKey::new(&key.step, &carried.meta.inputs) != key
+            || key.step != commstack_image::assemble::LAYER_STEP
             || key.dir_name() != carried.name
             || !carried.files.iter().all(|f| safe_relative(&f.path))
         {
@@ -435,13 +445,19 @@ impl Substituter {
             )),
             Some(doc) => commstack_registry::sign::verify(doc, &found.digest, &self.trusted),
         };
+        // A signature that names a trusted key but does not verify is tampering, not a
+        // missing signature: --allow-unsigned does not take it.
+        let claims_trusted = doc
+            .as_ref()
+            .and_then(|d| commstack_registry::sign::parse_public_key(&d.key).ok())
+            .is_some_and(|k| self.trusted.contains(&k));
         match (verdict, doc) {
             (Ok(()), Some(doc)) => {
                 say(&format!("signature by {} verified", doc.key));
                 Ok(())
             }
             (Ok(()), None) => unreachable!("an unsigned output never verifies"),
-            (Err(err), _) if self.allow_unsigned => {
+            (Err(err), _) if self.allow_unsigned && !claims_trusted => {
                 say(&format!(
                     "WARNING: {what}: {err:#}; taken because of --allow-unsigned"
                 ));
@@ -465,7 +481,8 @@ fn safe_relative(path: &Path) -> bool {
 fn move_into(from: &Path, to: &Path) -> Result<()> {
     let meta = std::fs::symlink_metadata(from)
         .with_context(|| format!("{} is not in the layer", from.display()))?;
-    if meta.is_dir() && to.is_dir() {
+    // Never merged through a link: a link of one layer cannot carry the other outside.
+    if meta.is_dir() && std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) {
         for entry in std::fs::read_dir(from)? {
             let entry = entry?;
             move_into(&entry.path(), &to.join(entry.file_name()))?;
@@ -484,6 +501,46 @@ fn move_into(from: &Path, to: &Path) -> Result<()> {
     }
     std::fs::rename(from, to)
         .with_context(|| format!("cannot move {} to {}", from.display(), to.display()))
+}
+
+/// Every symbolic link under `root` leads inside it: resolved by the system where its
+/// target exists, else read from its directory's real path (it may dangle, not escape).
+fn links_stay_inside(root: &Path) -> Result<()> {
+    let real_root = std::fs::canonicalize(root)?;
+    for entry in walkdir::WalkDir::new(root).follow_links(false) {
+        let entry = entry?;
+        if !entry.path_is_symlink() {
+            continue;
+        }
+        let inside = match std::fs::canonicalize(entry.path()) {
+            Ok(real) => real.starts_with(&real_root),
+            Err(_) => {
+                let target = std::fs::read_link(entry.path())?;
+                let parent = entry.path().parent().context("a link with no directory")?;
+                let mut at = std::fs::canonicalize(parent)?;
+                let mut inside = !target.is_absolute();
+                for part in target.components() {
+                    match part {
+                        std::path::Component::ParentDir => {
+                            at.pop();
+                        }
+                        std::path::Component::Normal(name) => at.push(name),
+                        _ => {}
+                    }
+                    inside &= at.starts_with(&real_root);
+                }
+                inside
+            }
+        };
+        if !inside {
+            bail!(
+                "the link {} leads out of the step directory ({}): refusing it",
+                entry.path().display(),
+                std::fs::read_link(entry.path())?.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every shipped file as the artifact's config records it: content, size, mode, links.
