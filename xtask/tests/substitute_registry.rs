@@ -764,6 +764,45 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
 }
 
 #[test]
+fn a_store_step_here_that_differs_from_the_signed_output_is_refused() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let home = s.home("b");
+    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    // NVSHMEM's crate step stays, with other bytes; its graph step goes, so the next
+    // build substitutes nvshmem again and finds the crate step in the store.
+    let steps = home.join("store/steps");
+    let named = |prefix: &str| -> Result<PathBuf> {
+        std::fs::read_dir(&steps)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with(prefix) && !name[prefix.len()..].contains('-')
+            })
+            .with_context(|| format!("no {prefix}<hash> in {}", steps.display()))
+    };
+    let lib = named("fixture-nvshmem-")?.join("nvshmem/lib/libnvshmem_host.so.3");
+    std::fs::write(&lib, "not what was signed\n")?;
+    std::fs::remove_dir_all(named("pipeline-nvshmem-")?)?;
+    let again = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let (step, err) = again.failed.clone().expect("the build fails");
+    assert_eq!(step, Nvshmem, "{err}");
+    assert!(
+        err.contains("differs from the signed output") && err.contains("--no-substitute"),
+        "{err}"
+    );
+    assert!(
+        named("pipeline-nvshmem-").is_err(),
+        "the graph step is not sealed"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<()> {
     if skip_registry_tests() {
         return Ok(());

@@ -297,10 +297,25 @@ impl Substitute for Substituter {
             Ok(())
         })?;
         match outcome.was_cached() {
-            true => say(&format!(
-                "the store has {} already: not downloaded",
-                dir.name
-            )),
+            true => {
+                // Made here before (the crate key is the same): its bytes must be those the
+                // signed manifest records, or the result would describe other files.
+                check_shipped(
+                    &outcome.path().join(&dir.shipped),
+                    dir.shipped_is_file,
+                    &shipped.files,
+                )
+                .with_context(|| {
+                    format!(
+                        "{what}: the store's {} differs from the signed output: build it here instead (`cargo xtask build --only {step} --force`, or the build with --no-substitute)",
+                        dir.name
+                    )
+                })?;
+                say(&format!(
+                    "the store has {} already, the same files: not downloaded",
+                    dir.name
+                ))
+            }
             false => say(&format!("unpacked into {}", outcome.path().display())),
         }
 
