@@ -471,8 +471,17 @@ impl Setup {
         self.dir.path().join(name)
     }
 
-    /// The digest of layer `index` (0: the shipped files) of `step`'s artifact.
-    fn layer(&self, step: StepId, index: usize) -> Result<String> {
+    /// How the test itself reaches the registry: its CA, the right password.
+    fn options(&self) -> Result<PushOptions> {
+        let registry = self.registry.borrow();
+        let mut options = PushOptions::new(Target::parse(&format!("{}/{REPO}", registry.host()))?);
+        options.ca_file = Some(registry.ca());
+        options.credentials = Some(credentials(REGISTRY_PASSWORD));
+        Ok(options)
+    }
+
+    /// `step`'s artifact as the cache holds it (its manifest and digest).
+    fn artifact(&self, step: StepId) -> Result<commstack_registry::pull::Found> {
         let key = self
             .first
             .rows
@@ -480,13 +489,13 @@ impl Setup {
             .find(|r| r.0 == step)
             .and_then(|r| r.2.clone())
             .context("the step's key")?;
-        let registry = self.registry.borrow();
-        let mut options = PushOptions::new(Target::parse(&format!("{}/{REPO}", registry.host()))?);
-        options.ca_file = Some(registry.ca());
-        options.credentials = Some(credentials(REGISTRY_PASSWORD));
-        let found =
-            commstack_registry::pull::find_tag(&options, key.trim_start_matches("pipeline-"))?
-                .context("the artifact is in the registry")?;
+        commstack_registry::pull::find_tag(&self.options()?, key.trim_start_matches("pipeline-"))?
+            .context("the artifact is in the registry")
+    }
+
+    /// The digest of layer `index` (0: the shipped files) of `step`'s artifact.
+    fn layer(&self, step: StepId, index: usize) -> Result<String> {
+        let found = self.artifact(step)?;
         let manifest: serde_json::Value = serde_json::from_slice(&found.manifest)?;
         Ok(manifest["layers"][index]["digest"]
             .as_str()
@@ -702,20 +711,7 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
         return Ok(());
     }
     let s = setup(&[Toolchain])?;
-    // The toolchain artifact's manifest, as the cache holds it.
-    let key = s
-        .first
-        .rows
-        .iter()
-        .find(|r| r.0 == Toolchain)
-        .and_then(|r| r.2.clone())
-        .context("the step's key")?;
-    let registry = s.registry.borrow();
-    let mut options = PushOptions::new(Target::parse(&format!("{}/{REPO}", registry.host()))?);
-    options.ca_file = Some(registry.ca());
-    options.credentials = Some(credentials(REGISTRY_PASSWORD));
-    let found = commstack_registry::pull::find_tag(&options, key.trim_start_matches("pipeline-"))?
-        .context("the artifact is in the registry")?;
+    let found = s.artifact(Toolchain)?;
     // A signature that names the trusted key but was made by another: pushed over the
     // real one, under the same tag.
     run_tool(
@@ -743,10 +739,10 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
         },
         &layout,
     )?;
+    let mut options = s.options()?;
     options.tag = Some(commstack_registry::sign::signature_tag(&found.digest)?);
     options.progress = false;
     commstack_registry::push_layout(&layout, &options)?;
-    drop(registry);
 
     // Tampering, not a missing signature: --allow-unsigned does not take it.
     let home = s.home("b");
