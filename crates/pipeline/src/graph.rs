@@ -625,62 +625,37 @@ impl Engine<'_> {
                         p.step
                     );
                 }
-                Status::Substitute { from } => {
-                    self.say(&format!(
-                        "[{:>7.1}s] {:<14} substituted from {from}",
-                        started.elapsed().as_secs_f64(),
-                        p.step.name()
-                    ));
-                    let t = Instant::now();
-                    let log = self.log_dir.join(format!("{}.log", p.step.name()));
-                    let outcome = self.substitute_one(&p, &log);
-                    let seconds = t.elapsed().as_secs_f64();
-                    match outcome {
-                        Ok(result) => {
-                            self.say(&format!(
-                                "[{:>7.1}s] {:<14} pulled in {seconds:.1} s{}",
-                                started.elapsed().as_secs_f64(),
-                                p.step.name(),
-                                result
-                                    .output
-                                    .as_ref()
-                                    .map(|o| format!(": {}", o.display()))
-                                    .unwrap_or_default()
-                            ));
-                            rows.push(row(
-                                "substituted",
-                                seconds,
-                                Some(&result),
-                                Some(from.clone()),
-                            ));
-                            done.insert(p.step, result);
-                        }
-                        Err(err) => {
-                            let _ = append_log(&log, &format!("error: {err:#}\n"));
-                            rows.push(row("failed", seconds, None, Some(from.clone())));
-                            failed = Some((p.step, err, log));
-                        }
-                    }
-                    continue;
-                }
-                Status::Run { .. } => {}
+                Status::Substitute { .. } | Status::Run { .. } => {}
             }
-            let Status::Run { reason, .. } = &p.status else {
-                unreachable!()
+            // Built here or pulled from the binary cache: the same reporting either way.
+            let (how, verb, outcome_label, reason) = match &p.status {
+                Status::Substitute { from } => (
+                    format!("substituted from {from}"),
+                    "pulled",
+                    "substituted",
+                    from.clone(),
+                ),
+                Status::Run { reason, .. } => {
+                    (format!("runs: {reason}"), "done", "built", reason.clone())
+                }
+                _ => unreachable!(),
             };
             self.say(&format!(
-                "[{:>7.1}s] {:<14} runs: {reason}",
+                "[{:>7.1}s] {:<14} {how}",
                 started.elapsed().as_secs_f64(),
                 p.step.name()
             ));
             let t = Instant::now();
             let log = self.log_dir.join(format!("{}.log", p.step.name()));
-            let outcome = self.run_one(steps, &p, &done, &log);
+            let outcome = match &p.status {
+                Status::Substitute { .. } => self.substitute_one(&p, &log),
+                _ => self.run_one(steps, &p, &done, &log),
+            };
             let seconds = t.elapsed().as_secs_f64();
             match outcome {
                 Ok(result) => {
                     self.say(&format!(
-                        "[{:>7.1}s] {:<14} done in {seconds:.1} s{}",
+                        "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
                         started.elapsed().as_secs_f64(),
                         p.step.name(),
                         result
@@ -689,12 +664,12 @@ impl Engine<'_> {
                             .map(|o| format!(": {}", o.display()))
                             .unwrap_or_default()
                     ));
-                    rows.push(row("built", seconds, Some(&result), Some(reason.clone())));
+                    rows.push(row(outcome_label, seconds, Some(&result), Some(reason)));
                     done.insert(p.step, result);
                 }
                 Err(err) => {
                     let _ = append_log(&log, &format!("error: {err:#}\n"));
-                    rows.push(row("failed", seconds, None, Some(reason.clone())));
+                    rows.push(row("failed", seconds, None, Some(reason)));
                     failed = Some((p.step, err, log));
                 }
             }
