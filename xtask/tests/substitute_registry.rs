@@ -233,10 +233,12 @@ impl Steps for Recipes<'_> {
         shipped_root(step, result)
     }
 
-    /// As the stack's own steps: the toolchain and NVSHMEM's source only feed the
-    /// steps after them.
-    fn only_an_input(&self, step: StepId) -> bool {
-        matches!(step, Toolchain | NvshmemSource)
+    /// As the stack's own steps: a substituted image still reads the base.
+    fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {
+        match step {
+            Image => &[Base],
+            _ => &[],
+        }
     }
 
     fn built_here(&self, steps: &BTreeSet<StepId>) {
@@ -270,6 +272,15 @@ impl Built {
 }
 
 fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute>) -> Result<Built> {
+    build_until(stack, home, cache, Selection::All)
+}
+
+fn build_until(
+    stack: &Path,
+    home: &Path,
+    cache: Option<&dyn Substitute>,
+    selection: Selection,
+) -> Result<Built> {
     let ctx = ctx_for(stack, home)?;
     let recipes = Recipes {
         stack: StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?,
@@ -289,7 +300,7 @@ fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute>) -> Result<Bu
         stack_flag: String::new(),
         substitute: cache,
     };
-    let plan = engine.plan(&recipes, Selection::All)?;
+    let plan = engine.plan(&recipes, selection)?;
     let planned = plan.steps.clone();
     let report = engine.run(&recipes, plan)?;
     let mut outputs = BTreeMap::new();
@@ -504,16 +515,30 @@ impl Setup {
     }
 }
 
-/// Every keyed step: the same key and the same bytes as the first build.
-fn assert_same_outputs(first: &Built, other: &Built) {
-    let keyed: Vec<StepId> = StepId::ALL.into_iter().filter(|s| s.keyed()).collect();
+/// The keyed steps a substituted image needs (the base for its first layer; verify, which
+/// the fixture lets the cache hold): what an empty home makes.
+const IMAGE_NEEDS: [StepId; 3] = [Base, Image, Verify];
+
+/// The keyed steps but `except`.
+fn keyed_but(except: &[StepId]) -> Vec<StepId> {
+    StepId::ALL
+        .into_iter()
+        .filter(|s| s.keyed() && !except.contains(s))
+        .collect()
+}
+
+/// `steps` are the keyed steps done in `other`, with the same keys and the same bytes as
+/// in the first build.
+fn assert_same_outputs(first: &Built, other: &Built, steps: &[StepId]) {
     assert_eq!(
         other.outputs.keys().copied().collect::<Vec<_>>(),
-        keyed,
-        "every keyed step is done"
+        steps,
+        "the keyed steps done"
     );
-    assert_eq!(other.outputs, first.outputs, "what each step ships");
-    for step in keyed {
+    let mut want = first.outputs.clone();
+    want.retain(|s, _| steps.contains(s));
+    assert_eq!(other.outputs, want, "what each step ships");
+    for &step in steps {
         let key = |b: &Built| {
             b.rows
                 .iter()
@@ -528,8 +553,11 @@ fn assert_same_outputs(first: &Built, other: &Built) {
 // The tests
 // ---------------------------------------------------------------------------------------
 
+/// An empty home with every step in the cache pulls what the image needs and nothing
+/// else (as `docker pull` would); `--until` a step makes that step and what it needs; the
+/// same bytes under the same keys, and no recipe runs.
 #[test]
-fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
+fn an_empty_home_substitutes_what_is_needed_and_runs_no_recipe() -> Result<()> {
     if skip_registry_tests() {
         return Ok(());
     }
@@ -538,7 +566,7 @@ fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
     let home = s.home("b");
     let b = build(&s.stack, &home, Some(&cache))?;
     assert!(b.failed.is_none(), "{:?}", b.failed);
-    for step in StepId::ALL.into_iter().filter(|s| s.keyed()) {
+    for step in IMAGE_NEEDS {
         match b.status(step) {
             Status::Substitute { from } => assert!(
                 from.starts_with(&format!(
@@ -552,6 +580,7 @@ fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
         }
         assert_eq!(b.outcome(step), "substituted", "{step}");
     }
+    assert_not_needed(&b, &keyed_but(&IMAGE_NEEDS));
     // No recipe ran for a keyed step; nothing was fetched (no step reads the cache).
     assert_eq!(
         b.ran,
@@ -559,9 +588,8 @@ fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
         "the recipes that ran in the substituting home"
     );
     assert_eq!(b.status(Fetch), &Status::Reused);
-    assert_same_outputs(&s.first, &b);
-    // The crate steps the results point into are in this store, under the same names.
-    assert!(sealed(&home).contains(&"fixture-nvshmem".to_string()));
+    assert_same_outputs(&s.first, &b, &IMAGE_NEEDS);
+    assert!(!sealed(&home).contains(&"fixture-nvshmem".to_string()));
     // The image's layer steps came with its artifact (no recipe made them): the same
     // names, the same bytes.
     let layers = layer_steps(&home)?;
@@ -572,20 +600,47 @@ fn an_empty_home_substitutes_every_step_and_runs_no_recipe() -> Result<()> {
         "the image's layer steps"
     );
 
-    // Again: everything is in the store now.
+    // --until a step makes that step: substituted, and what it was built from is not
+    // needed.
+    for step in [Nvshmem, Dropin, Deepep, Wheelhouse, Kernels] {
+        let until = build_until(&s.stack, &home, Some(&cache), Selection::Until(step))?;
+        assert!(until.failed.is_none(), "{step}: {:?}", until.failed);
+        assert_eq!(until.outcome(step), "substituted", "{step}");
+        assert!(until.ran.is_empty(), "{step}: {:?}", until.ran);
+        assert_not_needed(&until, &[Toolchain, NvshmemSource]);
+    }
+
+    // Again: everything is in the store now, and the cache is not asked (a registry
+    // that is gone does not matter).
+    s.registry.borrow_mut().stop();
     let again = build(&s.stack, &home, Some(&cache))?;
+    assert!(again.failed.is_none(), "{:?}", again.failed);
     assert!(again.ran.is_empty(), "{:?}", again.ran);
-    assert!(
-        again.plan.iter().all(|p| p.status == Status::Reused),
-        "{:?}",
-        again
-            .plan
-            .iter()
-            .map(|p| (p.step, &p.status))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(again.outputs, s.first.outputs);
+    for p in &again.plan {
+        match p.step {
+            Toolchain | NvshmemSource => {}
+            _ => assert_eq!(p.status, Status::Reused, "{}", p.step),
+        }
+    }
+    assert_not_needed(&again, &[Toolchain, NvshmemSource]);
+    assert_same_outputs(&s.first, &again, &keyed_but(&[Toolchain, NvshmemSource]));
     Ok(())
+}
+
+/// Each of `steps` is planned as not needed and skipped.
+fn assert_not_needed(b: &Built, steps: &[StepId]) {
+    for &step in steps {
+        match b.status(step) {
+            Status::Skipped { reason } => assert!(
+                reason.starts_with(
+                    "not needed: every step that reads it is reused or substituted from"
+                ) && reason.ends_with(REPO),
+                "{step}: {reason}"
+            ),
+            other => panic!("{step} is planned {other:?}"),
+        }
+        assert_eq!(b.outcome(step), "skipped", "{step}");
+    }
 }
 
 /// Only NVSHMEM (and what it reads) is in the cache: the rest is built here, from the
@@ -599,9 +654,12 @@ fn a_step_the_cache_lacks_is_built_here_from_the_pulled_outputs() -> Result<()> 
     let cache = s.trusted()?;
     let b = build(&s.stack, &s.home("b"), Some(&cache))?;
     assert!(b.failed.is_none(), "{:?}", b.failed);
-    for step in [Toolchain, NvshmemSource, Nvshmem] {
+    // The self-test built here reads the toolchain; nothing built here reads NVSHMEM's
+    // source (NVSHMEM is substituted).
+    for step in [Toolchain, Nvshmem] {
         assert_eq!(b.outcome(step), "substituted", "{step}");
     }
+    assert_not_needed(&b, &[NvshmemSource]);
     match b.status(Dropin) {
         Status::Run { reason, .. } => assert!(
             reason.contains("not in the binary cache") && reason.contains(REPO),
@@ -615,12 +673,13 @@ fn a_step_the_cache_lacks_is_built_here_from_the_pulled_outputs() -> Result<()> 
             Fetch, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Load, Verify
         ]
     );
-    assert_same_outputs(&s.first, &b);
+    assert_same_outputs(&s.first, &b, &keyed_but(&[NvshmemSource]));
     Ok(())
 }
 
-/// The cache has every step but the toolchain and NVSHMEM's source: those are not made
-/// at all (only the steps after them read them, and those are substituted).
+/// The cache has every step but the toolchain and NVSHMEM's source: with the steps after
+/// them substituted they are neither built nor looked up, and so neither is anything the
+/// substituted image does not read.
 #[test]
 fn a_step_only_substituted_steps_read_is_not_made() -> Result<()> {
     if skip_registry_tests() {
@@ -633,22 +692,15 @@ fn a_step_only_substituted_steps_read_is_not_made() -> Result<()> {
     let home = s.home("b");
     let b = build(&s.stack, &home, Some(&cache))?;
     assert!(b.failed.is_none(), "{:?}", b.failed);
-    for step in [Toolchain, NvshmemSource] {
-        match b.status(step) {
-            Status::Skipped { reason } => assert!(
-                reason.starts_with(
-                    "not needed: every step that reads it is reused or substituted from"
-                ) && reason.ends_with(REPO),
-                "{step}: {reason}"
-            ),
-            other => panic!("{step} is planned {other:?}"),
-        }
-        assert_eq!(b.outcome(step), "skipped");
-    }
+    assert_not_needed(&b, &keyed_but(&IMAGE_NEEDS));
     assert_eq!(b.ran, [Load], "no recipe but load's");
-    let mut first = s.first.outputs.clone();
-    first.retain(|step, _| !matches!(step, Toolchain | NvshmemSource));
-    assert_eq!(b.outputs, first, "what each substituted step ships");
+    assert_same_outputs(&s.first, &b, &IMAGE_NEEDS);
+    // --until DeepEP: DeepEP substituted, and nothing it was built from is needed.
+    let until = build_until(&s.stack, &home, Some(&cache), Selection::Until(Deepep))?;
+    assert!(until.failed.is_none(), "{:?}", until.failed);
+    assert_eq!(until.outcome(Deepep), "substituted");
+    assert_not_needed(&until, &[Toolchain, NvshmemSource, Nvshmem, Dropin]);
+    assert!(until.ran.is_empty(), "{:?}", until.ran);
     Ok(())
 }
 
@@ -674,10 +726,10 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     )?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
-    assert_eq!(step, Toolchain, "the first substituted step: {err}");
+    assert_eq!(step, Base, "the first substituted step: {err}");
     assert!(
-        err.contains("refusing the output of step toolchain")
-            && err.contains(&format!("{REPO}:toolchain-"))
+        err.contains("refusing the output of step base")
+            && err.contains(&format!("{REPO}:base-"))
             && err.contains("is not a trusted key")
             && err.contains("--allow-unsigned"),
         "{err}"
@@ -699,8 +751,8 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     // --allow-unsigned takes it, saying so in the step's log.
     let b = build(&s.stack, &home, Some(&s.substituter(&[other], true)?))?;
     assert!(b.failed.is_none(), "{:?}", b.failed);
-    assert_same_outputs(&s.first, &b);
-    let log = std::fs::read_to_string(home.join("pipeline/logs/nvshmem.log"))?;
+    assert_same_outputs(&s.first, &b, &IMAGE_NEEDS);
+    let log = std::fs::read_to_string(home.join("pipeline/logs/image.log"))?;
     assert!(log.contains("taken because of --allow-unsigned"), "{log}");
     Ok(())
 }
@@ -766,7 +818,8 @@ fn a_store_step_here_that_differs_from_the_signed_output_is_refused() -> Result<
     }
     let s = setup(&[])?;
     let home = s.home("b");
-    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let nvshmem = Selection::Until(Nvshmem);
+    let b = build_until(&s.stack, &home, Some(&s.trusted()?), nvshmem)?;
     assert!(b.failed.is_none(), "{:?}", b.failed);
     // NVSHMEM's crate step stays, with other bytes; its graph step goes, so the next
     // build substitutes nvshmem again and finds the crate step in the store.
@@ -784,7 +837,7 @@ fn a_store_step_here_that_differs_from_the_signed_output_is_refused() -> Result<
     let lib = named("fixture-nvshmem-")?.join("nvshmem/lib/libnvshmem_host.so.3");
     std::fs::write(&lib, "not what was signed\n")?;
     std::fs::remove_dir_all(named("pipeline-nvshmem-")?)?;
-    let again = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let again = build_until(&s.stack, &home, Some(&s.trusted()?), nvshmem)?;
     let (step, err) = again.failed.clone().expect("the build fails");
     assert_eq!(step, Nvshmem, "{err}");
     assert!(
@@ -810,7 +863,12 @@ fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<(
     bytes[600] ^= 0x20; // one byte of the layer: its sha256 no longer matches
     std::fs::write(&data, &bytes)?;
     let home = s.home("b");
-    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let b = build_until(
+        &s.stack,
+        &home,
+        Some(&s.trusted()?),
+        Selection::Until(Nvshmem),
+    )?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
     assert_eq!(step, Nvshmem, "{err}");
@@ -818,16 +876,8 @@ fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<(
         err.contains(&digest) && err.contains("refusing it") && err.contains("layer 1 of 2"),
         "{err}"
     );
-    // The steps before it are sealed; NVSHMEM's is not, and its download is gone.
-    assert_eq!(
-        sealed(&home),
-        [
-            "fixture-nvshmem-source",
-            "fixture-toolchain",
-            "pipeline-nvshmem-source",
-            "pipeline-toolchain"
-        ]
-    );
+    // Nothing is sealed (the steps before it are not needed), and its download is gone.
+    assert_eq!(sealed(&home), Vec::<String>::new());
     let hex = digest.trim_start_matches("sha256:");
     assert!(!home.join(format!("store/tmp/pull-{hex}.tar")).exists());
     Ok(())
@@ -835,7 +885,7 @@ fn a_blob_altered_in_the_registry_is_refused_and_nothing_is_sealed() -> Result<(
 
 /// A layer tar the image's artifact carries (its layer steps' files follow the first two
 /// layers, `layer.json` then `layer.tar` of each), altered in the registry's storage:
-/// refused as it streams; every step before the image is sealed, nothing of the image is.
+/// refused as it streams; the base (which it reads) is sealed, nothing of the image is.
 #[test]
 fn an_image_layer_altered_in_the_registry_is_refused_and_nothing_of_the_image_is_sealed()
 -> Result<()> {
@@ -861,10 +911,11 @@ fn an_image_layer_altered_in_the_registry_is_refused_and_nothing_of_the_image_is
     for gone in ["image-layer", "fixture-image", "pipeline-image"] {
         assert!(!sealed.iter().any(|s| s == gone), "{gone}: {sealed:?}");
     }
-    for step in ["base", "kernels", "wheelhouse"] {
+    assert!(sealed.contains(&"pipeline-base".to_string()), "{sealed:?}");
+    for step in ["kernels", "wheelhouse"] {
         assert!(
-            sealed.contains(&format!("pipeline-{step}")),
-            "{step}: {sealed:?}"
+            !sealed.contains(&format!("pipeline-{step}")),
+            "{step}, which the image does not read: {sealed:?}"
         );
     }
     let hex = digest.trim_start_matches("sha256:");
@@ -882,7 +933,12 @@ fn a_missing_blob_is_a_clear_error() -> Result<()> {
     let data = s.registry.borrow().blob_data(&digest);
     std::fs::remove_dir_all(data.parent().unwrap())?;
     let home = s.home("b");
-    let b = build(&s.stack, &home, Some(&s.trusted()?))?;
+    let b = build_until(
+        &s.stack,
+        &home,
+        Some(&s.trusted()?),
+        Selection::Until(Dropin),
+    )?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
     assert_eq!(step, Dropin, "{err}");
@@ -909,7 +965,7 @@ fn wrong_credentials_are_refused_before_anything_is_pulled() -> Result<()> {
     };
     eprintln!("the error: {err}");
     assert!(
-        err.contains("looking up step toolchain")
+        err.contains("looking up step verify")
             && err.contains("refused the credentials (401")
             && err.contains(REPO),
         "{err}"
@@ -918,9 +974,9 @@ fn wrong_credentials_are_refused_before_anything_is_pulled() -> Result<()> {
     Ok(())
 }
 
-/// The registry is killed as NVSHMEM's pull starts: the steps pulled before stay sealed,
-/// NVSHMEM's is not; the registry comes back, and the rerun (with half of a layer already
-/// downloaded, as a download cut midway leaves it) completes with the same outputs.
+/// The registry is killed as the image's pull starts: the base, pulled before, stays
+/// sealed, the image is not; the registry comes back, and the rerun (with half of a layer
+/// already downloaded, as a download cut midway leaves it) completes with the same outputs.
 #[test]
 fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
     if skip_registry_tests() {
@@ -956,32 +1012,24 @@ fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
     let killing = KillAt {
         inner: s.trusted()?,
         registry: &s.registry,
-        at: Nvshmem,
+        at: Image,
     };
     let b = build(&s.stack, &home, Some(&killing))?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
-    assert_eq!(step, Nvshmem, "{err}");
+    assert_eq!(step, Image, "{err}");
     assert!(
-        err.contains("checking the signature of the output of step nvshmem")
+        err.contains("checking the signature of the output of step image")
             && err.contains(&s.registry.borrow().host())
             && err.contains("Connection refused")
             && !err.contains("refusing"),
         "{err}"
     );
-    assert_eq!(
-        sealed(&home),
-        [
-            "fixture-nvshmem-source",
-            "fixture-toolchain",
-            "pipeline-nvshmem-source",
-            "pipeline-toolchain"
-        ]
-    );
+    assert_eq!(sealed(&home), ["fixture-base", "pipeline-base"]);
 
-    // Back up; half of NVSHMEM's shipped layer where an interrupted download leaves it.
+    // Back up; half of the image's shipped layer where an interrupted download leaves it.
     s.registry.borrow_mut().serve();
-    let digest = s.layer(Nvshmem, 0)?;
+    let digest = s.layer(Image, 0)?;
     let whole = std::fs::read(s.registry.borrow().blob_data(&digest))?;
     let part = home.join(format!(
         "store/tmp/pull-{}.tar",
@@ -991,11 +1039,11 @@ fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
 
     let rerun = build(&s.stack, &home, Some(&s.trusted()?))?;
     assert!(rerun.failed.is_none(), "{:?}", rerun.failed);
-    assert_eq!(rerun.status(Toolchain), &Status::Reused);
-    assert_eq!(rerun.outcome(Nvshmem), "substituted");
+    assert_eq!(rerun.status(Base), &Status::Reused);
+    assert_eq!(rerun.outcome(Image), "substituted");
     assert_eq!(rerun.ran, [Load]);
     assert!(!part.exists(), "the finished download is removed");
-    assert_same_outputs(&s.first, &rerun);
+    assert_same_outputs(&s.first, &rerun, &IMAGE_NEEDS);
     Ok(())
 }
 

@@ -14,10 +14,11 @@
 //!
 //! With a binary cache (`build --substitute`, [`Substitute`]), a keyed step that would run
 //! is first looked up there by its key: when the cache has it, it is pulled and sealed in
-//! the store instead of built. A step whose output only the steps after it read (the
-//! toolchain, an unpacked source) then does not run when all of those are substituted, and
-//! the steps outside the store are planned last, knowing what is built here (fetch
-//! downloads only what those steps need).
+//! the store instead of built. A step is made only when a step that reads it runs here (or
+//! it is the target, or nothing after it reads it): with the image substituted, NVSHMEM,
+//! DeepEP and the wheelhouse are neither built nor pulled, as `docker pull` would not
+//! fetch them either (`build --until deepep` makes them). The steps outside the store are
+//! planned last, knowing what is built here (fetch downloads only what those steps need).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -124,8 +125,9 @@ impl StepId {
             Base => &[Fetch],
             Image => &[Base, Wheelhouse, Kernels],
             Load => &[Image],
-            // The image's key, not only Docker's copy: a new image is verified again.
-            Verify => &[Image, Load],
+            // The image's key, not only Docker's copy: a new image is verified again. The
+            // base's facts name the Python verify runs.
+            Verify => &[Base, Image, Load],
         }
     }
 
@@ -219,11 +221,10 @@ pub trait Steps {
     fn substitutable(&self, step: StepId) -> bool {
         step.keyed()
     }
-    /// Whether the keyed step's output is only an input of the steps after it (a
-    /// toolchain, an unpacked source), not a product: with every step that reads it
-    /// substituted or reused, it need not run at all.
-    fn only_an_input(&self, _step: StepId) -> bool {
-        false
+    /// The steps a substituted `step` still reads from this store (the image's base
+    /// layer comes with the base step, not with the image's artifact).
+    fn reads_when_substituted(&self, _step: StepId) -> &'static [StepId] {
+        &[]
     }
     /// With a binary cache: the keyed steps this run builds here (neither reused nor
     /// substituted), told before lock, fetch and load are planned (fetch downloads only
@@ -367,11 +368,12 @@ impl Engine<'_> {
         let mut keys: BTreeMap<StepId, String> = BTreeMap::new();
         let mut out: Vec<Planned> = Vec::new();
         let mut done = Done::new();
-        let mut runs: BTreeMap<StepId, bool> = BTreeMap::new();
         let mut skipped: BTreeMap<StepId, String> = BTreeMap::new();
         let substitute = self.substitute.filter(|_| !self.force);
         // The steps outside the store, planned once every keyed step is (see below).
         let mut outside: Vec<(usize, bool)> = Vec::new();
+        // Keyed steps not in the store: what they need is decided backwards (below).
+        let mut missing: BTreeMap<StepId, Vec<Change>> = BTreeMap::new();
         for step in selection.steps() {
             let selected = selection.runs(step);
             if let Some(reason) = steps.skipped(step).or_else(|| {
@@ -403,19 +405,12 @@ impl Engine<'_> {
                 });
                 continue;
             }
-            // A keyed step's key holds its keyed deps' keys only: fetch running (the cache
-            // filling) does not change what a build makes.
-            let upstream_runs: Vec<StepId> = step
-                .deps()
-                .iter()
-                .copied()
-                .filter(|d| d.keyed() && runs.get(d).copied().unwrap_or(false))
-                .collect();
             let mut inputs = steps
                 .inputs(step)
                 .with_context(|| format!("the inputs of step {step}"))?;
             // The keys of the keyed steps it depends on, under "after": a changed
-            // upstream output changes this key too.
+            // upstream output changes this key too. Its keyed deps' keys only: fetch
+            // running (the cache filling) does not change what a build makes.
             let after: serde_json::Map<String, serde_json::Value> = step
                 .deps()
                 .iter()
@@ -434,57 +429,119 @@ impl Engine<'_> {
                 true => None,
                 false => self.reusable(&key)?,
             };
-            let status = match reusable {
+            match reusable {
                 Some(result) => {
                     done.insert(step, result);
-                    Status::Reused
                 }
                 None => {
-                    let changed = self.record.changes(step, &inputs);
-                    let mut reason = match self.force && selected {
-                        true => "--force".to_string(),
-                        false => explain(&changed, &upstream_runs, self.record.has(step)),
-                    };
-                    let found = match substitute {
-                        Some(cache) if steps.substitutable(step) => {
-                            let found = cache.lookup(step, &key).with_context(|| {
-                                format!(
-                                    "looking up step {step} ({}) in the binary cache {}",
-                                    key.dir_name(),
-                                    cache.source()
-                                )
-                            })?;
-                            if found.is_none() {
-                                reason.push_str(&format!(
-                                    "; not in the binary cache {}: built here",
-                                    cache.source()
-                                ));
-                            }
-                            found
-                        }
-                        _ => None,
-                    };
-                    match found {
-                        Some(from) => Status::Substitute { from },
-                        None => Status::Run { reason, changed },
-                    }
+                    missing.insert(step, self.record.changes(step, &inputs));
                 }
-            };
-            runs.insert(
-                step,
-                matches!(status, Status::Run { .. } | Status::Substitute { .. }),
-            );
+            }
             out.push(Planned {
                 step,
                 key: Some(key.dir_name()),
-                status,
+                status: Status::Reused,
                 selected,
                 inputs: Some(inputs),
                 store_key: Some(key),
             });
         }
-        if let Some(cache) = substitute {
-            prune(steps, selection, &mut out, &cache.source());
+        // Backwards: a missing step is made only when something needs it (see `needs`);
+        // only those are looked up in the binary cache, so a rerun whose image is in the
+        // store asks the registry nothing.
+        let target = match selection {
+            Selection::Until(s) | Selection::Only(s) => Some(s),
+            Selection::All => None,
+        };
+        let mut needed: BTreeSet<StepId> = BTreeSet::new();
+        let mut read: BTreeSet<StepId> = BTreeSet::new();
+        let mut not_in_cache: BTreeSet<StepId> = BTreeSet::new();
+        for p in out.iter_mut().rev() {
+            if matches!(p.status, Status::Skipped { .. }) {
+                continue;
+            }
+            let step = p.step;
+            read.extend(step.deps().iter().copied());
+            if !step.keyed() {
+                // Planned later: lock, fetch and load may run and read what they follow.
+                needed.extend(step.deps().iter().copied());
+                continue;
+            }
+            if !missing.contains_key(&step) {
+                continue;
+            }
+            // The target, a product nothing after it reads, or read by a step made here.
+            if target != Some(step) && !needed.contains(&step) && read.contains(&step) {
+                p.status = Status::Skipped {
+                    reason: match substitute {
+                        Some(cache) => format!(
+                            "not needed: every step that reads it is reused or substituted from {}",
+                            cache.source()
+                        ),
+                        None => "not needed: every step that reads it is reused".to_string(),
+                    },
+                };
+                continue;
+            }
+            let key = p.store_key.as_ref().expect("a keyed step has a key");
+            let found = match substitute {
+                Some(cache) if steps.substitutable(step) => {
+                    let found = cache.lookup(step, key).with_context(|| {
+                        format!(
+                            "looking up step {step} ({}) in the binary cache {}",
+                            key.dir_name(),
+                            cache.source()
+                        )
+                    })?;
+                    if found.is_none() {
+                        not_in_cache.insert(step);
+                    }
+                    found
+                }
+                _ => None,
+            };
+            match found {
+                Some(from) => {
+                    p.status = Status::Substitute { from };
+                    needed.extend(steps.reads_when_substituted(step).iter().copied());
+                }
+                None => {
+                    // The reason is written below, once what runs before it is known.
+                    p.status = Status::Run {
+                        reason: String::new(),
+                        changed: Vec::new(),
+                    };
+                    needed.extend(step.deps().iter().copied());
+                }
+            }
+        }
+        // Forwards again: why each step that runs here runs.
+        let mut runs: BTreeMap<StepId, bool> = BTreeMap::new();
+        for p in out.iter_mut().filter(|p| p.step.keyed()) {
+            let step = p.step;
+            if let Status::Run { reason, changed } = &mut p.status {
+                *changed = missing.remove(&step).unwrap_or_default();
+                let upstream_runs: Vec<StepId> = step
+                    .deps()
+                    .iter()
+                    .copied()
+                    .filter(|d| d.keyed() && runs.get(d).copied().unwrap_or(false))
+                    .collect();
+                *reason = match self.force && p.selected {
+                    true => "--force".to_string(),
+                    false => explain(changed, &upstream_runs, self.record.has(step)),
+                };
+                if not_in_cache.contains(&step) {
+                    let source = substitute.map(|c| c.source()).unwrap_or_default();
+                    reason.push_str(&format!("; not in the binary cache {source}: built here"));
+                }
+            }
+            runs.insert(
+                step,
+                matches!(p.status, Status::Run { .. } | Status::Substitute { .. }),
+            );
+        }
+        if substitute.is_some() {
             let here: BTreeSet<StepId> = out
                 .iter()
                 .filter(|p| p.step.keyed() && matches!(p.status, Status::Run { .. }))
@@ -786,31 +843,6 @@ fn append_log(log: &Path, text: &str) -> std::io::Result<()> {
         .create(true)
         .open(log)?
         .write_all(text.as_bytes())
-}
-
-/// With a binary cache: a step planned to run whose output is only an input of the steps
-/// after it (the toolchain, an unpacked source) does not run when every step that reads it
-/// is reused or substituted; the target of `--until`/`--only` always runs.
-fn prune(steps: &dyn Steps, selection: Selection, plan: &mut [Planned], source: &str) {
-    let target = match selection {
-        Selection::Until(s) | Selection::Only(s) => Some(s),
-        Selection::All => None,
-    };
-    let mut needed: BTreeSet<StepId> = BTreeSet::new();
-    for p in plan.iter_mut().rev() {
-        if !matches!(p.status, Status::Run { .. }) {
-            continue;
-        }
-        if needed.contains(&p.step) || !steps.only_an_input(p.step) || target == Some(p.step) {
-            needed.extend(p.step.deps().iter().copied());
-        } else {
-            p.status = Status::Skipped {
-                reason: format!(
-                    "not needed: every step that reads it is reused or substituted from {source}"
-                ),
-            };
-        }
-    }
 }
 
 fn names(steps: &[StepId]) -> String {

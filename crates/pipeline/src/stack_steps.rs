@@ -537,8 +537,13 @@ impl Steps for StackSteps<'_> {
         )
     }
 
-    fn only_an_input(&self, step: StepId) -> bool {
-        matches!(step, StepId::Toolchain | StepId::NvshmemSource)
+    /// A substituted image's first layer is the base's (the image artifact carries the
+    /// layers after it).
+    fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {
+        match step {
+            StepId::Image => &[StepId::Base],
+            _ => &[],
+        }
     }
 
     fn built_here(&self, steps: &std::collections::BTreeSet<StepId>) {
