@@ -139,6 +139,20 @@ pub fn write_docker_archive_to<W: Write>(
     layers: &[Layer],
     out: W,
 ) -> Result<DockerArchive> {
+    write_docker_archive_above(spec, layers, 0, out)
+}
+
+/// As [`write_docker_archive_to`], with the tars of the bottom `kept` layers left out
+/// (manifest.json still names them): for a `docker load` into an engine that has that
+/// chain of layers already. Docker 20.10's load looks each layer's chain up first and
+/// opens its tar only when the chain is missing, so the archive holds only what is new
+/// (a DeepEP change sends DeepEP's layers, not torch's).
+pub fn write_docker_archive_above<W: Write>(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    kept: usize,
+    out: W,
+) -> Result<DockerArchive> {
     let config = image_config(spec, layers)?;
     let config_hex = commstack_digest::sha256_hex(config.as_bytes());
     let manifest = archive_manifest(spec, &config_hex, layers);
@@ -154,7 +168,7 @@ pub fn write_docker_archive_to<W: Write>(
         tar.append_data(&mut h, name, data)
             .with_context(|| format!("writing {name} into the docker-archive"))
     };
-    for (layer, name) in layers.iter().zip(layer_names(layers)) {
+    for (layer, name) in layers.iter().zip(layer_names(layers)).skip(kept) {
         let mut f = File::open(&layer.path)
             .with_context(|| format!("cannot read the layer {}", layer.path.display()))?;
         put(&name, layer.size, &mut f)?;

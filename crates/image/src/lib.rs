@@ -32,9 +32,9 @@ pub use assemble::{
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{
     DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
-    write_docker_archive_to,
+    write_docker_archive_above, write_docker_archive_to,
 };
 pub use layer::{Layer, Owner, write_layer, write_layer_owned};
-pub use load::{docker_load, export_oci};
+pub use load::{Loaded, docker_load, export_oci};
 pub use oci_layout::{GZIP_LEVEL, OciImage, write_oci_layout};
 pub use plan::LARGE_WHEEL_BYTES;

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::assemble::Image;
 use crate::docker_archive::ImageSpec;
-use crate::docker_archive::write_docker_archive_to;
+use crate::docker_archive::write_docker_archive_above;
 use crate::layer::Layer;
 use crate::oci_layout::{OciImage, write_oci_layout};
 
@@ -24,12 +24,28 @@ pub(crate) fn docker(args: &[&str]) -> Result<std::process::Output> {
     })
 }
 
-/// Loads `image` into Docker and tags it; returns the image ID.
-pub fn docker_load(image: &Image) -> Result<String> {
+/// What a load sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// `sha256:<hex>`: the image ID.
+    pub id: String,
+    /// Layers whose tars went into `docker load`.
+    pub sent: usize,
+    /// Bottom layers Docker had already (another image starts with them): not sent.
+    pub kept: usize,
+}
+
+/// Loads `image` into Docker and tags it; returns the image ID and what was sent (nothing
+/// when Docker has the image).
+pub fn docker_load(image: &Image) -> Result<Loaded> {
     let id = image.id();
     let have = docker(&["image", "inspect", "--format", "{{.Id}}", id])?;
+    let mut loaded = Loaded {
+        id: id.to_string(),
+        ..Loaded::default()
+    };
     if !(have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == id) {
-        load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
+        (loaded.sent, loaded.kept) = load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
     }
     let tagged = docker(&["tag", id, image.tag()])?;
     if !tagged.status.success() {
@@ -39,12 +55,70 @@ pub fn docker_load(image: &Image) -> Result<String> {
             String::from_utf8_lossy(&tagged.stderr).trim()
         );
     }
-    Ok(id.to_string())
+    Ok(loaded)
+}
+
+/// How many of `layers`, from the bottom, Docker has as a chain already: the longest
+/// prefix of their diff_ids that some image it holds starts with (a layer's identity in
+/// Docker is its chain, the diff_ids up to it). 0 when Docker cannot say.
+fn chain_docker_has(layers: &[Layer]) -> usize {
+    let Ok(ids) = docker(&["image", "ls", "--all", "--quiet", "--no-trunc"]) else {
+        return 0;
+    };
+    let ids: Vec<String> = String::from_utf8_lossy(&ids.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return 0;
+    }
+    let mut args = vec!["image", "inspect", "--format", "{{json .RootFS.Layers}}"];
+    args.extend(ids.iter().map(String::as_str));
+    let Ok(out) = docker(&args) else { return 0 };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Vec<String>>(line).ok())
+        .map(|held| {
+            held.iter()
+                .zip(layers)
+                .take_while(|(h, l)| **h == l.diff_id)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Streams the archive of `spec` and `layers` (with no tag: the tag comes after the check)
-/// into `docker load`; `id` is the ID it must get, `what` names the step in errors.
-pub(crate) fn load(spec: &ImageSpec, layers: &[Layer], id: &str, what: &Path) -> Result<()> {
+/// into `docker load`, leaving out the layers Docker has already; `id` is the ID it must
+/// get, `what` names the step in errors. Returns the layers sent and those kept.
+pub(crate) fn load(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    id: &str,
+    what: &Path,
+) -> Result<(usize, usize)> {
+    let kept = chain_docker_has(layers);
+    match load_above(spec, layers, kept, id, what) {
+        Ok(()) => Ok((layers.len() - kept, kept)),
+        // The image that held them was removed since we looked: send everything.
+        Err(err) if kept > 0 => {
+            eprintln!(
+                "docker load without the {kept} layer(s) Docker had failed ({err:#}); loading every layer"
+            );
+            load_above(spec, layers, 0, id, what)?;
+            Ok((layers.len(), 0))
+        }
+        Err(err) => Err(err),
+    }
+}
+
+fn load_above(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    kept: usize,
+    id: &str,
+    what: &Path,
+) -> Result<()> {
     let mut spec = spec.clone();
     spec.tag.clear();
     let mut child = Command::new("docker")
@@ -55,7 +129,12 @@ pub(crate) fn load(spec: &ImageSpec, layers: &[Layer], id: &str, what: &Path) ->
         .spawn()
         .context("cannot run `docker load`: is Docker installed and its daemon running?")?;
     let stdin = child.stdin.take().expect("piped");
-    let written = write_docker_archive_to(&spec, layers, BufWriter::with_capacity(1 << 20, stdin));
+    let written = write_docker_archive_above(
+        &spec,
+        layers,
+        kept,
+        BufWriter::with_capacity(1 << 20, stdin),
+    );
     let out = child.wait_with_output().context("docker load")?;
     let said = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {

@@ -430,7 +430,7 @@ fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
     );
     rmi(first.tag());
     rmi(first.id());
-    let id = docker_load(&first).unwrap();
+    let id = docker_load(&first).unwrap().id;
     assert_eq!(id, first.id());
     let inspected = ok(
         "docker",
@@ -447,7 +447,7 @@ fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
     // A rerun: nothing is built, Docker already has it.
     let again = assemble_image(&a.store, &a.inputs, false).unwrap();
     assert!(again.cached);
-    assert_eq!(docker_load(&again).unwrap(), first.id());
+    assert_eq!(docker_load(&again).unwrap().id, first.id());
 
     // The image step's output and the image gone: the same ID and layers.
     std::fs::remove_dir_all(&first.dir).unwrap();
@@ -455,7 +455,7 @@ fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
     not_in_docker(first.id());
     let second = assemble_image(&a.store, &a.inputs, false).unwrap();
     assert!(!second.cached);
-    assert_eq!(docker_load(&second).unwrap(), first.id());
+    assert_eq!(docker_load(&second).unwrap().id, first.id());
     assert_eq!(diff_ids(&second), diff_ids(&first));
     let oci_b = export_oci(&second, &a._dir.path().join("oci-2")).unwrap();
     assert_eq!(oci_b, oci_a);
@@ -550,6 +550,37 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
         "two layer steps built"
     );
     assert_ne!(one.id(), two.id());
+
+    // Loaded after the first, the second sends Docker only the layers from DeepEP's up:
+    // the chain below is Docker's already (the image's ID is still checked).
+    for image in [&one, &two] {
+        rmi(image.tag());
+        rmi(image.id());
+    }
+    // (Other tests' images may share the fixture's base layer: the first load's split
+    // depends on them, the second's does not.)
+    let first = docker_load(&one).unwrap();
+    assert_eq!(first.sent + first.kept, x.len(), "{first:?}");
+    let second = docker_load(&two).unwrap();
+    let deepep = y.iter().zip(&x).take_while(|(a, b)| a == b).count();
+    assert_eq!(second.id, two.id());
+    assert_eq!(
+        (second.sent, second.kept),
+        (x.len() - deepep, deepep),
+        "{second:?}"
+    );
+    assert_eq!(
+        ok(
+            "docker",
+            &["image", "inspect", "--format", "{{.Id}}", two.tag()]
+        )
+        .trim(),
+        two.id()
+    );
+    for image in [&one, &two] {
+        rmi(image.tag());
+        rmi(image.id());
+    }
 }
 
 fn layer_steps(store: &Store) -> usize {
@@ -570,7 +601,7 @@ fn build_expecting_error(f: &Fixture) -> String {
     let tag = format!("{}:{}", f.inputs.name, &f.inputs.lock_sha256[..12]);
     let result = assemble_image(&f.store, &f.inputs, false).and_then(|image| docker_load(&image));
     let err = match result {
-        Ok(id) => panic!("the build succeeded with image {id}"),
+        Ok(loaded) => panic!("the build succeeded with image {}", loaded.id),
         Err(e) => format!("{e:#}"),
     };
     not_in_docker(&tag);

@@ -201,13 +201,19 @@ pub fn image_step(
 /// The image in Docker under its tag (loaded unless Docker has it).
 pub fn load_step(image: &Image) -> Result<String> {
     let t = Instant::now();
-    let id = commstack_image::docker_load(image)?;
+    let loaded = commstack_image::docker_load(image)?;
+    let sent = match (loaded.sent, loaded.kept) {
+        (0, 0) => "Docker had it".to_string(),
+        (sent, 0) => format!("{sent} layers sent"),
+        (sent, kept) => format!("{sent} layers sent, {kept} Docker had"),
+    };
     crate::out!(
-        "loaded: {id} as {} ({:.1} s)",
+        "loaded: {} as {} ({sent}; {:.1} s)",
+        loaded.id,
         image.tag(),
         t.elapsed().as_secs_f64()
     );
-    Ok(id)
+    Ok(loaded.id)
 }
 
 /// Whether Docker has the image `id` under `tag` (`docker image inspect`).
