@@ -91,6 +91,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 ca_file: a.ca_file.as_deref(),
                 fetch: &a.fetch,
                 keep: a.keep,
+                pushed: a.pushed,
             },
         ),
         Which::Lock {

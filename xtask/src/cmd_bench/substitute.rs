@@ -21,6 +21,9 @@ pub struct Request<'a> {
     pub fetch: &'a SourceFetchArgs,
     /// Keep the substituting home afterwards (it holds a whole store, gigabytes).
     pub keep: bool,
+    /// The registry holds this home's image and step outputs already (an earlier run):
+    /// skip the push, find the image by its `lock-<sha256>` tag.
+    pub pushed: bool,
 }
 
 pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
@@ -53,33 +56,10 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     };
 
     // 1. This home's image as an OCI layout (built if it is not), pushed and signed.
-    let oci = scratch.join("oci");
-    let _ = std::fs::remove_dir_all(&oci);
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["build", "image", "--locked", "--no-load", "--oci"])
-        .arg(&oci);
-    fetch_flags(&mut cmd);
-    run("build image --oci", &mut cmd)?;
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["push", "--json", "--registry", req.registry, "--oci"])
-        .arg(&oci)
-        .arg("--key")
-        .arg(req.key);
-    let pushed: serde_json::Value =
-        serde_json::from_slice(&run("push", &mut cmd)?).context("push --json printed no JSON")?;
-    let _ = std::fs::remove_dir_all(&oci);
-    let reference = pushed["reference"]
-        .as_str()
-        .context("push --json: no reference")?
-        .to_string();
-    let image_id = pushed["config_digest"]
-        .as_str()
-        .context("push --json: no config_digest")?
-        .to_string();
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["cache", "push", "--registry", req.registry, "--key"])
-        .arg(req.key);
-    run("cache push", &mut cmd)?;
+    let (reference, image_id) = match req.pushed {
+        true => pushed_image(ctx, req)?,
+        false => push(ctx, req, &scratch, &xtask, &fetch_flags)?,
+    };
     eprintln!("bench: pushed {reference} (image {image_id}) and the step outputs");
 
     // 2. docker pull, with the image (and its layers) gone from Docker first.
@@ -92,6 +72,16 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     let pull_s = t.elapsed().as_secs_f64();
     let pulled = docker_id(&reference)?;
     eprintln!("bench: docker pull {pull_s:.1} s, image {pulled}");
+    // A new machine has none of the image's layers: another image holding some would
+    // have let the pull (and the load) skip them.
+    let others = sharing_layers(&pulled)?;
+    if !others.is_empty() {
+        bail!(
+            "Docker holds other images with layers of {pulled}: {}; the pull did not start from nothing. Remove them (`docker rmi {}`) and run the bench again",
+            others.join(", "),
+            others.join(" ")
+        );
+    }
 
     // 3. build --substitute from nothing: a copy of the stack that trusts the key, an
     //    empty home, the image removed from Docker again.
@@ -188,6 +178,67 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     })
 }
 
+/// Pushes this home's image (an OCI layout, built if it is not) and its step outputs,
+/// signed; returns the image's `repo@sha256:...` and its ID.
+fn push(
+    ctx: &Ctx,
+    req: &Request,
+    scratch: &Path,
+    xtask: &dyn Fn(&Path, &Path) -> Command,
+    fetch_flags: &dyn Fn(&mut Command),
+) -> Result<(String, String)> {
+    let oci = scratch.join("oci");
+    let _ = std::fs::remove_dir_all(&oci);
+    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
+    cmd.args(["build", "image", "--locked", "--no-load", "--oci"])
+        .arg(&oci);
+    fetch_flags(&mut cmd);
+    run("build image --oci", &mut cmd)?;
+    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
+    cmd.args(["push", "--json", "--registry", req.registry, "--oci"])
+        .arg(&oci)
+        .arg("--key")
+        .arg(req.key);
+    let pushed: serde_json::Value =
+        serde_json::from_slice(&run("push", &mut cmd)?).context("push --json printed no JSON")?;
+    let _ = std::fs::remove_dir_all(&oci);
+    let reference = pushed["reference"]
+        .as_str()
+        .context("push --json: no reference")?
+        .to_string();
+    let image_id = pushed["config_digest"]
+        .as_str()
+        .context("push --json: no config_digest")?
+        .to_string();
+    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
+    cmd.args(["cache", "push", "--registry", req.registry, "--key"])
+        .arg(req.key);
+    run("cache push", &mut cmd)?;
+    Ok((reference, image_id))
+}
+
+/// The image an earlier run pushed for this lock: its `lock-<sha256>` tag's manifest.
+fn pushed_image(ctx: &Ctx, req: &Request) -> Result<(String, String)> {
+    let lock = std::fs::read(ctx.lock_path())
+        .with_context(|| format!("cannot read {}", ctx.lock_path().display()))?;
+    let tag = format!("lock-{}", commstack_digest::sha256_hex(&lock));
+    let mut options =
+        commstack_registry::PushOptions::new(commstack_registry::Target::parse(req.registry)?);
+    options.ca_file = req.ca_file.map(Path::to_path_buf);
+    let found = commstack_registry::pull::find_tag(&options, &tag)?.with_context(|| {
+        format!(
+            "{} has no {tag}: run the bench once without --pushed",
+            req.registry
+        )
+    })?;
+    let manifest: serde_json::Value = serde_json::from_slice(&found.manifest)?;
+    let id = manifest["config"]["digest"]
+        .as_str()
+        .context("the pushed manifest has no config digest")?
+        .to_string();
+    Ok((format!("{}@{}", options.target.name(), found.digest), id))
+}
+
 /// Runs `cmd`, its stderr passed through; its stdout, or an error naming `what`.
 fn run(what: &str, cmd: &mut Command) -> Result<Vec<u8>> {
     let out = cmd
@@ -206,6 +257,37 @@ fn remove_image(id: &str) {
     let _ = Command::new("docker")
         .args(["image", "prune", "--force"])
         .output();
+}
+
+/// The images Docker holds, other than `id`, that share a layer with it.
+fn sharing_layers(id: &str) -> Result<Vec<String>> {
+    let layers = |out: &[u8]| -> Vec<String> {
+        serde_json::from_slice::<Vec<String>>(out).unwrap_or_default()
+    };
+    let inspect = |id: &str| {
+        run(
+            "docker inspect",
+            Command::new("docker").args([
+                "image",
+                "inspect",
+                "--format",
+                "{{json .RootFS.Layers}}",
+                id,
+            ]),
+        )
+    };
+    let mine = layers(&inspect(id)?);
+    let all = run(
+        "docker image ls",
+        Command::new("docker").args(["image", "ls", "--all", "--quiet", "--no-trunc"]),
+    )?;
+    let mut others = Vec::new();
+    for other in String::from_utf8_lossy(&all).lines().filter(|o| *o != id) {
+        if layers(&inspect(other)?).iter().any(|l| mine.contains(l)) {
+            others.push(other.to_string());
+        }
+    }
+    Ok(others)
 }
 
 fn docker_id(reference: &str) -> Result<String> {
@@ -242,6 +324,10 @@ pub struct Args {
     /// Keep the substituting home (`<home>/bench/substitute/home`) afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// The registry holds this home's image and step outputs from an earlier run of the
+    /// bench: skip the push (the image is found by its `lock-<sha256>` tag).
+    #[arg(long)]
+    pub pushed: bool,
     #[command(flatten)]
     pub fetch: SourceFetchArgs,
 }
