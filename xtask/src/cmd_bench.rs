@@ -92,6 +92,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 fetch: &a.fetch,
                 keep: a.keep,
                 pushed: a.pushed,
+                then: a.then.as_deref(),
             },
         ),
         Which::Lock {

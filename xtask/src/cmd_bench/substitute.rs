@@ -3,7 +3,10 @@
 //! both signed); then, with the image removed from Docker, `docker pull` of the pushed
 //! reference is timed against `build --substitute` in an empty COMMSTACK_HOME (no store,
 //! no download cache), which ends with the image loaded and statically verified. Both
-//! must give the same image ID; the target is at most 1.2x docker pull's time.
+//! must give the same image ID; the target is at most 1.2x docker pull's time. With
+//! `--then STACK`, an update follows: STACK's image (a change that moves some layers) is
+//! pushed from this home and reached both ways again from that machine, whose home and
+//! Docker hold the first image, so only the layers that moved travel.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -24,109 +27,267 @@ pub struct Request<'a> {
     /// The registry holds this home's image and step outputs already (an earlier run):
     /// skip the push, find the image by its `lock-<sha256>` tag.
     pub pushed: bool,
+    /// Then an update: this stack's image (another lock, some layers the same) pushed
+    /// and reached from the first substitution's home and Docker.
+    pub then: Option<&'a Path>,
+}
+
+/// An image in the registry: `repo@sha256:...` and its ID.
+struct Pushed {
+    reference: String,
+    id: String,
+}
+
+/// One way to the image, timed.
+struct Timed {
+    seconds: f64,
+    /// The image ID Docker holds afterwards.
+    id: String,
+    /// build's JSON summary (None for docker pull).
+    summary: Option<serde_json::Value>,
+}
+
+/// The bench's fixed parts: the xtask binary, its scratch directory, the flags it passes.
+struct Bench<'a> {
+    req: &'a Request<'a>,
+    exe: PathBuf,
+    scratch: PathBuf,
+    /// `ed25519:<base64>` of the signing key: the stack copies trust it.
+    public: String,
 }
 
 pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
-    let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let scratch = ctx.home.join("bench").join("substitute");
     std::fs::create_dir_all(&scratch)
         .with_context(|| format!("cannot create {}", scratch.display()))?;
-    let xtask = |home: &Path, stack: &Path| {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("--stack")
-            .arg(stack)
-            .arg("--home")
-            .arg(home)
-            .stdin(Stdio::null());
-        if let Some(ca) = req.ca_file {
-            cmd.env("COMMSTACK_REGISTRY_CA", ca);
-        }
-        cmd
-    };
-    let fetch_flags = |cmd: &mut Command| {
-        for m in &req.fetch.mirror {
-            cmd.args(["--mirror", m]);
-        }
-        if req.fetch.accept_tree_match {
-            cmd.arg("--accept-tree-match");
-        }
-        if req.fetch.offline {
-            cmd.arg("--offline");
-        }
+    let key = commstack_registry::sign::read_signing_key(req.key)?;
+    let bench = Bench {
+        req,
+        exe: std::env::current_exe().context("cannot find the xtask binary")?,
+        scratch,
+        public: commstack_registry::sign::public_key_text(&key.verifying_key()),
     };
 
-    // 1. This home's image as an OCI layout (built if it is not), pushed and signed.
-    let (reference, image_id) = match req.pushed {
+    // 1. This home's image and step outputs in the registry.
+    let first = match req.pushed {
         true => pushed_image(ctx, req)?,
-        false => push(ctx, req, &scratch, &xtask, &fetch_flags)?,
+        false => bench.push(ctx)?,
     };
-    eprintln!("bench: pushed {reference} (image {image_id}) and the step outputs");
+    eprintln!(
+        "bench: pushed {} (image {}) and the step outputs",
+        first.reference, first.id
+    );
 
     // 2. docker pull, with the image (and its layers) gone from Docker first.
-    remove_image(&image_id);
-    let t = Instant::now();
-    run(
-        "docker pull",
-        Command::new("docker").args(["pull", "--quiet", &reference]),
-    )?;
-    let pull_s = t.elapsed().as_secs_f64();
-    let pulled = docker_id(&reference)?;
-    eprintln!("bench: docker pull {pull_s:.1} s, image {pulled}");
+    remove_image(&first.id);
+    let pull = time_pull(&first)?;
     // A new machine has none of the image's layers: another image holding some would
     // have let the pull (and the load) skip them.
-    let others = sharing_layers(&pulled)?;
+    let others = sharing_layers(&pull.id)?;
     if !others.is_empty() {
         bail!(
-            "Docker holds other images with layers of {pulled}: {}; the pull did not start from nothing. Remove them (`docker rmi {}`) and run the bench again",
+            "Docker holds other images with layers of {}: {}; the pull did not start from nothing. Remove them (`docker rmi {}`) and run the bench again",
+            pull.id,
             others.join(", "),
             others.join(" ")
         );
     }
 
-    // 3. build --substitute from nothing: a copy of the stack that trusts the key, an
-    //    empty home, the image removed from Docker again.
-    remove_image(&image_id);
-    let key = commstack_registry::sign::read_signing_key(req.key)?;
-    let public = commstack_registry::sign::public_key_text(&key.verifying_key());
-    let stack_dir = scratch.join("stack");
-    let home = scratch.join("home");
-    for dir in [&stack_dir, &home] {
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir)?;
-    }
-    let stack = stack_dir.join("stack.toml");
-    let text = std::fs::read_to_string(&ctx.stack_path)?;
-    if text.contains("[cache]") {
-        bail!(
-            "{} has a [cache] section: run the bench on a stack without one (it adds its own)",
-            ctx.stack_path.display()
+    // 3. build --substitute from nothing: an empty home, the image removed from Docker
+    //    again.
+    remove_image(&first.id);
+    let home = bench.scratch.join("home");
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home)?;
+    let substituted = bench.time_substitute(ctx, &home)?;
+    let mut ok = report(
+        "A new machine: an empty home, no layer of the image in Docker",
+        &first,
+        &pull,
+        &substituted,
+    );
+
+    // 4. The update: another stack's image (only some layers differ) pushed from this
+    //    home, then reached from the machine of 2 and 3 (its home, its Docker holding the
+    //    first image) both ways.
+    if let Some(then) = req.then {
+        let next_ctx = Ctx::new(commstack_pipeline::ctx::GlobalArgs {
+            stack: Some(then.to_path_buf()),
+            home: Some(ctx.home.clone()),
+            quiet: ctx.quiet,
+        })?;
+        let next = bench.push(&next_ctx)?;
+        eprintln!(
+            "bench: pushed the update {} (image {})",
+            next.reference, next.id
+        );
+        remove_image(&next.id);
+        let pull = time_pull(&next)?;
+        let moved = layers_moved(&first.id, &next.id)?;
+        // The update's own layers go; the first image keeps the ones they share.
+        remove_image(&next.id);
+        let substituted = bench.time_substitute(&next_ctx, &home)?;
+        println!();
+        ok &= report(
+            &format!(
+                "The update to {}: the home and Docker of the new machine above, {moved}",
+                then.display()
+            ),
+            &next,
+            &pull,
+            &substituted,
         );
     }
-    std::fs::write(
-        &stack,
-        format!("{text}\n[cache]\ntrusted-keys = [\"{public}\"]\n"),
-    )?;
-    std::fs::copy(ctx.lock_path(), stack_dir.join("stack.lock"))?;
-    std::fs::copy(
-        commstack_pipeline::flow::lock::requirements_path(ctx),
-        stack_dir.join("requirements.lock"),
-    )?;
-    let mut cmd = xtask(&home, &stack);
-    cmd.args(["build", "--locked", "--json", "--substitute", req.registry]);
-    fetch_flags(&mut cmd);
-    let t = Instant::now();
-    let summary: serde_json::Value = serde_json::from_slice(&run("build --substitute", &mut cmd)?)
-        .context("build --json printed no JSON")?;
-    let substitute_s = t.elapsed().as_secs_f64();
-    // The image Docker holds under the tag the load step gave it.
-    let tag = loaded_tag(&summary).context("build --substitute's summary names no loaded image")?;
-    let built = docker_id(&tag)?;
+    if !req.keep {
+        let _ = std::fs::remove_dir_all(&home);
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
 
+impl Bench<'_> {
+    fn xtask(&self, home: &Path, stack: &Path) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("--stack")
+            .arg(stack)
+            .arg("--home")
+            .arg(home)
+            .stdin(Stdio::null());
+        if let Some(ca) = self.req.ca_file {
+            cmd.env("COMMSTACK_REGISTRY_CA", ca);
+        }
+        cmd
+    }
+
+    fn fetch_flags(&self, cmd: &mut Command) {
+        for m in &self.req.fetch.mirror {
+            cmd.args(["--mirror", m]);
+        }
+        if self.req.fetch.accept_tree_match {
+            cmd.arg("--accept-tree-match");
+        }
+        if self.req.fetch.offline {
+            cmd.arg("--offline");
+        }
+    }
+
+    /// `ctx`'s image (an OCI layout, built if it is not) and its step outputs, pushed and
+    /// signed.
+    fn push(&self, ctx: &Ctx) -> Result<Pushed> {
+        let oci = self.scratch.join("oci");
+        let _ = std::fs::remove_dir_all(&oci);
+        let mut cmd = self.xtask(&ctx.home, &ctx.stack_path);
+        cmd.args(["build", "image", "--locked", "--no-load", "--oci"])
+            .arg(&oci);
+        self.fetch_flags(&mut cmd);
+        run("build image --oci", &mut cmd)?;
+        let mut cmd = self.xtask(&ctx.home, &ctx.stack_path);
+        cmd.args(["push", "--json", "--registry", self.req.registry, "--oci"])
+            .arg(&oci)
+            .arg("--key")
+            .arg(self.req.key);
+        let pushed: serde_json::Value = serde_json::from_slice(&run("push", &mut cmd)?)
+            .context("push --json printed no JSON")?;
+        let _ = std::fs::remove_dir_all(&oci);
+        let mut cmd = self.xtask(&ctx.home, &ctx.stack_path);
+        cmd.args(["cache", "push", "--registry", self.req.registry, "--key"])
+            .arg(self.req.key);
+        run("cache push", &mut cmd)?;
+        Ok(Pushed {
+            reference: pushed["reference"]
+                .as_str()
+                .context("push --json: no reference")?
+                .to_string(),
+            id: pushed["config_digest"]
+                .as_str()
+                .context("push --json: no config_digest")?
+                .to_string(),
+        })
+    }
+
+    /// `build --substitute --locked` of a copy of `ctx`'s stack that trusts the key, in
+    /// `home`, timed to the loaded and statically verified image.
+    fn time_substitute(&self, ctx: &Ctx, home: &Path) -> Result<Timed> {
+        let stack_dir = self.scratch.join("stack");
+        let _ = std::fs::remove_dir_all(&stack_dir);
+        std::fs::create_dir_all(&stack_dir)?;
+        let stack = stack_dir.join("stack.toml");
+        let text = std::fs::read_to_string(&ctx.stack_path)?;
+        if text.contains("[cache]") {
+            bail!(
+                "{} has a [cache] section: run the bench on a stack without one (it adds its own)",
+                ctx.stack_path.display()
+            );
+        }
+        std::fs::write(
+            &stack,
+            format!("{text}\n[cache]\ntrusted-keys = [\"{}\"]\n", self.public),
+        )?;
+        std::fs::copy(ctx.lock_path(), stack_dir.join("stack.lock"))?;
+        std::fs::copy(
+            commstack_pipeline::flow::lock::requirements_path(ctx),
+            stack_dir.join("requirements.lock"),
+        )?;
+        let mut cmd = self.xtask(home, &stack);
+        cmd.args([
+            "build",
+            "--locked",
+            "--json",
+            "--substitute",
+            self.req.registry,
+        ]);
+        self.fetch_flags(&mut cmd);
+        let t = Instant::now();
+        let summary: serde_json::Value =
+            serde_json::from_slice(&run("build --substitute", &mut cmd)?)
+                .context("build --json printed no JSON")?;
+        let seconds = t.elapsed().as_secs_f64();
+        // The image Docker holds under the tag the load step gave it.
+        let tag =
+            loaded_tag(&summary).context("build --substitute's summary names no loaded image")?;
+        Ok(Timed {
+            seconds,
+            id: docker_id(&tag)?,
+            summary: Some(summary),
+        })
+    }
+}
+
+/// `docker pull` of the pushed reference, timed.
+fn time_pull(pushed: &Pushed) -> Result<Timed> {
+    let t = Instant::now();
+    run(
+        "docker pull",
+        Command::new("docker").args(["pull", "--quiet", &pushed.reference]),
+    )?;
+    let seconds = t.elapsed().as_secs_f64();
+    let id = docker_id(&pushed.reference)?;
+    eprintln!("bench: docker pull {seconds:.1} s, image {id}");
+    Ok(Timed {
+        seconds,
+        id,
+        summary: None,
+    })
+}
+
+/// Prints the two ways and the steps; false when the IDs differ, a step compiled, or the
+/// ratio is over the target.
+fn report(title: &str, pushed: &Pushed, pull: &Timed, substituted: &Timed) -> bool {
+    let summary = substituted.summary.clone().unwrap_or_default();
+    println!("{title}:");
+    println!();
     println!("| way to the image | seconds | image ID |");
     println!("|---|---|---|");
-    println!("| `docker pull {reference}` | {pull_s:.1} | {pulled} |");
     println!(
-        "| `build --substitute` in an empty home (to the loaded, statically verified image) | {substitute_s:.1} | {built} |"
+        "| `docker pull {}` | {:.1} | {} |",
+        pushed.reference, pull.seconds, pull.id
+    );
+    println!(
+        "| `build --substitute` (to the loaded, statically verified image) | {:.1} | {} |",
+        substituted.seconds, substituted.id
     );
     println!();
     println!("| step | outcome | seconds |");
@@ -139,16 +300,14 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
             row["seconds"].as_f64().unwrap_or(0.0)
         );
     }
-    let ratio = substitute_s / pull_s;
+    let ratio = substituted.seconds / pull.seconds;
     println!();
     println!("ratio {ratio:.2}x docker pull (target <= 1.2x)");
-    if !req.keep {
-        let _ = std::fs::remove_dir_all(&home);
-    }
     let mut ok = true;
-    if built != pulled || pulled != image_id {
+    if substituted.id != pull.id || pull.id != pushed.id {
         eprintln!(
-            "bench: the image IDs differ: pushed {image_id}, pulled {pulled}, substituted {built}"
+            "bench: the image IDs differ: pushed {}, pulled {}, substituted {}",
+            pushed.id, pull.id, substituted.id
         );
         ok = false;
     }
@@ -171,54 +330,31 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
         eprintln!("bench: {ratio:.2}x docker pull's time is over the 1.2x target");
         ok = false;
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    ok
 }
 
-/// Pushes this home's image (an OCI layout, built if it is not) and its step outputs,
-/// signed; returns the image's `repo@sha256:...` and its ID.
-fn push(
-    ctx: &Ctx,
-    req: &Request,
-    scratch: &Path,
-    xtask: &dyn Fn(&Path, &Path) -> Command,
-    fetch_flags: &dyn Fn(&mut Command),
-) -> Result<(String, String)> {
-    let oci = scratch.join("oci");
-    let _ = std::fs::remove_dir_all(&oci);
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["build", "image", "--locked", "--no-load", "--oci"])
-        .arg(&oci);
-    fetch_flags(&mut cmd);
-    run("build image --oci", &mut cmd)?;
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["push", "--json", "--registry", req.registry, "--oci"])
-        .arg(&oci)
-        .arg("--key")
-        .arg(req.key);
-    let pushed: serde_json::Value =
-        serde_json::from_slice(&run("push", &mut cmd)?).context("push --json printed no JSON")?;
-    let _ = std::fs::remove_dir_all(&oci);
-    let reference = pushed["reference"]
-        .as_str()
-        .context("push --json: no reference")?
-        .to_string();
-    let image_id = pushed["config_digest"]
-        .as_str()
-        .context("push --json: no config_digest")?
-        .to_string();
-    let mut cmd = xtask(&ctx.home, &ctx.stack_path);
-    cmd.args(["cache", "push", "--registry", req.registry, "--key"])
-        .arg(req.key);
-    run("cache push", &mut cmd)?;
-    Ok((reference, image_id))
+/// "k of n layers moved" from image `from` to `to` (both in Docker).
+fn layers_moved(from: &str, to: &str) -> Result<String> {
+    let layers = |id: &str| -> Result<Vec<String>> {
+        let out = run(
+            "docker inspect",
+            Command::new("docker").args([
+                "image",
+                "inspect",
+                "--format",
+                "{{json .RootFS.Layers}}",
+                id,
+            ]),
+        )?;
+        Ok(serde_json::from_slice(&out).unwrap_or_default())
+    };
+    let (old, new) = (layers(from)?, layers(to)?);
+    let moved = new.iter().filter(|l| !old.contains(l)).count();
+    Ok(format!("{moved} of {} layers moved", new.len()))
 }
 
 /// The image an earlier run pushed for this lock: its `lock-<sha256>` tag's manifest.
-fn pushed_image(ctx: &Ctx, req: &Request) -> Result<(String, String)> {
+fn pushed_image(ctx: &Ctx, req: &Request) -> Result<Pushed> {
     let lock = std::fs::read(ctx.lock_path())
         .with_context(|| format!("cannot read {}", ctx.lock_path().display()))?;
     let tag = format!("lock-{}", commstack_digest::sha256_hex(&lock));
@@ -236,7 +372,10 @@ fn pushed_image(ctx: &Ctx, req: &Request) -> Result<(String, String)> {
         .as_str()
         .context("the pushed manifest has no config digest")?
         .to_string();
-    Ok((format!("{}@{}", options.target.name(), found.digest), id))
+    Ok(Pushed {
+        reference: format!("{}@{}", options.target.name(), found.digest),
+        id,
+    })
 }
 
 /// Runs `cmd`, its stderr passed through; its stdout, or an error naming `what`.
@@ -328,6 +467,11 @@ pub struct Args {
     /// bench: skip the push (the image is found by its `lock-<sha256>` tag).
     #[arg(long)]
     pub pushed: bool,
+    /// Then time an update: STACK (locked; a change that moves some layers, such as
+    /// DeepEP's or an extra requirement) is built and pushed from this home, and reached
+    /// both ways from the machine of the first run, whose Docker holds the first image.
+    #[arg(long, value_name = "STACK")]
+    pub then: Option<PathBuf>,
     #[command(flatten)]
     pub fetch: SourceFetchArgs,
 }
