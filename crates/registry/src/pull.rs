@@ -227,7 +227,8 @@ async fn pull_blob_async(
                 failures += 1;
                 let cause = match &err {
                     Failed::Registry(e) => root_cause(e),
-                    Failed::Stream(e) => e.to_string(),
+                    // The innermost: "peer closed connection", not "error decoding response body".
+                    Failed::Stream(e) => root_cause(e),
                     Failed::Local(_) | Failed::TooLong => unreachable!(),
                 };
                 if failures >= options.retry.attempts.max(1) {

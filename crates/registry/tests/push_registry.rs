@@ -1,7 +1,8 @@
 //! Pushes against a real registry (testkit's [`TestRegistry`]: Debian's docker-registry on
 //! 127.0.0.1 with TLS from a CA made for the test and htpasswd auth). The image is written
 //! by the image crate (layer tars, OCI layout, docker-archive). skopeo and Docker read
-//! what was pushed.
+//! what was pushed. A registry gone in the middle of a blob is testkit's [`CutProxy`]
+//! cutting the connections after a byte count.
 //!
 //! docker-registry, openssl, htpasswd (apache2-utils), skopeo and Docker are required: a
 //! missing one fails the test. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips them instead.
@@ -12,12 +13,16 @@ use std::time::{Duration, Instant};
 
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{
-    REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry, skip_registry_tests,
+    CutProxy, Direction, REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry,
+    skip_registry_tests,
 };
 
 use commstack_image::{ImageSpec, OciImage, write_docker_archive, write_layer, write_oci_layout};
 use commstack_registry::RegistryAuth;
-use commstack_registry::{Credentials, PushOptions, Pushed, RetryPolicy, Target, push_layout};
+use commstack_registry::artifact::{Artifact, write_artifact_layout};
+use commstack_registry::{
+    Credentials, Layout, PushOptions, Pushed, RetryPolicy, Target, push_layout,
+};
 
 const EPOCH: u64 = 1_764_547_200; // 2025-12-01T00:00:00Z
 const REPO: &str = "commstack/test";
@@ -429,4 +434,170 @@ fn docker_pulls_the_pushed_digest_as_the_loaded_image_id() {
     let pulled_id = String::from_utf8_lossy(&id.stdout).trim().to_string();
     run("docker", &["rmi", "-f", &pulled_id]);
     assert_eq!(pulled_id, loaded_id, "docker pull gives the docker load ID");
+}
+
+/// `len` bytes of xorshift noise from `seed`: incompressible, and the same every run.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(len + 8);
+    let mut x = seed | 1;
+    while bytes.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+/// The big layer's size: large enough that a cut at half of it lands well inside its
+/// upload, whatever the requests before it cost.
+const BIG: u64 = 32 << 20;
+
+/// An OCI layout (an artifact: config, two small layers, then a [`BIG`] one) in
+/// `root/oci`, uploaded in that order with one job, so that the small ones are stored
+/// before the big one starts.
+fn three_layers(root: &Path) -> Layout {
+    let layers = [
+        ("small-1", noise(4 << 10, 1)),
+        ("small-2", noise(8 << 10, 2)),
+    ]
+    .into_iter()
+    .chain([("big", noise(BIG as usize, 3))])
+    .map(|(name, bytes)| {
+        let path = root.join(format!("{name}.bin"));
+        std::fs::write(&path, bytes).unwrap();
+        ("application/octet-stream".to_string(), path)
+    })
+    .collect();
+    let dir = root.join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
+            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
+            config: br#"{"name":"cut"}"#.to_vec(),
+            layers,
+            annotations: Default::default(),
+            subject: None,
+        },
+        &dir,
+    )
+    .unwrap();
+    Layout::open(&dir).unwrap()
+}
+
+/// skopeo finds no manifest at `reference` (it fails, saying the manifest is unknown).
+fn assert_no_manifest(registry: &TestRegistry, reference: &str) {
+    let out = Command::new("skopeo")
+        .args([
+            "inspect",
+            "--raw",
+            "--cert-dir",
+            registry.cert_dir().to_str().unwrap(),
+            "--creds",
+            &format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
+            &format!("docker://{reference}"),
+        ])
+        .output()
+        .expect("skopeo is needed for this test (Debian: skopeo)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{reference} exists after a failed push"
+    );
+    assert!(stderr.contains("manifest unknown"), "{reference}: {stderr}");
+}
+
+/// The stored blob files of `digests` (inode and mtime: equal later means not rewritten).
+fn stored(registry: &TestRegistry, digests: &[String]) -> Vec<(String, u64, i64, i64)> {
+    let hexes: Vec<&str> = digests
+        .iter()
+        .map(|d| d.strip_prefix("sha256:").unwrap())
+        .collect();
+    registry
+        .blob_files()
+        .into_iter()
+        .filter(|(hex, ..)| hexes.contains(&hex.as_str()))
+        .collect()
+}
+
+/// The registry gone in the middle of a blob's upload (a proxy cuts every connection
+/// after half the big blob, and refuses new ones, so the retries fail too): the push
+/// fails naming the blob, the registry and what a rerun does, and leaves no manifest or
+/// tag behind, only the whole blobs sent before. Healed, the rerun sends the big blob
+/// alone (the HEADs find the others) and the manifest reads back.
+#[test]
+fn a_push_cut_mid_blob_fails_clearly_and_the_rerun_sends_only_what_is_missing() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let proxy = CutProxy::start(&registry.host());
+    let work = tempfile::tempdir().unwrap();
+    let layout = three_layers(work.path());
+    let (big, before_big) = layout.blobs.split_last().unwrap();
+    assert_eq!(big.size, BIG);
+    let before_big: Vec<String> = before_big.iter().map(|b| b.digest.clone()).collect();
+    let mut options = good(&registry);
+    options.target = Target::parse(&format!("{}/{REPO}", proxy.host())).unwrap();
+    options.tag = Some("cut".into());
+    // In layout order: the cut lands in the big blob, after the small ones are stored.
+    options.jobs = 1;
+    let by_tag = format!("{}/{REPO}:cut", registry.host());
+    let by_digest = format!("{}/{REPO}@{}", registry.host(), layout.manifest_digest);
+
+    proxy.cut_after(Direction::ToServer, BIG / 2);
+    let started = Instant::now();
+    let err = push_layout(&layout.dir, &options).unwrap_err();
+    let text = format!("{err:#}");
+    eprintln!(
+        "cut push failed in {:.2} s: {text}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(proxy.is_cut(), "the push failed before the cut: {text}");
+    for needed in [
+        proxy.host().as_str(),
+        REPO,
+        big.digest.as_str(),
+        "layer 3 of 3",
+        "rerun",
+    ] {
+        assert!(text.contains(needed), "{needed:?} not in: {text}");
+    }
+    // Nothing half-written: the blobs sent before the cut are stored whole, the big one
+    // is not a blob, and neither the manifest nor the tag exists.
+    let kept = stored(&registry, &before_big);
+    assert_eq!(kept.len(), before_big.len(), "stored: {kept:?}");
+    assert!(stored(&registry, std::slice::from_ref(&big.digest)).is_empty());
+    assert_no_manifest(&registry, &by_digest);
+    assert_no_manifest(&registry, &by_tag);
+
+    proxy.heal();
+    let sent_before = proxy.moved(Direction::ToServer);
+    let started = Instant::now();
+    let pushed = push_layout(&layout.dir, &options).unwrap();
+    let sent = proxy.moved(Direction::ToServer) - sent_before;
+    eprintln!(
+        "rerun: {:.2} s, {sent} bytes sent",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(pushed.uploaded, vec![big.digest.clone()], "{pushed:?}");
+    assert_eq!(pushed.present, before_big);
+    assert_eq!(pushed.bytes_uploaded, BIG);
+    // The proxy's count agrees: the big blob once, plus requests and TLS (< 1 MiB).
+    assert!(
+        (BIG..BIG + (1 << 20)).contains(&sent),
+        "{sent} bytes sent for a {BIG} byte blob"
+    );
+    assert_eq!(stored(&registry, &before_big), kept, "rewritten");
+    let big_stored = registry.blob_data(&big.digest);
+    assert_eq!(
+        format!(
+            "sha256:{}",
+            commstack_digest::sha256_file(&big_stored).unwrap()
+        ),
+        big.digest
+    );
+    assert_eq!(skopeo_raw(&registry, &by_digest), layout.manifest);
+    assert_eq!(skopeo_raw(&registry, &by_tag), layout.manifest);
 }

@@ -24,14 +24,18 @@
 //! headers only. Routes are keyed by path without the query string.
 //!
 //! [`TestRegistry`] is a real OCI registry (Debian's docker-registry) on `127.0.0.1` with
-//! TLS and htpasswd auth.
+//! TLS and htpasswd auth. [`CutProxy`] sits in front of it (or any TCP server) and cuts
+//! every connection once a given number of bytes has passed one way: a server gone in the
+//! middle of a blob, at a byte count.
 
+pub mod cut_proxy;
 mod http;
 pub mod native;
 pub mod pypi;
 pub mod registry;
 mod server;
 
+pub use cut_proxy::{CutProxy, Direction};
 pub use registry::{
     REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry, skip_registry_tests,
 };

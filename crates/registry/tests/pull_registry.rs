@@ -1,0 +1,205 @@
+//! Blob downloads against a real registry (testkit's docker-registry with TLS and
+//! htpasswd auth) through testkit's [`CutProxy`], which cuts every connection once a
+//! given number of bytes has come back from the registry and refuses new ones until
+//! healed: the registry gone in the middle of a blob. The partial file is kept, and the
+//! rerun asks for the rest only (a range request); a partial file with wrong bytes never
+//! becomes a wrong blob.
+//!
+//! docker-registry, openssl and htpasswd (apache2-utils) are required: a missing one fails
+//! the test. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips them instead.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use commstack_registry::artifact::{Artifact, write_artifact_layout};
+use commstack_registry::pull::pull_blob;
+use commstack_registry::{
+    Credentials, Layout, PushOptions, RegistryAuth, RetryPolicy, Target, push_layout,
+};
+use commstack_testkit::{
+    CutProxy, Direction, REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests,
+};
+
+const REPO: &str = "commstack/pull";
+/// The blob's size: the cut lands at half of it.
+const BIG: u64 = 32 << 20;
+
+/// Options for `host` (the registry's or the proxy's), with a short retry.
+fn options(host: &str, registry: &TestRegistry) -> PushOptions {
+    let target = Target::parse(&format!("{host}/{REPO}")).unwrap();
+    let mut options = PushOptions::new(target);
+    options.ca_file = Some(registry.ca());
+    options.progress = false;
+    options.credentials = Some(Credentials {
+        auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
+        source: "the test".into(),
+    });
+    options.retry = RetryPolicy {
+        attempts: 2,
+        backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(100),
+    };
+    options
+}
+
+/// `len` bytes of xorshift noise: incompressible, and the same every run.
+fn noise(len: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(len + 8);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while bytes.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+/// A registry holding one [`BIG`] blob (pushed directly, not through the proxy), the
+/// proxy in front of it, the blob's bytes and digest.
+struct Setup {
+    registry: TestRegistry,
+    proxy: CutProxy,
+    bytes: Vec<u8>,
+    digest: String,
+    work: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().unwrap();
+    let bytes = noise(BIG as usize);
+    let file = work.path().join("big.bin");
+    std::fs::write(&file, &bytes).unwrap();
+    let dir = work.path().join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
+            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
+            config: br#"{"name":"pull"}"#.to_vec(),
+            layers: vec![("application/octet-stream".into(), file)],
+            annotations: Default::default(),
+            subject: None,
+        },
+        &dir,
+    )
+    .unwrap();
+    push_layout(&dir, &options(&registry.host(), &registry)).unwrap();
+    let digest = Layout::open(&dir).unwrap().blobs[1].digest.clone();
+    let proxy = CutProxy::start(&registry.host());
+    Setup {
+        registry,
+        proxy,
+        bytes,
+        digest,
+        work,
+    }
+}
+
+impl Setup {
+    fn through_proxy(&self) -> PushOptions {
+        options(&self.proxy.host(), &self.registry)
+    }
+
+    fn part(&self) -> PathBuf {
+        self.work.path().join("blob.part")
+    }
+
+    /// A pull through the proxy cut after half the blob came back: it fails, naming the
+    /// blob and the registry and saying a rerun resumes, and keeps a prefix of the blob.
+    /// Returns the prefix's length.
+    fn cut_pull(&self) -> u64 {
+        self.proxy.cut_after(Direction::ToClient, BIG / 2);
+        let started = Instant::now();
+        let err = pull_blob(&self.through_proxy(), &self.digest, BIG, &self.part()).unwrap_err();
+        let text = format!("{err:#}");
+        eprintln!(
+            "cut pull failed in {:.2} s: {text}",
+            started.elapsed().as_secs_f64()
+        );
+        assert!(
+            self.proxy.is_cut(),
+            "the pull failed before the cut: {text}"
+        );
+        for needed in [
+            self.proxy.host().as_str(),
+            REPO,
+            self.digest.as_str(),
+            "rerun resumes",
+        ] {
+            assert!(text.contains(needed), "{needed:?} not in: {text}");
+        }
+        let kept = std::fs::read(self.part()).unwrap();
+        let have = kept.len() as u64;
+        assert!(0 < have && have < BIG, "{have} bytes kept of {BIG}");
+        assert!(
+            kept == self.bytes[..kept.len()],
+            "the kept bytes are a prefix"
+        );
+        have
+    }
+
+    /// Heals the proxy and pulls again into the same file; returns the bytes that came
+    /// back through the proxy.
+    fn healed_pull(&self) -> u64 {
+        self.proxy.heal();
+        let before = self.proxy.moved(Direction::ToClient);
+        let started = Instant::now();
+        pull_blob(&self.through_proxy(), &self.digest, BIG, &self.part()).unwrap();
+        let received = self.proxy.moved(Direction::ToClient) - before;
+        eprintln!(
+            "rerun: {:.2} s, {received} bytes received",
+            started.elapsed().as_secs_f64()
+        );
+        received
+    }
+
+    /// The file is the blob: its bytes, and so its digest.
+    fn assert_whole(&self, path: &Path) {
+        let hex = commstack_digest::sha256_file(path).unwrap();
+        assert_eq!(format!("sha256:{hex}"), self.digest);
+        assert!(std::fs::read(path).unwrap() == self.bytes);
+    }
+}
+
+/// Requests, headers and TLS records that come back besides the blob's bytes.
+const OVERHEAD: u64 = 256 << 10;
+
+#[test]
+fn a_pull_cut_mid_blob_keeps_its_bytes_and_the_rerun_fetches_only_the_rest() {
+    if skip_registry_tests() {
+        return;
+    }
+    let s = setup();
+    let have = s.cut_pull();
+    let received = s.healed_pull();
+    s.assert_whole(&s.part());
+    // A range request from the kept length: the rest of the blob came back, not all of it.
+    let rest = BIG - have;
+    assert!(
+        (rest..rest + OVERHEAD).contains(&received),
+        "{received} bytes came back for the {rest} missing"
+    );
+}
+
+#[test]
+fn a_partial_download_with_wrong_bytes_is_dropped_and_fetched_whole() {
+    if skip_registry_tests() {
+        return;
+    }
+    let s = setup();
+    let have = s.cut_pull();
+    // One byte of the kept prefix damaged (a disk, another run's file): resumed, the
+    // whole does not hash to the digest, and the pull starts over from the first byte.
+    let mut kept = std::fs::read(s.part()).unwrap();
+    kept[(have / 2) as usize] ^= 0x01;
+    std::fs::write(s.part(), &kept).unwrap();
+    let received = s.healed_pull();
+    s.assert_whole(&s.part());
+    let rest = BIG - have;
+    assert!(
+        (rest + BIG..rest + BIG + OVERHEAD).contains(&received),
+        "{received} bytes came back: the rest ({rest}), then the whole blob ({BIG})"
+    );
+}
