@@ -95,14 +95,53 @@ async fn find_tag_async(options: &PushOptions, tag: &str) -> Result<Option<Found
 /// continuing what `part` holds already; on Ok the file is the whole blob and its sha256
 /// is `digest`. A blob whose bytes do not hash to its digest is removed and refused.
 pub fn pull_blob(options: &PushOptions, digest: &str, size: u64, part: &Path) -> Result<()> {
-    let runtime = runtime()?;
+    runtime()?.block_on(pull_blob_resuming(options, digest, size, part))
+}
+
+/// A blob to download.
+#[derive(Clone, Debug)]
+pub struct Wanted {
+    /// `sha256:<hex>`.
+    pub digest: String,
+    pub size: u64,
+    /// The file it goes to.
+    pub part: std::path::PathBuf,
+    /// What it is, for errors (`image-layer-<hash>/layer.tar`).
+    pub name: String,
+}
+
+/// Several blobs, `jobs` at a time, each as [`pull_blob`] downloads it; stops at the first
+/// failure (the others keep what they received, for the rerun). One stream at a time
+/// leaves the second core and the disk idle while a multi-GB image comes in.
+pub fn pull_blobs(options: &PushOptions, blobs: &[Wanted], jobs: usize) -> Result<()> {
+    // One bar per blob would interleave: the caller says what is coming instead.
+    let mut quiet = options.clone();
+    quiet.progress = false;
+    runtime()?.block_on(async {
+        futures::stream::iter(blobs.iter().map(|w| async {
+            pull_blob_resuming(&quiet, &w.digest, w.size, &w.part)
+                .await
+                .with_context(|| w.name.clone())
+        }))
+        .buffer_unordered(jobs.max(1))
+        .collect::<Vec<Result<()>>>()
+        .await
+        .into_iter()
+        .collect::<Result<()>>()
+    })
+}
+
+async fn pull_blob_resuming(
+    options: &PushOptions,
+    digest: &str,
+    size: u64,
+    part: &Path,
+) -> Result<()> {
     let resumed = std::fs::metadata(part).is_ok_and(|m| m.len() > 0);
-    match runtime.block_on(pull_blob_async(options, digest, size, part)) {
+    match pull_blob_async(options, digest, size, part).await {
         // The bytes an earlier run left may be what was wrong (another blob's, a damaged
         // disk): the file is gone now, so once more from the first byte.
-        Err(_) if resumed && !part.exists() => {
-            runtime.block_on(pull_blob_async(options, digest, size, part))
-        }
+        Err(_) if resumed && !part.exists() => pull_blob_async(options, digest, size, part).await,
         other => other,
     }
 }
@@ -164,13 +203,18 @@ async fn pull_blob_async(
                     BlobResponse::Full(s) => (s, 0),
                 },
             };
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(offset > 0)
-                .write(true)
-                .truncate(offset == 0)
-                .open(part)
-                .map_err(|e| Failed::Local(e.into()))?;
+            // Buffered: the stream's chunks are small. Not synced: the file is hashed
+            // again before a rerun continues it, so a crash costs a download, not trust.
+            let mut file = std::io::BufWriter::with_capacity(
+                1 << 20,
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(offset > 0)
+                    .write(true)
+                    .truncate(offset == 0)
+                    .open(part)
+                    .map_err(|e| Failed::Local(e.into()))?,
+            );
             if offset == 0 {
                 hasher = Sha256::new();
                 have = 0;
@@ -188,7 +232,7 @@ async fn pull_blob_async(
                 have += chunk.len() as u64;
                 bar.inc(chunk.len() as u64);
             }
-            file.sync_all().map_err(|e| Failed::Local(e.into()))?;
+            file.flush().map_err(|e| Failed::Local(e.into()))?;
             Ok(())
         }
         .await;

@@ -232,12 +232,61 @@ impl Substitute for Substituter {
         }
 
         // The store steps the output names (the image's layers) first: the crate step is
-        // sealed only when what it names is here.
-        let mut next = 2;
-        for carried in &config.carried_steps {
-            let layers = &manifest.layers[next..next + carried.files.len()];
-            next += carried.files.len();
-            self.pull_carried(store, carried, layers, &what, say)?;
+        // sealed only when what it names is here. Their blobs the store lacks come
+        // several at a time (hashed as they stream); each step then takes its files.
+        let carried: Vec<(&CarriedStep, &[Descriptor])> = config
+            .carried_steps
+            .iter()
+            .scan(2, |next, c| {
+                let layers = &manifest.layers[*next..*next + c.files.len()];
+                *next += c.files.len();
+                Some((c, layers))
+            })
+            .collect();
+        let wanted: Vec<commstack_registry::pull::Wanted> = carried
+            .iter()
+            .filter(|(c, _)| {
+                store
+                    .lookup(&StepKey {
+                        step: c.meta.step.clone(),
+                        hash: c.meta.hash.clone(),
+                    })
+                    .is_none()
+            })
+            .flat_map(|(c, layers)| {
+                c.files
+                    .iter()
+                    .zip(layers.iter())
+                    .map(move |(f, l)| (c, f, l))
+            })
+            // Once each: two downloads of one blob would share its file.
+            .map(|(c, f, l)| {
+                let wanted = commstack_registry::pull::Wanted {
+                    digest: l.digest.clone(),
+                    size: l.size,
+                    part: pull_part(store, &l.digest),
+                    name: format!("{}/{}", c.name, f.path.display()),
+                };
+                (l.digest.clone(), wanted)
+            })
+            .collect::<BTreeMap<_, _>>()
+            .into_values()
+            .collect();
+        if !wanted.is_empty() {
+            let bytes: u64 = wanted.iter().map(|w| w.size).sum();
+            say(&format!(
+                "downloading {} blobs of {} layer steps ({:.2} GB), {PULL_JOBS} at a time",
+                wanted.len(),
+                carried.len(),
+                bytes as f64 / 1e9
+            ));
+            commstack_registry::pull::pull_blobs(&self.options, &wanted, PULL_JOBS)
+                .with_context(|| format!("{what}: the layers it carries"))?;
+        }
+        let downloaded: std::collections::BTreeSet<&str> =
+            wanted.iter().map(|w| w.digest.as_str()).collect();
+        for (c, layers) in &carried {
+            self.pull_carried(store, c, layers, &downloaded, &what, say)?;
         }
 
         let outcome = store.run(&crate_key, &dir.meta.inputs, false, |out| {
@@ -245,10 +294,7 @@ impl Substitute for Substituter {
             let own_layers = &manifest.layers[..2];
             let parts: Vec<PathBuf> = own_layers
                 .iter()
-                .map(|l| {
-                    let hex = l.digest.trim_start_matches("sha256:");
-                    store.root().join("tmp").join(format!("pull-{hex}.tar"))
-                })
+                .map(|l| pull_part(store, &l.digest))
                 .collect();
             for (i, (layer, part)) in own_layers.iter().zip(&parts).enumerate() {
                 say(&format!(
@@ -348,6 +394,7 @@ impl Substituter {
         store: &Store,
         carried: &CarriedStep,
         layers: &[Descriptor],
+        downloaded: &std::collections::BTreeSet<&str>,
         what: &str,
         say: &dyn Fn(&str),
     ) -> Result<()> {
@@ -388,15 +435,17 @@ impl Substituter {
                     layer.digest,
                     layer.size
                 ));
-                let hex = layer.digest.trim_start_matches("sha256:");
-                let part = store.root().join("tmp").join(format!("pull-{hex}.tar"));
-                commstack_registry::pull::pull_blob(
-                    &self.options,
-                    &layer.digest,
-                    layer.size,
-                    &part,
-                )
-                .with_context(|| format!("{what}: {}/{}", carried.name, file.path.display()))?;
+                let part = pull_part(store, &layer.digest);
+                // Downloaded and hashed just now (above): not read again.
+                if !(downloaded.contains(layer.digest.as_str()) && part.is_file()) {
+                    commstack_registry::pull::pull_blob(
+                        &self.options,
+                        &layer.digest,
+                        layer.size,
+                        &part,
+                    )
+                    .with_context(|| format!("{what}: {}/{}", carried.name, file.path.display()))?;
+                }
                 let to = out.out.join(&file.path);
                 if let Some(parent) = to.parent() {
                     std::fs::create_dir_all(parent)?;
@@ -418,6 +467,15 @@ impl Substituter {
         }
         Ok(())
     }
+}
+
+/// How many blobs of an image's layers download at once.
+const PULL_JOBS: usize = 3;
+
+/// Where the download of blob `digest` goes (and is continued from after a cut).
+fn pull_part(store: &Store, digest: &str) -> PathBuf {
+    let hex = digest.trim_start_matches("sha256:");
+    store.root().join("tmp").join(format!("pull-{hex}.tar"))
 }
 
 /// An image step's output names its layers' tars relative to the store's `steps/`: each
