@@ -795,6 +795,8 @@ pub fn verify_in_container(
     if !ctx.quiet {
         eprintln!("verify in the image: docker {}", argv.join(" "));
     }
+    // `import torch` in a second container meanwhile: each is mostly one core's work.
+    let import = start_import_without_gpu(image)?;
     let out = Command::new("docker")
         .args(&argv)
         .output()
@@ -822,7 +824,7 @@ pub fn verify_in_container(
         ),
     };
     crate::out!("verify report: {} (exit {code})", report_file.display());
-    let imports = import_without_gpu(image, &report_dir)?;
+    let imports = finish_import_without_gpu(import, &report_dir)?;
     Ok(Verdict {
         exit: match (code, imports) {
             (0, true) => 0,
@@ -836,10 +838,11 @@ pub fn verify_in_container(
 }
 
 /// `import torch` inside the image with no network and no GPU: the Python side that needs
-/// no driver. (deep_ep's extension needs the driver's libcuda.so.1: `--gpus`.)
-fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
+/// no driver. (deep_ep's extension needs the driver's libcuda.so.1: `--gpus`.) Started
+/// here, its verdict taken by [`finish_import_without_gpu`].
+fn start_import_without_gpu(image: &Image) -> Result<std::process::Child> {
     let script = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))";
-    let out = Command::new("docker")
+    Command::new("docker")
         .args([
             "run",
             "--rm",
@@ -849,8 +852,17 @@ fn import_without_gpu(image: &Image, report_dir: &Path) -> Result<bool> {
         ])
         .args(["--entrypoint", &format!("{IMAGE_VENV}/bin/python")])
         .args([image.id(), "-c", script])
-        .output()
-        .context("cannot run `docker run`")?;
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run `docker run`")
+}
+
+fn finish_import_without_gpu(child: std::process::Child, report_dir: &Path) -> Result<bool> {
+    let out = child
+        .wait_with_output()
+        .context("docker run (import torch)")?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
