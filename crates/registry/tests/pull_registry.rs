@@ -8,53 +8,20 @@
 //! docker-registry, openssl and htpasswd (apache2-utils) are required: a missing one fails
 //! the test. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips them instead.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use common::{noise, options_for};
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
 use commstack_registry::pull::pull_blob;
-use commstack_registry::{
-    Credentials, Layout, PushOptions, RegistryAuth, RetryPolicy, Target, push_layout,
-};
-use commstack_testkit::{
-    CutProxy, Direction, REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests,
-};
+use commstack_registry::{Layout, PushOptions, push_layout};
+use commstack_testkit::{CutProxy, Direction, TestRegistry, skip_registry_tests};
 
 const REPO: &str = "commstack/pull";
 /// The blob's size: the cut lands at half of it.
 const BIG: u64 = 32 << 20;
-
-/// Options for `host` (the registry's or the proxy's), with a short retry.
-fn options(host: &str, registry: &TestRegistry) -> PushOptions {
-    let target = Target::parse(&format!("{host}/{REPO}")).unwrap();
-    let mut options = PushOptions::new(target);
-    options.ca_file = Some(registry.ca());
-    options.progress = false;
-    options.credentials = Some(Credentials {
-        auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
-        source: "the test".into(),
-    });
-    options.retry = RetryPolicy {
-        attempts: 2,
-        backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_millis(100),
-    };
-    options
-}
-
-/// `len` bytes of xorshift noise: incompressible, and the same every run.
-fn noise(len: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(len + 8);
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    while bytes.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
-}
 
 /// A registry holding one [`BIG`] blob (pushed directly, not through the proxy), the
 /// proxy in front of it, the blob's bytes and digest.
@@ -69,7 +36,7 @@ struct Setup {
 fn setup() -> Setup {
     let registry = TestRegistry::start();
     let work = tempfile::tempdir().unwrap();
-    let bytes = noise(BIG as usize);
+    let bytes = noise(BIG as usize, 0x9e37_79b9_7f4a_7c15);
     let file = work.path().join("big.bin");
     std::fs::write(&file, &bytes).unwrap();
     let dir = work.path().join("oci");
@@ -85,7 +52,7 @@ fn setup() -> Setup {
         &dir,
     )
     .unwrap();
-    push_layout(&dir, &options(&registry.host(), &registry)).unwrap();
+    push_layout(&dir, &options_for(&registry.host(), &registry, REPO)).unwrap();
     let digest = Layout::open(&dir).unwrap().blobs[1].digest.clone();
     let proxy = CutProxy::start(&registry.host());
     Setup {
@@ -99,7 +66,7 @@ fn setup() -> Setup {
 
 impl Setup {
     fn through_proxy(&self) -> PushOptions {
-        options(&self.proxy.host(), &self.registry)
+        options_for(&self.proxy.host(), &self.registry, REPO)
     }
 
     fn part(&self) -> PathBuf {

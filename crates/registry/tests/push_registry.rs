@@ -7,10 +7,13 @@
 //! docker-registry, openssl, htpasswd (apache2-utils), skopeo and Docker are required: a
 //! missing one fails the test. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips them instead.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::noise;
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{
     CutProxy, Direction, REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry,
@@ -434,20 +437,6 @@ fn docker_pulls_the_pushed_digest_as_the_loaded_image_id() {
     let pulled_id = String::from_utf8_lossy(&id.stdout).trim().to_string();
     run("docker", &["rmi", "-f", &pulled_id]);
     assert_eq!(pulled_id, loaded_id, "docker pull gives the docker load ID");
-}
-
-/// `len` bytes of xorshift noise from `seed`: incompressible, and the same every run.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(len + 8);
-    let mut x = seed | 1;
-    while bytes.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
 }
 
 /// The big layer's size: large enough that a cut at half of it lands well inside its

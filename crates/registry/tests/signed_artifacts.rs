@@ -3,34 +3,16 @@
 //! openssl; the signature fetched back verifies under that key only; an unsigned artifact
 //! and one signed by another key are refused. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it.
 
-use std::path::Path;
-use std::time::Duration;
+mod common;
 
+use std::path::Path;
+
+use common::options_for;
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
 use commstack_registry::sign::read_signing_key;
-use commstack_registry::{
-    Credentials, PushOptions, RegistryAuth, RetryPolicy, Target, push_layout, push_signed,
-    verify_signed,
-};
+use commstack_registry::{push_layout, push_signed, verify_signed};
 use commstack_testkit::registry::run_tool;
-use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
-
-fn options(registry: &TestRegistry, repo: &str) -> PushOptions {
-    let target = Target::parse(&format!("{}/{repo}", registry.host())).unwrap();
-    let mut options = PushOptions::new(target);
-    options.ca_file = Some(registry.ca());
-    options.progress = false;
-    options.credentials = Some(Credentials {
-        auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
-        source: "the test".into(),
-    });
-    options.retry = RetryPolicy {
-        attempts: 2,
-        backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_millis(100),
-    };
-    options
-}
+use commstack_testkit::{TestRegistry, skip_registry_tests};
 
 /// An artifact of one file (`content`) in `root/<name>`, tagged `name`.
 fn artifact(root: &Path, name: &str, content: &str) -> std::path::PathBuf {
@@ -68,7 +50,7 @@ fn signed_artifacts_verify_under_the_trusted_key_only() {
     }
     let ours = read_signing_key(&work.path().join("ours.pem")).unwrap();
     let theirs = read_signing_key(&work.path().join("theirs.pem")).unwrap();
-    let mut options = options(&registry, "commstack/cache");
+    let mut options = options_for(&registry.host(), &registry, "commstack/cache");
 
     options.tag = Some("signed".into());
     let signed = push_signed(&artifact(work.path(), "a", "output a"), &ours, &options).unwrap();

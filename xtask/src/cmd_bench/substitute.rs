@@ -335,22 +335,24 @@ fn report(title: &str, pushed: &Pushed, pull: &Timed, substituted: &Timed) -> bo
 
 /// "k of n layers moved" from image `from` to `to` (both in Docker).
 fn layers_moved(from: &str, to: &str) -> Result<String> {
-    let layers = |id: &str| -> Result<Vec<String>> {
-        let out = run(
-            "docker inspect",
-            Command::new("docker").args([
-                "image",
-                "inspect",
-                "--format",
-                "{{json .RootFS.Layers}}",
-                id,
-            ]),
-        )?;
-        Ok(serde_json::from_slice(&out).unwrap_or_default())
-    };
-    let (old, new) = (layers(from)?, layers(to)?);
+    let (old, new) = (rootfs_layers(from)?, rootfs_layers(to)?);
     let moved = new.iter().filter(|l| !old.contains(l)).count();
     Ok(format!("{moved} of {} layers moved", new.len()))
+}
+
+/// The diff_ids of image `id`, bottom first, as Docker holds it.
+fn rootfs_layers(id: &str) -> Result<Vec<String>> {
+    let out = run(
+        "docker inspect",
+        Command::new("docker").args([
+            "image",
+            "inspect",
+            "--format",
+            "{{json .RootFS.Layers}}",
+            id,
+        ]),
+    )?;
+    serde_json::from_slice(&out).with_context(|| format!("docker's layers of {id}"))
 }
 
 /// The image an earlier run pushed for this lock: its `lock-<sha256>` tag's manifest.
@@ -400,29 +402,14 @@ fn remove_image(id: &str) {
 
 /// The images Docker holds, other than `id`, that share a layer with it.
 fn sharing_layers(id: &str) -> Result<Vec<String>> {
-    let layers = |out: &[u8]| -> Vec<String> {
-        serde_json::from_slice::<Vec<String>>(out).unwrap_or_default()
-    };
-    let inspect = |id: &str| {
-        run(
-            "docker inspect",
-            Command::new("docker").args([
-                "image",
-                "inspect",
-                "--format",
-                "{{json .RootFS.Layers}}",
-                id,
-            ]),
-        )
-    };
-    let mine = layers(&inspect(id)?);
+    let mine = rootfs_layers(id)?;
     let all = run(
         "docker image ls",
         Command::new("docker").args(["image", "ls", "--all", "--quiet", "--no-trunc"]),
     )?;
     let mut others = Vec::new();
     for other in String::from_utf8_lossy(&all).lines().filter(|o| *o != id) {
-        if layers(&inspect(other)?).iter().any(|l| mine.contains(l)) {
+        if rootfs_layers(other)?.iter().any(|l| mine.contains(l)) {
             others.push(other.to_string());
         }
     }
