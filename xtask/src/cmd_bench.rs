@@ -69,7 +69,8 @@ enum Which {
     /// A new machine with a warm registry: pushes this home's image and step outputs
     /// (signed), then times `docker pull` of the image against `build --substitute` in an
     /// empty home (to the loaded, statically verified image; target <= 1.2x docker pull),
-    /// and checks both give the image ID that was pushed and that nothing was compiled.
+    /// and checks both give the image ID that was pushed and that nothing was compiled;
+    /// `--then STACK` times an update to STACK's image the same way.
     Substitute(substitute::Args),
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
