@@ -36,5 +36,5 @@ pub use docker_archive::{
 };
 pub use layer::{Layer, Owner, write_layer, write_layer_owned};
 pub use load::{Loaded, docker_load, export_oci};
-pub use oci_layout::{GZIP_LEVEL, OciImage, write_oci_layout};
+pub use oci_layout::{GZIP_LEVEL, GZIP_STEP, OciImage, write_oci_layout, write_oci_layout_with};
 pub use plan::LARGE_WHEEL_BYTES;

@@ -13,7 +13,8 @@ use crate::assemble::Image;
 use crate::docker_archive::ImageSpec;
 use crate::docker_archive::write_docker_archive_above;
 use crate::layer::Layer;
-use crate::oci_layout::{OciImage, write_oci_layout};
+use crate::oci_layout::{OciImage, write_oci_layout_with};
+use commstack_store::Store;
 
 pub(crate) fn docker(args: &[&str]) -> Result<std::process::Output> {
     Command::new("docker").args(args).output().with_context(|| {
@@ -172,8 +173,9 @@ fn load_above(
 }
 
 /// Writes `image` as an OCI layout at `dir` (which must not exist): written into a
-/// sibling directory, renamed when complete.
-pub fn export_oci(image: &Image, dir: &Path) -> Result<OciImage> {
+/// sibling directory, renamed when complete. With a `store`, the compressed layers are kept
+/// there as steps of their own and reused (see [`write_oci_layout_with`]).
+pub fn export_oci(image: &Image, dir: &Path, store: Option<&Store>) -> Result<OciImage> {
     if dir.exists() {
         bail!(
             "{} exists: remove it or give another --oci directory",
@@ -193,7 +195,7 @@ pub fn export_oci(image: &Image, dir: &Path) -> Result<OciImage> {
         .tempdir_in(parent)
         .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
     let layout = temp.path().join("oci");
-    let oci = write_oci_layout(&image.manifest.spec, &image.layers(), &layout)?;
+    let oci = write_oci_layout_with(&image.manifest.spec, &image.layers(), &layout, store)?;
     if oci.config_digest != image.id() {
         bail!(
             "the OCI config digest {} is not the image ID {}: the image step {} is damaged",

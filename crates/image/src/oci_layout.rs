@@ -20,6 +20,7 @@ use sha2::Digest as _;
 use crate::docker_archive::{ImageSpec, image_config};
 use crate::layer::Layer;
 use commstack_digest::HashingWriter;
+use commstack_store::{StepKey, Store};
 
 /// The gzip level of every layer blob: part of the recipe, since another level gives
 /// other bytes and so other digests.
@@ -39,11 +40,26 @@ pub struct OciImage {
 /// Writes `layers` and `spec` as an OCI layout in `dir` (created; must not exist), the
 /// manifest tagged `spec.tag`'s tag part in index.json.
 pub fn write_oci_layout(spec: &ImageSpec, layers: &[Layer], dir: &Path) -> Result<OciImage> {
+    write_oci_layout_with(spec, layers, dir, None)
+}
+
+/// As [`write_oci_layout`]; with a `store`, each compressed layer is a store step of its own
+/// (`oci-gzip-<hash>`, keyed by the layer's diff_id and the compressor), linked into the
+/// layout: a second layout after a DeepEP change compresses only the layers that moved.
+pub fn write_oci_layout_with(
+    spec: &ImageSpec,
+    layers: &[Layer],
+    dir: &Path,
+    store: Option<&Store>,
+) -> Result<OciImage> {
     let blobs = dir.join("blobs/sha256");
     fs::create_dir_all(&blobs).with_context(|| format!("cannot create {}", blobs.display()))?;
     let mut layer_descriptors = Vec::new();
     for layer in layers {
-        let (digest, size) = compress_into(&layer.path, &blobs)?;
+        let (digest, size) = match store {
+            Some(store) => stored_gzip(store, layer, &blobs)?,
+            None => compress_into(&layer.path, &blobs)?,
+        };
         layer_descriptors.push(Descriptor::new(
             MediaType::ImageLayerGzip,
             size,
@@ -105,6 +121,74 @@ fn put_blob(blobs: &Path, bytes: &[u8]) -> Result<String> {
     let hex = commstack_digest::sha256_hex(bytes);
     fs::write(blobs.join(&hex), bytes)?;
     Ok(format!("sha256:{hex}"))
+}
+
+/// The store step name of a compressed layer.
+pub const GZIP_STEP: &str = "oci-gzip";
+
+/// The compressor's own fingerprint: the digest of a fixed input compressed as every layer
+/// is. Part of a compressed layer's key, so a store filled by another flate2 (an older
+/// checkout) is not taken for this one's bytes.
+fn compressor_fingerprint() -> Result<String> {
+    static FINGERPRINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(f) = FINGERPRINT.get() {
+        return Ok(f.clone());
+    }
+    // Text-like runs and noise, so both the matcher and the literal coder are exercised.
+    let mut probe = Vec::with_capacity(1 << 20);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    while probe.len() < 1 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match x % 4 {
+            0 => probe.extend_from_slice(&x.to_le_bytes()),
+            _ => probe.extend_from_slice(b"lib/python3.11/site-packages/torch/lib/"),
+        }
+    }
+    let mut gz = GzEncoder::new(Vec::new(), Compression::new(GZIP_LEVEL));
+    std::io::Write::write_all(&mut gz, &probe)?;
+    let f = commstack_digest::sha256_hex(&gz.finish()?);
+    Ok(FINGERPRINT.get_or_init(|| f).clone())
+}
+
+/// The compressed `layer` from its store step (made when missing), linked (or copied) into
+/// `blobs`; returns its digest and size.
+fn stored_gzip(store: &Store, layer: &Layer, blobs: &Path) -> Result<(String, u64)> {
+    let inputs = serde_json::json!({
+        "diff_id": layer.diff_id,
+        "size": layer.size,
+        "level": GZIP_LEVEL,
+        "compressor": compressor_fingerprint()?,
+    });
+    let key = StepKey::new(GZIP_STEP, &inputs);
+    let outcome = store.run(&key, &inputs, false, |out| {
+        fs::create_dir_all(&out.out)?;
+        let (digest, size) = compress_into(&layer.path, &out.out)?;
+        let hex = digest.trim_start_matches("sha256:");
+        fs::rename(out.out.join(hex), out.out.join("layer.tar.gz"))?;
+        fs::write(
+            out.out.join("blob.json"),
+            serde_json::json!({ "digest": digest, "size": size }).to_string(),
+        )?;
+        Ok(())
+    })?;
+    let step = outcome.path();
+    let blob: serde_json::Value = serde_json::from_slice(&fs::read(step.join("blob.json"))?)
+        .with_context(|| format!("{}: blob.json", step.display()))?;
+    let (Some(digest), Some(size)) = (blob["digest"].as_str(), blob["size"].as_u64()) else {
+        anyhow::bail!(
+            "{}: blob.json names no digest and size: remove the step",
+            step.display()
+        );
+    };
+    let from = step.join("layer.tar.gz");
+    let to = blobs.join(digest.trim_start_matches("sha256:"));
+    if fs::hard_link(&from, &to).is_err() {
+        fs::copy(&from, &to)
+            .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+    }
+    Ok((digest.to_string(), size))
 }
 
 /// gzip `tar` into a blob; returns its digest and size.

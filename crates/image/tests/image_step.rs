@@ -441,7 +441,7 @@ fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
         first.id(),
         "Docker's ID is the config digest"
     );
-    let oci_a = export_oci(&first, &a._dir.path().join("oci")).unwrap();
+    let oci_a = export_oci(&first, &a._dir.path().join("oci"), None).unwrap();
     assert_eq!(oci_a.config_digest, first.id());
 
     // A rerun: nothing is built, Docker already has it.
@@ -457,15 +457,72 @@ fn the_image_step_is_deterministic_through_docker_load_and_the_oci_layout() {
     assert!(!second.cached);
     assert_eq!(docker_load(&second).unwrap().id, first.id());
     assert_eq!(diff_ids(&second), diff_ids(&first));
-    let oci_b = export_oci(&second, &a._dir.path().join("oci-2")).unwrap();
+    let oci_b = export_oci(&second, &a._dir.path().join("oci-2"), None).unwrap();
     assert_eq!(oci_b, oci_a);
+    // With the store, each compressed layer becomes a step of its own: the same blobs, and
+    // a second layout takes them from there (their files linked, not compressed again).
+    let stored = export_oci(&second, &a._dir.path().join("oci-3"), Some(&a.store)).unwrap();
+    assert_eq!(stored, oci_a);
+    let gz_steps = || -> Vec<std::path::PathBuf> {
+        let mut steps: Vec<_> = std::fs::read_dir(a.store.root().join("steps"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}-", commstack_image::GZIP_STEP))
+            })
+            .collect();
+        steps.sort();
+        steps
+    };
+    let made = gz_steps();
+    assert_eq!(made.len(), oci_a.layer_digests.len(), "{made:?}");
+    let mtimes: Vec<_> = made
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p.join("layer.tar.gz"))
+                .unwrap()
+                .modified()
+                .unwrap()
+        })
+        .collect();
+    let again = export_oci(&second, &a._dir.path().join("oci-4"), Some(&a.store)).unwrap();
+    assert_eq!(again, oci_a);
+    assert_eq!(gz_steps(), made);
+    for (p, m) in made.iter().zip(&mtimes) {
+        assert_eq!(
+            &std::fs::metadata(p.join("layer.tar.gz"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            m,
+            "{} compressed again",
+            p.display()
+        );
+    }
+    for digest in &oci_a.layer_digests {
+        let blob = a
+            ._dir
+            .path()
+            .join("oci-4/blobs/sha256")
+            .join(&digest["sha256:".len()..]);
+        assert_eq!(
+            commstack_digest::sha256_file(&blob).unwrap(),
+            digest["sha256:".len()..],
+            "{}",
+            blob.display()
+        );
+    }
 
     // Everything again from scratch, elsewhere.
     let b = fixture(&name, 7);
     let third = assemble_image(&b.store, &b.inputs, false).unwrap();
     assert_eq!(third.id(), first.id());
     assert_eq!(diff_ids(&third), diff_ids(&first));
-    let oci_c = export_oci(&third, &b._dir.path().join("oci")).unwrap();
+    let oci_c = export_oci(&third, &b._dir.path().join("oci"), None).unwrap();
     assert_eq!(oci_c, oci_a);
     assert_eq!(
         std::fs::read(third.dir.join("sbom.spdx.json")).unwrap(),

@@ -336,7 +336,12 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
             .and_then(|r| r.output.clone())
             .context("--oci and --context need the image step: it was not part of this run")?;
         let image = commstack_image::Image::open(&image)?;
-        crate::flow::image::export(&image, graph.oci.as_deref(), graph.context.as_deref())?;
+        crate::flow::image::export(
+            &store,
+            &image,
+            graph.oci.as_deref(),
+            graph.context.as_deref(),
+        )?;
     }
     let summary = Summary {
         stack: ctx.stack_path.display().to_string(),

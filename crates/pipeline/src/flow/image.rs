@@ -237,9 +237,14 @@ pub fn docker_has(id: &str, tag: &str) -> bool {
 
 /// `--oci DIR` and `--context DIR`: the image as an OCI layout, and docker/Dockerfile's
 /// build context.
-pub fn export(image: &Image, oci: Option<&Path>, context: Option<&Path>) -> Result<()> {
+pub fn export(
+    store: &commstack_store::Store,
+    image: &Image,
+    oci: Option<&Path>,
+    context: Option<&Path>,
+) -> Result<()> {
     if let Some(dir) = oci {
-        let oci = commstack_image::export_oci(image, dir)?;
+        let oci = commstack_image::export_oci(image, dir, Some(store))?;
         crate::out!(
             "OCI layout: {} (manifest {})",
             dir.display(),
