@@ -118,9 +118,19 @@ fn run_label() -> String {
 }
 
 fn skopeo_raw(registry: &TestRegistry, reference: &str) -> Vec<u8> {
-    run(
-        "skopeo",
-        &[
+    let out = skopeo_inspect(registry, reference);
+    assert!(
+        out.status.success(),
+        "skopeo inspect {reference}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// `skopeo inspect --raw` of `reference` with the registry's CA and credentials.
+fn skopeo_inspect(registry: &TestRegistry, reference: &str) -> std::process::Output {
+    Command::new("skopeo")
+        .args([
             "inspect",
             "--raw",
             "--cert-dir",
@@ -128,9 +138,9 @@ fn skopeo_raw(registry: &TestRegistry, reference: &str) -> Vec<u8> {
             "--creds",
             &format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
             &format!("docker://{reference}"),
-        ],
-    )
-    .stdout
+        ])
+        .output()
+        .expect("skopeo is needed for this test (Debian: skopeo)")
 }
 
 fn manifest_bytes(layout: &Path, oci: &OciImage) -> Vec<u8> {
@@ -477,18 +487,7 @@ fn three_layers(root: &Path) -> Layout {
 
 /// skopeo finds no manifest at `reference` (it fails, saying the manifest is unknown).
 fn assert_no_manifest(registry: &TestRegistry, reference: &str) {
-    let out = Command::new("skopeo")
-        .args([
-            "inspect",
-            "--raw",
-            "--cert-dir",
-            registry.cert_dir().to_str().unwrap(),
-            "--creds",
-            &format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"),
-            &format!("docker://{reference}"),
-        ])
-        .output()
-        .expect("skopeo is needed for this test (Debian: skopeo)");
+    let out = skopeo_inspect(registry, reference);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
