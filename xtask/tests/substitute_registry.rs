@@ -64,6 +64,8 @@ fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
 /// it that the drop-in's recipe reads, as the real drop-in reads NVSHMEM's build report.
 struct Recipes<'a> {
     stack: StackSteps<'a>,
+    /// The kind of the store steps the recipes make (`<kind>-<step>-<hash>`): `fixture`.
+    kind: &'static str,
     store: Store,
     markers: PathBuf,
     ran: RefCell<Vec<StepId>>,
@@ -120,7 +122,7 @@ impl Recipes<'_> {
             text.push_str(&format!("report {report}\n"));
         }
         let inputs = json!({ "text": text });
-        let key = StepKey::new(&format!("fixture-{}", step.name()), &inputs);
+        let key = StepKey::new(&format!("{}-{}", self.kind, step.name()), &inputs);
         let made = self.store.run(&key, &inputs, false, |dir| {
             use std::os::unix::fs::PermissionsExt;
             match step {
@@ -233,6 +235,12 @@ impl Steps for Recipes<'_> {
         shipped_root(step, result)
     }
 
+    /// As the stack's own steps: each keyed step's output is in a store step of its kind.
+    fn store_step_kind(&self, step: StepId) -> Option<String> {
+        step.keyed()
+            .then(|| format!("{}-{}", self.kind, step.name()))
+    }
+
     /// As the stack's own steps: a substituted image still reads the base.
     fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {
         match step {
@@ -281,9 +289,21 @@ fn build_until(
     cache: Option<&dyn Substitute>,
     selection: Selection,
 ) -> Result<Built> {
+    build_of_kind(stack, home, cache, selection, "fixture")
+}
+
+/// [`build_until`] with recipes that make store steps of `kind` (`<kind>-<step>-<hash>`).
+fn build_of_kind(
+    stack: &Path,
+    home: &Path,
+    cache: Option<&dyn Substitute>,
+    selection: Selection,
+    kind: &'static str,
+) -> Result<Built> {
     let ctx = ctx_for(stack, home)?;
     let recipes = Recipes {
         stack: StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?,
+        kind,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
         ran: RefCell::new(Vec::new()),
@@ -704,6 +724,37 @@ fn a_step_only_substituted_steps_read_is_not_made() -> Result<()> {
     Ok(())
 }
 
+/// An artifact, signed by a trusted key and with the right step key, whose store step is
+/// of another kind than the one this build makes for that step (here: the build's
+/// recipes make `other-base-...`, the artifact carries `fixture-base-...`), is refused:
+/// sealed here, it would be what a later build of that kind finds under that key.
+#[test]
+fn an_artifact_carrying_a_store_step_of_another_kind_is_refused() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let home = s.home("b");
+    let b = build_of_kind(
+        &s.stack,
+        &home,
+        Some(&s.trusted()?),
+        Selection::All,
+        "other",
+    )?;
+    let (step, err) = b.failed.clone().expect("the build fails");
+    eprintln!("the error, as the summary shows it: {err}");
+    assert_eq!(step, Base, "the first substituted step: {err}");
+    assert!(
+        err.contains("it carries the store step fixture-base-")
+            && err.contains("step base makes `other-base-...` steps: refusing it"),
+        "{err}"
+    );
+    assert!(b.ran.is_empty(), "{:?}", b.ran);
+    assert_eq!(sealed(&home), Vec::<String>::new(), "nothing sealed");
+    Ok(())
+}
+
 #[test]
 fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     if skip_registry_tests() {
@@ -999,12 +1050,13 @@ fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
             store: &Store,
             step: StepId,
             key: &StepKey,
+            kind: Option<&str>,
             say: &dyn Fn(&str),
         ) -> Result<StoredResult> {
             if step == self.at {
                 self.registry.borrow_mut().stop();
             }
-            self.inner.pull(store, step, key, say)
+            self.inner.pull(store, step, key, kind, say)
         }
     }
     let s = setup(&[])?;

@@ -41,7 +41,8 @@ use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
 use crate::wheel_check::{Expect, WheelFacts, check_wheel};
 
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
-const STEP: &str = "deepep";
+/// The store step name of DeepEP's wheel build.
+pub const STEP: &str = "deepep";
 /// Bumped when the recipe changes what it produces.
 pub const RECIPE: &str = "deepep-setup-py-4";
 /// Written into the DeepEP wheel's dist-info: the NVSHMEM its extension was built against

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::venv::{LockedWheel, requirements_txt};
 
-const STEP: &str = "wheelhouse";
+/// The store step name of the wheelhouse.
+pub const STEP: &str = "wheelhouse";
 pub const RECIPE: &str = "wheelhouse-1";
 pub const MANIFEST_FILE: &str = "wheelhouse.json";
 pub const REQUIREMENTS_FILE: &str = "requirements.txt";

@@ -40,7 +40,8 @@ use crate::venv::{
 /// The recipe: a change to how layers are made changes every key.
 pub const IMAGE_RECIPE: &str = "commstack-image-1";
 pub const IMAGE_FILE: &str = "image.json";
-const IMAGE_STEP: &str = "image";
+/// The store step name of an image.
+pub const IMAGE_STEP: &str = "image";
 /// The store step of each layer but the base's (`image-layer-<hash>`: layer.tar, layer.json).
 pub const LAYER_STEP: &str = "image-layer";
 const LAYER_FILE: &str = "layer.tar";

@@ -21,7 +21,8 @@ use sha2::{Digest, Sha256};
 use crate::build::Built;
 
 pub const WHEEL_REPORT_FILE: &str = "wheel-report.json";
-const STEP: &str = "nvshmem-wheel";
+/// The store step name of the drop-in wheel.
+pub const STEP: &str = "nvshmem-wheel";
 pub const RECIPE: &str = "nvshmem-dropin-1";
 /// Where NVIDIA's wheel puts NVSHMEM inside site-packages.
 const ROOT: &str = "nvidia/nvshmem";

@@ -24,8 +24,8 @@ mod switches;
 pub mod wheelset;
 
 pub use build::{
-    BuildReport, BuildRequest, Built, INSTALL_DIR, RECIPE as BUILD_RECIPE, REPORT_FILE, SourceInfo,
-    Timings, build, build_key, configure_only, load_report,
+    BuildReport, BuildRequest, Built, INSTALL_DIR, RECIPE as BUILD_RECIPE, REPORT_FILE,
+    STEP as BUILD_STEP, SourceInfo, Timings, build, build_key, configure_only, load_report,
 };
 pub use cmake::{
     INSTALL_PREFIX, REPRODUCIBLE_NVCC_FLAGS, RdmaCore, SOURCE_PREFIX_MAP, cmake_defines,
@@ -33,8 +33,8 @@ pub use cmake::{
 };
 pub use compare::{Comparison, Difference, DifferenceKind, compare_wheels};
 pub use dropin::{
-    DropIn, DropInSpec, RECIPE as DROPIN_RECIPE, WHEEL_REPORT_FILE, build_dropin_wheel,
-    dropin_distribution, local_label,
+    DropIn, DropInSpec, RECIPE as DROPIN_RECIPE, STEP as DROPIN_STEP, WHEEL_REPORT_FILE,
+    build_dropin_wheel, dropin_distribution, local_label,
 };
 pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME};
 pub use proof::{Proof, parse_build_options_h};

@@ -221,6 +221,13 @@ pub trait Steps {
     fn substitutable(&self, step: StepId) -> bool {
         step.keyed()
     }
+    /// The kind of store step (`<kind>-<hash>`) the output of a substitutable `step` lives
+    /// in: a pulled artifact must carry that kind and no other, or a store step of another
+    /// kind (a `base-...` in NVSHMEM's artifact) would be taken by a later build that reads
+    /// it. None: not checked.
+    fn store_step_kind(&self, _step: StepId) -> Option<String> {
+        None
+    }
     /// The steps a substituted `step` still reads from this store (the image's base
     /// layer comes with the base step, not with the image's artifact).
     fn reads_when_substituted(&self, _step: StepId) -> &'static [StepId] {
@@ -240,13 +247,15 @@ pub trait Substitute {
     /// or None when it has not.
     fn lookup(&self, step: StepId, key: &StepKey) -> Result<Option<String>>;
     /// Pulls the output of `step` under `key`: checks it (signature, digests, the shipped
-    /// manifest), seals in `store` the crate steps its result points into, and returns the
-    /// result (paths of this home) for the graph step, which the engine seals.
+    /// manifest, that its store step is of the `kind` [`Steps::store_step_kind`] names),
+    /// seals in `store` the crate steps its result points into, and returns the result
+    /// (paths of this home) for the graph step, which the engine seals.
     fn pull(
         &self,
         store: &Store,
         step: StepId,
         key: &StepKey,
+        kind: Option<&str>,
         say: &dyn Fn(&str),
     ) -> Result<StoredResult>;
 }
@@ -705,7 +714,9 @@ impl Engine<'_> {
             let t = Instant::now();
             let log = self.log_dir.join(format!("{}.log", p.step.name()));
             let outcome = match &p.status {
-                Status::Substitute { .. } => self.substitute_one(&p, &log),
+                Status::Substitute { .. } => {
+                    self.substitute_one(&p, steps.store_step_kind(p.step).as_deref(), &log)
+                }
                 _ => self.run_one(steps, &p, &done, &log),
             };
             let seconds = t.elapsed().as_secs_f64();
@@ -784,7 +795,7 @@ impl Engine<'_> {
 
     /// Takes a step's output from the binary cache: the crate steps it points into are
     /// sealed by the pull, the graph step here, as [`Engine::run_one`] seals a build.
-    fn substitute_one(&self, p: &Planned, log: &Path) -> Result<StepResult> {
+    fn substitute_one(&self, p: &Planned, kind: Option<&str>, log: &Path) -> Result<StepResult> {
         std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
         let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
         else {
@@ -801,7 +812,7 @@ impl Engine<'_> {
         let mut made = None;
         self.store
             .run(key, inputs, true, |dir| {
-                let stored = cache.pull(self.store, p.step, key, &say)?;
+                let stored = cache.pull(self.store, p.step, key, kind, &say)?;
                 std::fs::write(
                     dir.out.join(RESULT_FILE),
                     serde_json::to_string_pretty(&stored)?,

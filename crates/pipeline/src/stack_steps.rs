@@ -537,6 +537,27 @@ impl Steps for StackSteps<'_> {
         )
     }
 
+    fn store_step_kind(&self, step: StepId) -> Option<String> {
+        Some(
+            match step {
+                StepId::Nvshmem => commstack_nvshmem::BUILD_STEP,
+                StepId::Dropin => commstack_nvshmem::DROPIN_STEP,
+                StepId::Kernels => crate::flow::image::TOOL_STEP,
+                StepId::Deepep => commstack_deepep::build::STEP,
+                StepId::Wheelhouse => commstack_deepep::wheelhouse::STEP,
+                StepId::Base => commstack_base::STEP,
+                StepId::Image => commstack_image::assemble::IMAGE_STEP,
+                StepId::Lock
+                | StepId::Fetch
+                | StepId::Toolchain
+                | StepId::NvshmemSource
+                | StepId::Load
+                | StepId::Verify => return None,
+            }
+            .to_string(),
+        )
+    }
+
     /// A substituted image's first layer is the base's (the image artifact carries the
     /// layers after it).
     fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {

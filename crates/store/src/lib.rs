@@ -299,6 +299,16 @@ impl Store {
         Ok(out)
     }
 
+    /// An exclusive lock over the store's downloads (`tmp/pull-<digest>.tar`, named by the
+    /// blob alone): another process substituting into this store waits until it is
+    /// dropped, rather than writing into the same file.
+    pub fn lock_downloads(&self) -> Result<File> {
+        lock_file_saying(
+            &self.root.join("locks").join("downloads.lock"),
+            "waiting for another commstack process downloading into this store ...",
+        )
+    }
+
     fn lock(&self, key: &StepKey) -> Result<File> {
         let path = self
             .root
@@ -345,6 +355,14 @@ fn normalize_modes(root: &Path) -> std::io::Result<()> {
 /// An exclusive lock on `path` (created if missing), waiting for another process that
 /// holds it, and saying so: "waiting for another commstack process building `what`".
 pub(crate) fn lock_file(path: &Path, what: &str) -> Result<File> {
+    lock_file_saying(
+        path,
+        &format!("waiting for another commstack process building {what} ..."),
+    )
+}
+
+/// An exclusive lock on `path`, saying `waiting` when another process holds it.
+fn lock_file_saying(path: &Path, waiting: &str) -> Result<File> {
     let file = File::options()
         .create(true)
         .truncate(false)
@@ -352,7 +370,7 @@ pub(crate) fn lock_file(path: &Path, what: &str) -> Result<File> {
         .open(path)
         .with_context(|| format!("cannot open the lock file {}", path.display()))?;
     if file.try_lock().is_err() {
-        eprintln!("waiting for another commstack process building {what} ...");
+        eprintln!("{waiting}");
         file.lock()
             .with_context(|| format!("cannot lock {}", path.display()))?;
     }

@@ -230,3 +230,27 @@ fn outputs_have_the_same_modes_whatever_the_umask_made() {
             .is_symlink()
     );
 }
+
+/// Two processes substituting into one store would write the same `tmp/pull-<digest>`
+/// file: the downloads lock makes the second wait until the first lets go.
+#[test]
+fn the_downloads_lock_makes_a_second_holder_wait() {
+    let (dir, store) = store();
+    let held = store.lock_downloads().unwrap();
+    let root = dir.path().join("store");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // Another handle, as another process would have.
+        let other = Store::open(root).unwrap();
+        let _lock = other.lock_downloads().unwrap();
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the second holder did not wait"
+    );
+    drop(held);
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the second holder got the lock once the first let go");
+    waiter.join().unwrap();
+}

@@ -416,6 +416,9 @@ pub(crate) fn own_tool(ctx: &Ctx, recipe: &ToolRecipe) -> Result<OwnTool> {
 }
 
 /// [`own_tool`]'s store key and its inputs: no path of this machine in them.
+/// The store step name of a tool this workspace builds (the self-test, the verify tool).
+pub(crate) const TOOL_STEP: &str = "tool";
+
 pub(crate) fn tool_key(recipe: &ToolRecipe) -> Result<(StepKey, serde_json::Value)> {
     let root = recipe.root;
     let env = kept_env();
@@ -471,7 +474,7 @@ pub(crate) fn tool_key(recipe: &ToolRecipe) -> Result<(StepKey, serde_json::Valu
             .context("strip (binutils) is needed for the image's binaries")?,
         "inputs": recipe.inputs,
     });
-    Ok((StepKey::new("tool", &inputs), inputs))
+    Ok((StepKey::new(TOOL_STEP, &inputs), inputs))
 }
 
 /// Our environment, filtered to [`TOOL_ENV_KEPT`] and [`TOOL_ENV_KEPT_PREFIXES`].

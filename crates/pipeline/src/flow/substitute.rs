@@ -163,10 +163,13 @@ impl Substitute for Substituter {
         store: &Store,
         step: StepId,
         key: &StepKey,
+        kind: Option<&str>,
         say: &dyn Fn(&str),
     ) -> Result<StoredResult> {
         let tag = tag_of(key);
         let place = self.place(&tag);
+        // Downloads go to files named by the blob: one process at a time writes them.
+        let _downloads = store.lock_downloads()?;
         let found = match self.found.borrow().get(&tag).cloned() {
             Some(found) => found,
             None => commstack_registry::pull::find_tag(&self.options, &tag)?
@@ -227,6 +230,17 @@ impl Substitute for Substituter {
         {
             bail!(
                 "{what}: its crate step {} is not described by its own inputs (or names a path outside it): refusing it",
+                dir.name
+            );
+        }
+        // A step's artifact brings that step's kind of store directory and no other: a
+        // `base-...` in the NVSHMEM artifact would be taken by a later build that reads
+        // the base (an unsigned artifact under --allow-unsigned included).
+        if let Some(kind) = kind
+            && crate_key.step != kind
+        {
+            bail!(
+                "{what}: it carries the store step {}, but step {step} makes `{kind}-...` steps: refusing it",
                 dir.name
             );
         }
@@ -365,8 +379,17 @@ impl Substitute for Substituter {
             false => say(&format!("unpacked into {}", outcome.path().display())),
         }
 
-        // The result in this home's paths: the pusher's store root becomes this one.
+        // The result in this home's paths: the pusher's store root becomes this one. A
+        // path of the pusher's home outside its store (its download cache, its reports)
+        // would name nothing here, or another file.
         let mut result = serde_json::to_value(&config.result)?;
+        let elsewhere = home_paths_outside_the_store(&result, &config.store_root);
+        if !elsewhere.is_empty() {
+            bail!(
+                "{what}: its result names paths of the pushing machine outside its store ({}), which this home does not have: refusing it (build the step here with --no-substitute)",
+                elsewhere.join(", ")
+            );
+        }
         relocate(&mut result, &config.store_root, store.root());
         let result: StoredResult = serde_json::from_value(result)?;
         if let Some(output) = &result.result.output
@@ -663,9 +686,55 @@ fn relocate(value: &mut serde_json::Value, from: &Path, to: &Path) {
     }
 }
 
+/// The strings of `value` that are paths in the home of `store_root` (its parent) but not
+/// in the store.
+fn home_paths_outside_the_store(value: &serde_json::Value, store_root: &Path) -> Vec<String> {
+    let Some(home) = store_root.parent().filter(|h| h.components().count() > 1) else {
+        return Vec::new();
+    };
+    match value {
+        serde_json::Value::String(s) => {
+            let path = Path::new(s.as_str());
+            match path.starts_with(home) && !path.starts_with(store_root) {
+                true => vec![s.clone()],
+                false => Vec::new(),
+            }
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .flat_map(|v| home_paths_outside_the_store(v, store_root))
+            .collect(),
+        serde_json::Value::Object(map) => map
+            .values()
+            .flat_map(|v| home_paths_outside_the_store(v, store_root))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_of_the_pushers_home_outside_its_store_are_found() {
+        let v = serde_json::json!({
+            "output": "/home/a/store/steps/x-1/out.whl",
+            "facts": { "report": "/home/a/reports/image-1/verify.json", "n": 3,
+                       "in_image": "/opt/commstack/venv", "list": ["/home/a/cache/ab"],
+                       "near": "/home/a/storey/z" },
+        });
+        assert_eq!(
+            home_paths_outside_the_store(&v, Path::new("/home/a/store")),
+            [
+                "/home/a/cache/ab",
+                "/home/a/storey/z",
+                "/home/a/reports/image-1/verify.json"
+            ]
+        );
+        // A store at the root of a file system has no home to speak of.
+        assert!(home_paths_outside_the_store(&v, Path::new("/store")).is_empty());
+    }
 
     #[test]
     fn paths_of_the_pushers_store_move_into_this_one() {
