@@ -27,7 +27,13 @@ Connection failures, timeouts, 5xx and 429 are retried with backoff; a rerun ski
 blobs already uploaded (--upload-jobs at once). Without --oci the graph runs until the image
 with build's flags (fetch: --mirror, --offline, --accept-tree-match; the binary cache:
 --substitute, --allow-unsigned, --no-substitute; the build settings). With --key the manifest digest is signed (ed25519) and the
-signature pushed beside the image. See docs/registry.md.
+signature pushed beside the image.
+
+The image's verify report travels with it: when this home has one for the image (what
+`cargo xtask build` writes under <home>/reports/image-<id>/ after loading and verifying it),
+it is pushed as an artifact whose subject is the image's manifest, tagged
+sha256-<hex>.verify (signed too with --key), with the builder (commstack version and
+commit, host) in its config; without one the push says so. See docs/registry.md.
 
 Examples:
   cargo xtask push --registry registry.example.com/commstack/debian-12
@@ -99,6 +105,19 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     }
     if let (Some(signature), Some(key)) = (&pushed.signature, &pushed.signed_by) {
         println!("signed by {key}: {signature}");
+    }
+    match (&pushed.verify_report, &pushed.verify_report_missing) {
+        (Some(report), _) => println!(
+            "verify report attached: {}{}",
+            report.reference,
+            report
+                .signature
+                .as_deref()
+                .map(|s| format!(" (signed: {s})"))
+                .unwrap_or_default()
+        ),
+        (None, Some(why)) => eprintln!("no verify report attached: {why}"),
+        (None, None) => {}
     }
     let pushed = &pushed.pushed;
     println!(

@@ -1,8 +1,8 @@
 //! `cargo xtask push` end to end against a real registry (testkit's docker-registry on
 //! 127.0.0.1 with TLS and htpasswd auth): credentials from the environment and from
 //! Docker's config file, the CA from the flag and from the environment, the reference on
-//! the last line, a signed push whose signature verifies, and a clear error when no
-//! credentials are found.
+//! the last line, a signed push whose signature verifies, the image's verify report
+//! attached beside it (signed too), and a clear error when no credentials are found.
 //! COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it; a missing docker-registry fails it.
 
 use std::path::Path;
@@ -93,6 +93,13 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
     );
     assert!(text.contains(&format!("tags: lock-{LOCK}, test")), "{text}");
     assert!(text.contains("blobs: 2 uploaded"), "{text}");
+    // This home never verified the image: pushed without a report, and said.
+    let said = stderr(&out);
+    assert!(
+        said.contains("no verify report attached: no verify report of image")
+            && said.contains("cargo xtask build"),
+        "{said}"
+    );
 
     // Credentials from Docker's config file (what `docker login` writes), the CA from
     // the environment; everything is there already.
@@ -133,6 +140,21 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
         pushed["tags"],
         serde_json::json!([format!("lock-{LOCK}"), "nightly"])
     );
+
+    // The report `build`'s verify step writes for this image, in this home: it goes
+    // with the signed push below.
+    let report_dir = home.join("reports").join(format!(
+        "image-{}",
+        &oci.config_digest.trim_start_matches("sha256:")[..12]
+    ));
+    std::fs::create_dir_all(&report_dir).unwrap();
+    let report = br#"{"levels":[{"level":"static","status":"passed"}]}"#;
+    std::fs::write(report_dir.join("verify-static.json"), report).unwrap();
+    std::fs::write(
+        report_dir.join("import-torch.txt"),
+        "{\"torch\": \"2.11.0\"}\n",
+    )
+    .unwrap();
 
     // Signed: the signature beside it verifies under the key's public half.
     run_tool(
@@ -176,6 +198,45 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
         source: "the test".into(),
     });
     verify_signed(&options, &oci.manifest_digest, &[signing.verifying_key()]).unwrap();
+
+    // The verify report beside it: its subject is the image's manifest, its layers the
+    // report's bytes, its config names the image and the builder; signed by the same key.
+    let hex = oci.manifest_digest.trim_start_matches("sha256:");
+    let report_tag = format!("sha256-{hex}.verify");
+    assert!(
+        text.contains(&format!(
+            "verify report attached: {target}:{report_tag} (signed: "
+        )),
+        "{text}"
+    );
+    let found = commstack_registry::pull::find_tag(&options, &report_tag)
+        .unwrap()
+        .expect("the report is in the registry under its tag");
+    let manifest: serde_json::Value = serde_json::from_slice(&found.manifest).unwrap();
+    assert_eq!(
+        manifest["artifactType"],
+        "application/vnd.dev.commstack.verify-report.v1"
+    );
+    assert_eq!(manifest["subject"]["digest"], oci.manifest_digest.as_str());
+    assert_eq!(
+        manifest["layers"][0]["digest"],
+        format!("sha256:{}", commstack_digest::sha256_hex(report)).as_str()
+    );
+    assert_eq!(manifest["layers"].as_array().unwrap().len(), 2);
+    let config = commstack_registry::pull::pull_small_blob(
+        &options,
+        manifest["config"]["digest"].as_str().unwrap(),
+        manifest["config"]["size"].as_u64().unwrap(),
+    )
+    .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&config).unwrap();
+    assert_eq!(config["image"], oci.config_digest.as_str());
+    assert_eq!(
+        config["files"],
+        serde_json::json!(["verify-static.json", "import-torch.txt"])
+    );
+    assert_eq!(config["builder"]["commstack"], env!("CARGO_PKG_VERSION"));
+    verify_signed(&options, &found.digest, &[signing.verifying_key()]).unwrap();
 
     // No credentials anywhere: refused, saying where credentials come from.
     let out = xtask(

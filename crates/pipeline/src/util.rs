@@ -115,3 +115,21 @@ pub(crate) fn named_differences(
         })
         .collect()
 }
+
+/// Who made an output: this commstack (version and commit) on this machine. It travels
+/// with what `push` and `cache push` send (provenance), so a puller can say where a
+/// binary came from.
+pub fn builder() -> serde_json::Value {
+    let read = |file: &str| {
+        std::fs::read_to_string(file)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    serde_json::json!({
+        "commstack": env!("CARGO_PKG_VERSION"),
+        "commit": crate::flow::image::git_identity().1,
+        "host": read("/proc/sys/kernel/hostname"),
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "arch": std::env::consts::ARCH,
+    })
+}

@@ -10,8 +10,10 @@
 //! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
 //! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
 //!   what they sign, and fetching and verifying them.
+//! - [`attach`]: documents pushed beside a manifest (the image's verify report).
 
 pub mod artifact;
+pub mod attach;
 pub mod auth;
 pub mod layout;
 mod progress;
@@ -30,6 +32,6 @@ pub use signed::{PushedSigned, fetch_signature, push_signed, verify_signed};
 pub use target::{Target, lock_tag, valid_tag};
 
 // The public key type trusted keys parse into, so callers need no ed25519 crate of their own.
-pub use ed25519_dalek::VerifyingKey;
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 // The credential type of [`Credentials`], so callers need no oci-client of their own.
 pub use oci_client::secrets::RegistryAuth;

@@ -293,6 +293,7 @@ fn step_layout(
         "carried_steps": carried,
         "layers": ["shipped", "rest", "the carried steps' files, in order"],
         "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
+        "builder": crate::util::builder(),
     });
     let layout = staging.join("oci");
     write_artifact_layout(

@@ -46,6 +46,80 @@ pub struct PushReport {
     pub signature: Option<String>,
     /// `ed25519:<base64>` of the key that signed.
     pub signed_by: Option<String>,
+    /// The image's verify report from this home, attached to the pushed manifest
+    /// (`sha256-<hex>.verify`); None when this home has none for the image (then
+    /// `verify_report_missing` says where it looked).
+    pub verify_report: Option<commstack_registry::attach::Attached>,
+    pub verify_report_missing: Option<String>,
+}
+
+/// The artifact type of the verify report attached to a pushed image.
+pub const VERIFY_REPORT_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.verify-report.v1";
+const VERIFY_REPORT_CONFIG_MEDIA_TYPE: &str =
+    "application/vnd.dev.commstack.verify-report.config.v1+json";
+
+/// The verify report files of image `id` in this home, as `build`'s verify step wrote
+/// them (`reports/image-<12 hex>/`): the levels' JSON and `import torch`'s output.
+fn verify_report_files(ctx: &Ctx, id: &str) -> (PathBuf, Vec<(String, PathBuf)>) {
+    let hex = id.trim_start_matches("sha256:");
+    let dir = ctx
+        .home
+        .join("reports")
+        .join(format!("image-{}", &hex[..12.min(hex.len())]));
+    let files = [
+        ("verify-static.json", "application/json"),
+        ("verify-gpus.json", "application/json"),
+        ("import-torch.txt", "text/plain"),
+    ]
+    .into_iter()
+    .map(|(name, media)| (media.to_string(), dir.join(name)))
+    .filter(|(_, path)| path.is_file())
+    .collect();
+    (dir, files)
+}
+
+/// Attaches the image's verify report (when this home has one) to the manifest pushed
+/// from the layout at `dir`: the provenance that travels with the image.
+fn attach_verify_report(
+    ctx: &Ctx,
+    dir: &std::path::Path,
+    pushed: &Pushed,
+    key: Option<&commstack_registry::SigningKey>,
+    options: &PushOptions,
+) -> Result<(Option<commstack_registry::attach::Attached>, Option<String>)> {
+    let (report_dir, files) = verify_report_files(ctx, &pushed.config_digest);
+    if !files.iter().any(|(m, _)| m == "application/json") {
+        return Ok((
+            None,
+            Some(format!(
+                "no verify report of image {} in {} (`cargo xtask build` loads and verifies the image and writes it there)",
+                pushed.config_digest,
+                report_dir.display()
+            )),
+        ));
+    }
+    let config = serde_json::json!({
+        "image": pushed.config_digest,
+        "manifest": pushed.manifest_digest,
+        "files": files.iter().map(|(_, p)| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect::<Vec<_>>(),
+        "builder": crate::util::builder(),
+    });
+    let attached = commstack_registry::attach::push_attached(
+        (
+            &pushed.manifest_digest,
+            commstack_registry::attach::manifest_size(dir)?,
+        ),
+        &commstack_registry::attach::Attachment {
+            kind: "verify".into(),
+            artifact_type: VERIFY_REPORT_ARTIFACT_TYPE.into(),
+            config_media_type: VERIFY_REPORT_CONFIG_MEDIA_TYPE.into(),
+            config: commstack_digest::canonical_json(&config).into_bytes(),
+            files,
+        },
+        key,
+        options,
+    )?;
+    Ok((Some(attached), None))
 }
 
 /// Pushes (and signs) and says what was sent; None for a dry run (the plan printed).
@@ -69,20 +143,25 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
         );
     }
     let send = |dir: &std::path::Path| -> Result<PushReport> {
-        Ok(match &key {
-            None => PushReport {
-                pushed: commstack_registry::push_layout(dir, &options)?,
-                signature: None,
-                signed_by: None,
-            },
+        let (pushed, signature, signed_by) = match &key {
+            None => (commstack_registry::push_layout(dir, &options)?, None, None),
             Some(key) => {
                 let signed = commstack_registry::push_signed(dir, key, &options)?;
-                PushReport {
-                    pushed: signed.pushed,
-                    signature: Some(signed.signature),
-                    signed_by: Some(signed.signed_by),
-                }
+                (
+                    signed.pushed,
+                    Some(signed.signature),
+                    Some(signed.signed_by),
+                )
             }
+        };
+        let (verify_report, verify_report_missing) =
+            attach_verify_report(ctx, dir, &pushed, key.as_ref(), &options)?;
+        Ok(PushReport {
+            pushed,
+            signature,
+            signed_by,
+            verify_report,
+            verify_report_missing,
         })
     };
     match &request.oci {
