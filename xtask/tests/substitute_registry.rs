@@ -805,6 +805,14 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     assert_same_outputs(&s.first, &b, &IMAGE_NEEDS);
     let log = std::fs::read_to_string(home.join("pipeline/logs/image.log"))?;
     assert!(log.contains("taken because of --allow-unsigned"), "{log}");
+    // The provenance the artifact carries: who pushed it.
+    assert!(
+        log.contains(&format!(
+            "pushed by commstack {}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{log}"
+    );
     Ok(())
 }
 

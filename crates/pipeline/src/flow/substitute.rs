@@ -64,6 +64,19 @@ struct StepConfig {
     /// The image's layer steps (schema 3), their files the layers after the first two.
     #[serde(default)]
     carried_steps: Vec<CarriedStep>,
+    /// Who made it (`crate::util::builder`); absent in artifacts pushed before it was kept.
+    #[serde(default)]
+    builder: Option<Builder>,
+}
+
+#[derive(Deserialize)]
+struct Builder {
+    #[serde(default)]
+    commstack: String,
+    #[serde(default)]
+    commit: String,
+    #[serde(default)]
+    host: String,
 }
 
 #[derive(Deserialize)]
@@ -213,6 +226,14 @@ impl Substitute for Substituter {
                 config.key,
                 key.dir_name()
             );
+        }
+        if let Some(b) = &config.builder {
+            say(&format!(
+                "pushed by commstack {} (commit {}) on {}",
+                b.commstack,
+                b.commit.get(..12).unwrap_or(&b.commit),
+                if b.host.is_empty() { "?" } else { &b.host }
+            ));
         }
         let shipped = config
             .result
