@@ -497,7 +497,7 @@ impl Engine<'_> {
                 Some(cache) if steps.substitutable(step) => {
                     let found = cache.lookup(step, key).with_context(|| {
                         format!(
-                            "looking up step {step} ({}) in the binary cache {}",
+                            "looking up step {step} ({}) in the binary cache {} (to build without it, run the same command with --no-substitute)",
                             key.dir_name(),
                             cache.source()
                         )
