@@ -30,72 +30,169 @@ pub struct Found {
     pub manifest: Vec<u8>,
 }
 
-/// Logs in for pulls and reads the raw manifest at `reference` (a tag); None when the
-/// registry has no such tag. `what` names the look-up in errors.
-pub(crate) async fn tagged_manifest(
-    options: &PushOptions,
-    (client, credentials): (&Client, &Credentials),
-    site: &Site,
-    progress: &Progress,
-    reference: &Reference,
-    what: &str,
-) -> Result<Option<Vec<u8>>> {
-    with_retry(&options.retry, "logging in", progress, || {
-        client.auth(reference, &credentials.auth, RegistryOperation::Pull)
-    })
-    .await
-    .map_err(|e| site.fail(what, e))?;
-    let pulled = with_retry(&options.retry, what, progress, || {
-        client.pull_manifest_raw(reference, &credentials.auth, &[MANIFEST_MEDIA_TYPE])
-    })
-    .await;
-    match pulled {
-        Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
-        Err(err) if crate::signed::is_not_found(&err) => Ok(None),
-        Err(err) => Err(site.fail(what, err)),
+/// A pulling session with one repository: one runtime and one client for all its
+/// requests, so its connections are reused and a bearer registry's token is fetched once
+/// (not once per blob: a token service may be another host, and rate-limits). A token that
+/// expires during a long download is fetched again when the registry says 401.
+pub struct Puller {
+    pub(crate) options: PushOptions,
+    runtime: tokio::runtime::Runtime,
+    pub(crate) client: Client,
+    pub(crate) credentials: Credentials,
+    pub(crate) site: Site,
+    /// Logged in for pulls (the token, for a bearer registry, is in the client's cache).
+    logged_in: tokio::sync::Mutex<bool>,
+}
+
+impl Puller {
+    pub fn new(options: &PushOptions) -> Result<Puller> {
+        let (client, credentials) = client_for(options)?;
+        Ok(Puller {
+            site: Site::new(options, &credentials, "pull"),
+            options: options.clone(),
+            runtime: runtime()?,
+            client,
+            credentials,
+            logged_in: tokio::sync::Mutex::new(false),
+        })
+    }
+
+    pub(crate) fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        self.runtime.block_on(future)
+    }
+
+    /// Logs in for pulls unless done already (`again`: the token was refused, fetch one).
+    pub(crate) async fn log_in(&self, again: bool, what: &str, progress: &Progress) -> Result<()> {
+        let mut logged_in = self.logged_in.lock().await;
+        if *logged_in && !again {
+            return Ok(());
+        }
+        let target = &self.options.target;
+        let reference = Reference::with_tag(
+            target.registry.clone(),
+            target.repository.clone(),
+            "latest".to_string(),
+        );
+        with_retry(&self.options.retry, "logging in", progress, || {
+            self.client
+                .auth(&reference, &self.credentials.auth, RegistryOperation::Pull)
+        })
+        .await
+        .map_err(|e| self.site.fail(what, e))?;
+        *logged_in = true;
+        Ok(())
+    }
+
+    /// The manifest tagged `tag` in the repository; None when there is no such tag.
+    pub fn find_tag(&self, tag: &str) -> Result<Option<Found>> {
+        self.block_on(async {
+            let target = &self.options.target;
+            let reference = Reference::with_tag(
+                target.registry.clone(),
+                target.repository.clone(),
+                tag.to_string(),
+            );
+            let what = format!("looking up {}:{tag}", target.name());
+            let Some(bytes) = self.tagged_manifest(&reference, &what).await? else {
+                return Ok(None);
+            };
+            Ok(Some(Found {
+                tag: tag.to_string(),
+                digest: format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
+                manifest: bytes,
+            }))
+        })
+    }
+
+    /// Reads the raw manifest at `reference` (a tag); None when the registry has no such
+    /// tag. `what` names the look-up in errors.
+    pub(crate) async fn tagged_manifest(
+        &self,
+        reference: &Reference,
+        what: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let progress = Progress::new(false);
+        let mut again = false;
+        loop {
+            self.log_in(again, what, &progress).await?;
+            let pulled = with_retry(&self.options.retry, what, &progress, || {
+                self.client.pull_manifest_raw(
+                    reference,
+                    &self.credentials.auth,
+                    &[MANIFEST_MEDIA_TYPE],
+                )
+            })
+            .await;
+            return match pulled {
+                Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
+                Err(err) if crate::signed::is_not_found(&err) => Ok(None),
+                Err(err) if unauthorized(&err) && !again => {
+                    again = true;
+                    continue;
+                }
+                Err(err) => Err(self.site.fail(what, err)),
+            };
+        }
+    }
+
+    /// [`pull_blob`] in this session.
+    pub fn pull_blob(&self, digest: &str, size: u64, part: &Path) -> Result<()> {
+        self.block_on(self.pull_blob_resuming(self.options.progress, digest, size, part))
+    }
+
+    /// [`pull_blobs`] in this session.
+    pub fn pull_blobs(&self, blobs: &[Wanted], jobs: usize) -> Result<()> {
+        // One bar per blob would interleave: the caller says what is coming instead.
+        self.block_on(async {
+            futures::stream::iter(blobs.iter().map(|w| async {
+                self.pull_blob_resuming(false, &w.digest, w.size, &w.part)
+                    .await
+                    .with_context(|| w.name.clone())
+            }))
+            .buffer_unordered(jobs.max(1))
+            .collect::<Vec<Result<()>>>()
+            .await
+            .into_iter()
+            .collect::<Result<()>>()
+        })
+    }
+
+    /// [`pull_small_blob`] in this session.
+    pub fn pull_small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>> {
+        const MAX: u64 = 64 << 20;
+        if size > MAX {
+            bail!("the blob {digest} is {size} bytes, more than a config may be ({MAX})");
+        }
+        let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+        let part = dir.path().join("blob");
+        self.pull_blob(digest, size, &part)?;
+        Ok(std::fs::read(&part)?)
+    }
+}
+
+/// A 401: the registry refused the token (expired) or the credentials.
+fn unauthorized(err: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match err {
+        E::UnauthorizedError { .. } | E::ServerError { code: 401, .. } => true,
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| matches!(e.code, OciErrorCode::Unauthorized)),
+        _ => false,
     }
 }
 
 /// The manifest tagged `tag` in the options' repository; None when there is no such tag.
 pub fn find_tag(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
-    runtime()?.block_on(find_tag_async(options, tag))
-}
-
-async fn find_tag_async(options: &PushOptions, tag: &str) -> Result<Option<Found>> {
-    let target = &options.target;
-    let (client, credentials) = client_for(options)?;
-    let site = Site::new(options, &credentials, "pull");
-    let progress = Progress::new(false);
-    let reference = Reference::with_tag(
-        target.registry.clone(),
-        target.repository.clone(),
-        tag.to_string(),
-    );
-    let what = format!("looking up {}:{tag}", target.name());
-    let Some(bytes) = tagged_manifest(
-        options,
-        (&client, &credentials),
-        &site,
-        &progress,
-        &reference,
-        &what,
-    )
-    .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Found {
-        tag: tag.to_string(),
-        digest: format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
-        manifest: bytes,
-    }))
+    Puller::new(options)?.find_tag(tag)
 }
 
 /// Downloads the blob `digest` (`size` bytes) of the options' repository into `part`,
 /// continuing what `part` holds already; on Ok the file is the whole blob and its sha256
 /// is `digest`. A blob whose bytes do not hash to its digest is removed and refused.
 pub fn pull_blob(options: &PushOptions, digest: &str, size: u64, part: &Path) -> Result<()> {
-    runtime()?.block_on(pull_blob_resuming(options, digest, size, part))
+    Puller::new(options)?.pull_blob(digest, size, part)
 }
 
 /// A blob to download.
@@ -114,63 +211,62 @@ pub struct Wanted {
 /// failure (the others keep what they received, for the rerun). One stream at a time
 /// leaves the second core and the disk idle while a multi-GB image comes in.
 pub fn pull_blobs(options: &PushOptions, blobs: &[Wanted], jobs: usize) -> Result<()> {
-    // One bar per blob would interleave: the caller says what is coming instead.
-    let mut quiet = options.clone();
-    quiet.progress = false;
-    runtime()?.block_on(async {
-        futures::stream::iter(blobs.iter().map(|w| async {
-            pull_blob_resuming(&quiet, &w.digest, w.size, &w.part)
-                .await
-                .with_context(|| w.name.clone())
-        }))
-        .buffer_unordered(jobs.max(1))
-        .collect::<Vec<Result<()>>>()
-        .await
-        .into_iter()
-        .collect::<Result<()>>()
-    })
+    Puller::new(options)?.pull_blobs(blobs, jobs)
 }
 
-async fn pull_blob_resuming(
-    options: &PushOptions,
-    digest: &str,
-    size: u64,
-    part: &Path,
-) -> Result<()> {
-    let resumed = std::fs::metadata(part).is_ok_and(|m| m.len() > 0);
-    match pull_blob_async(options, digest, size, part).await {
-        // The bytes an earlier run left may be what was wrong (another blob's, a damaged
-        // disk): the file is gone now, so once more from the first byte.
-        Err(_) if resumed && !part.exists() => pull_blob_async(options, digest, size, part).await,
-        other => other,
+impl Puller {
+    async fn pull_blob_resuming(
+        &self,
+        progress: bool,
+        digest: &str,
+        size: u64,
+        part: &Path,
+    ) -> Result<()> {
+        let resumed = std::fs::metadata(part).is_ok_and(|m| m.len() > 0);
+        match self.pull_blob_async(progress, digest, size, part).await {
+            // The bytes an earlier run left may be what was wrong (another blob's, a
+            // damaged disk): the file is gone now, so once more from the first byte.
+            Err(_) if resumed && !part.exists() => {
+                self.pull_blob_async(progress, digest, size, part).await
+            }
+            other => other,
+        }
+    }
+
+    async fn pull_blob_async(
+        &self,
+        progress: bool,
+        digest: &str,
+        size: u64,
+        part: &Path,
+    ) -> Result<()> {
+        pull_blob_in(self, progress, digest, size, part).await
     }
 }
 
-async fn pull_blob_async(
-    options: &PushOptions,
+async fn pull_blob_in(
+    puller: &Puller,
+    progress: bool,
     digest: &str,
     size: u64,
     part: &Path,
 ) -> Result<()> {
+    let options = &puller.options;
+    let (client, site) = (&puller.client, &puller.site);
     let target = &options.target;
     let want = digest
         .strip_prefix("sha256:")
         .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
         .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
-    let (client, credentials) = client_for(options)?;
-    let site = Site::new(options, &credentials, "pull");
-    let progress = Progress::new(options.progress);
+    let progress = Progress::new(progress);
     let reference = Reference::with_digest(
         target.registry.clone(),
         target.repository.clone(),
         digest.to_string(),
     );
     let what = format!("downloading the blob {digest} ({size} bytes)");
-    with_retry(&options.retry, "logging in", &progress, || {
-        client.auth(&reference, &credentials.auth, RegistryOperation::Pull)
-    })
-    .await
-    .map_err(|e| site.fail(&what, e))?;
+    puller.log_in(false, &what, &progress).await?;
+    let mut relogged = false;
 
     let bar = blob_bar(&progress, "blob", size);
     let mut failures = 0u32;
@@ -247,6 +343,11 @@ async fn pull_blob_async(
                     "{what}: the registry {} has no such blob in {} (its manifest names it, the blob is gone): push the output again (`cargo xtask cache push`)",
                     target.registry, target.repository
                 )));
+            }
+            // The token expired during a long pull: a new one, once.
+            Err(Failed::Registry(e)) if unauthorized(&e) && !relogged => {
+                relogged = true;
+                puller.log_in(true, &what, &progress).await?;
             }
             Err(Failed::Registry(e)) if !transient(&e) => return Err(site.fail(&what, e)),
             Err(Failed::TooLong) => {
@@ -358,12 +459,5 @@ fn hash_part(part: &Path) -> Result<(Sha256, u64)> {
 /// Reads the blob `digest` of the options' repository into memory (a config: small),
 /// checking its sha256.
 pub fn pull_small_blob(options: &PushOptions, digest: &str, size: u64) -> Result<Vec<u8>> {
-    const MAX: u64 = 64 << 20;
-    if size > MAX {
-        bail!("the blob {digest} is {size} bytes, more than a config may be ({MAX})");
-    }
-    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-    let part = dir.path().join("blob");
-    pull_blob(options, digest, size, &part)?;
-    Ok(std::fs::read(&part)?)
+    Puller::new(options)?.pull_small_blob(digest, size)
 }

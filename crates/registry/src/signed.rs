@@ -12,7 +12,8 @@ use oci_client::Reference;
 use crate::artifact::{Artifact, EMPTY_CONFIG_MEDIA_TYPE, write_artifact_layout};
 use crate::layout::Layout;
 use crate::progress::Progress;
-use crate::push::{PushOptions, Pushed, Site, client_for, push_layout, with_retry};
+use crate::pull::Puller;
+use crate::push::{PushOptions, Pushed, push_layout, with_retry};
 use crate::sign::{
     SIGNATURE_ARTIFACT_TYPE, SIGNATURE_MEDIA_TYPE, SignatureDoc, sign, signature_tag, verify,
 };
@@ -102,16 +103,20 @@ pub fn verify_signed(
 /// yet; None when the registry has none. Errors are the registry's (unreachable,
 /// credentials, a damaged signature blob), never a verdict on the signature.
 pub fn fetch_signature(options: &PushOptions, digest: &str) -> Result<Option<SignatureDoc>> {
-    crate::push::runtime()?.block_on(fetch_signature_async(options, digest))
+    Puller::new(options)?.fetch_signature(digest)
 }
 
-async fn fetch_signature_async(
-    options: &PushOptions,
-    digest: &str,
-) -> Result<Option<SignatureDoc>> {
+impl Puller {
+    /// [`fetch_signature`] in this session.
+    pub fn fetch_signature(&self, digest: &str) -> Result<Option<SignatureDoc>> {
+        self.block_on(fetch_signature_async(self, digest))
+    }
+}
+
+async fn fetch_signature_async(puller: &Puller, digest: &str) -> Result<Option<SignatureDoc>> {
+    let options = &puller.options;
+    let (client, site) = (&puller.client, &puller.site);
     let target = &options.target;
-    let (client, credentials) = client_for(options)?;
-    let site = Site::new(options, &credentials, "pull");
     let progress = Progress::new(false);
     let tag = signature_tag(digest)?;
     let reference = Reference::with_tag(
@@ -121,16 +126,7 @@ async fn fetch_signature_async(
     );
     let place = format!("{}:{tag}", target.name());
     let what = format!("reading the signature {place}");
-    let Some(manifest) = crate::pull::tagged_manifest(
-        options,
-        (&client, &credentials),
-        &site,
-        &progress,
-        &reference,
-        &what,
-    )
-    .await?
-    else {
+    let Some(manifest) = puller.tagged_manifest(&reference, &what).await? else {
         return Ok(None);
     };
     let manifest: serde_json::Value = serde_json::from_slice(&manifest)

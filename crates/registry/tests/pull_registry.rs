@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use common::{noise, options_for};
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
-use commstack_registry::pull::pull_blob;
+use commstack_registry::pull::{Puller, Wanted, pull_blob};
 use commstack_registry::{Layout, PushOptions, push_layout};
 use commstack_testkit::{CutProxy, Direction, TestRegistry, skip_registry_tests};
 
@@ -168,5 +168,77 @@ fn a_partial_download_with_wrong_bytes_is_dropped_and_fetched_whole() {
     assert!(
         (rest + BIG..rest + BIG + OVERHEAD).contains(&received),
         "{received} bytes came back: the rest ({rest}), then the whole blob ({BIG})"
+    );
+}
+
+/// One session for a whole substitution: against a bearer-token registry, the look-up of a
+/// tag, a config and several blobs downloaded several at a time ask the token service
+/// once, not once per request (a token service is often another host, and rate-limits).
+#[test]
+fn a_pulling_session_asks_the_token_service_once() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start_with(commstack_testkit::RegistryAuthMode::Token);
+    let work = tempfile::tempdir().unwrap();
+    let layers: Vec<(String, PathBuf)> = (0..4u64)
+        .map(|i| {
+            let file = work.path().join(format!("layer-{i}.bin"));
+            std::fs::write(&file, noise((1 << 20) + i as usize, i + 7)).unwrap();
+            ("application/octet-stream".to_string(), file)
+        })
+        .collect();
+    let dir = work.path().join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
+            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
+            config: br#"{"name":"tokens"}"#.to_vec(),
+            layers,
+            annotations: Default::default(),
+            subject: None,
+        },
+        &dir,
+    )
+    .unwrap();
+    let mut options = options_for(&registry.host(), &registry, REPO);
+    options.tag = Some("tokens".into());
+    push_layout(&dir, &options).unwrap();
+    let layout = Layout::open(&dir).unwrap();
+    let before = registry.token_requests().len();
+
+    let puller = Puller::new(&options).unwrap();
+    let found = puller
+        .find_tag("tokens")
+        .unwrap()
+        .expect("the tag is there");
+    assert_eq!(found.digest, layout.manifest_digest);
+    let config = &layout.blobs[0];
+    assert_eq!(
+        puller.pull_small_blob(&config.digest, config.size).unwrap(),
+        br#"{"name":"tokens"}"#
+    );
+    assert!(puller.fetch_signature(&found.digest).unwrap().is_none());
+    let wanted: Vec<Wanted> = layout.blobs[1..]
+        .iter()
+        .map(|b| Wanted {
+            digest: b.digest.clone(),
+            size: b.size,
+            part: work.path().join(format!("{}.part", &b.digest[7..19])),
+            name: b.role.clone(),
+        })
+        .collect();
+    puller.pull_blobs(&wanted, 3).unwrap();
+    for (w, b) in wanted.iter().zip(&layout.blobs[1..]) {
+        assert_eq!(
+            std::fs::read(&w.part).unwrap(),
+            std::fs::read(&b.path).unwrap()
+        );
+    }
+    let asked: Vec<_> = registry.token_requests()[before..].to_vec();
+    assert_eq!(asked.len(), 1, "token requests of the session: {asked:?}");
+    assert!(
+        asked[0].1.contains(&format!("repository:{REPO}:pull")) && asked[0].2,
+        "{asked:?}"
     );
 }

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use commstack_registry::pull::Found;
+use commstack_registry::pull::{Found, Puller};
 use commstack_registry::{PushOptions, Target, VerifyingKey};
 use commstack_store::{StepKey, StepMeta, Store};
 use serde::Deserialize;
@@ -50,6 +50,9 @@ pub struct Substituter {
     allow_unsigned: bool,
     /// What the plan found, by tag: the run pulls the manifest the plan saw.
     found: RefCell<BTreeMap<String, Found>>,
+    /// One session for every look-up and download (made on first use): its connections
+    /// are reused and a bearer registry's token is fetched once.
+    puller: std::cell::OnceCell<Puller>,
 }
 
 /// The config of a step artifact (crate::flow::cache_push), as far as a pull reads it.
@@ -133,17 +136,28 @@ impl Substituter {
             trusted,
             allow_unsigned: request.allow_unsigned,
             found: RefCell::new(BTreeMap::new()),
+            puller: std::cell::OnceCell::new(),
         })
     }
 
     /// For tests: the retries of each request (a registry gone is found out sooner).
     pub fn set_retry(&mut self, retry: commstack_registry::RetryPolicy) {
         self.options.retry = retry;
+        self.puller = std::cell::OnceCell::new();
     }
 
     /// For tests: the credentials, instead of the environment's and Docker's.
     pub fn set_credentials(&mut self, credentials: commstack_registry::Credentials) {
         self.options.credentials = Some(credentials);
+        self.puller = std::cell::OnceCell::new();
+    }
+
+    fn puller(&self) -> Result<&Puller> {
+        if let Some(puller) = self.puller.get() {
+            return Ok(puller);
+        }
+        let puller = Puller::new(&self.options)?;
+        Ok(self.puller.get_or_init(|| puller))
     }
 
     fn place(&self, tag: &str) -> String {
@@ -163,7 +177,7 @@ impl Substitute for Substituter {
 
     fn lookup(&self, _step: StepId, key: &StepKey) -> Result<Option<String>> {
         let tag = tag_of(key);
-        let Some(found) = commstack_registry::pull::find_tag(&self.options, &tag)? else {
+        let Some(found) = self.puller()?.find_tag(&tag)? else {
             return Ok(None);
         };
         let reference = format!("{}@{}", self.place(&tag), found.digest);
@@ -185,7 +199,9 @@ impl Substitute for Substituter {
         let _downloads = store.lock_downloads()?;
         let found = match self.found.borrow().get(&tag).cloned() {
             Some(found) => found,
-            None => commstack_registry::pull::find_tag(&self.options, &tag)?
+            None => self
+                .puller()?
+                .find_tag(&tag)?
                 .with_context(|| format!("the binary cache has no {place} (any more)"))?,
         };
         let what = format!("the output of step {step} ({place}@{})", found.digest);
@@ -202,12 +218,10 @@ impl Substitute for Substituter {
                 manifest.annotations.get("dev.commstack.step.key")
             );
         }
-        let config = commstack_registry::pull::pull_small_blob(
-            &self.options,
-            &manifest.config.digest,
-            manifest.config.size,
-        )
-        .with_context(|| format!("{what}: its config"))?;
+        let config = self
+            .puller()?
+            .pull_small_blob(&manifest.config.digest, manifest.config.size)
+            .with_context(|| format!("{what}: its config"))?;
         let config: StepConfig = serde_json::from_slice(&config)
             .with_context(|| format!("{what}: its config is not a step's provenance"))?;
         let carried_files: usize = config.carried_steps.iter().map(|c| c.files.len()).sum();
@@ -315,7 +329,8 @@ impl Substitute for Substituter {
                 carried.len(),
                 bytes as f64 / 1e9
             ));
-            commstack_registry::pull::pull_blobs(&self.options, &wanted, PULL_JOBS)
+            self.puller()?
+                .pull_blobs(&wanted, PULL_JOBS)
                 .with_context(|| format!("{what}: the layers it carries"))?;
         }
         let downloaded: std::collections::BTreeSet<&str> =
@@ -338,7 +353,8 @@ impl Substitute for Substituter {
                     layer.digest,
                     layer.size
                 ));
-                commstack_registry::pull::pull_blob(&self.options, &layer.digest, layer.size, part)
+                self.puller()?
+                    .pull_blob(&layer.digest, layer.size, part)
                     .with_context(|| format!("{what}: layer {} of 2", i + 1))?;
                 let unpacked = out.out.join(format!(".pull-{i}"));
                 commstack_archive::unpack(part, &unpacked, &Default::default())
@@ -482,13 +498,11 @@ impl Substituter {
                 let part = pull_part(store, &layer.digest);
                 // Downloaded and hashed just now (above): not read again.
                 if !(downloaded.contains(layer.digest.as_str()) && part.is_file()) {
-                    commstack_registry::pull::pull_blob(
-                        &self.options,
-                        &layer.digest,
-                        layer.size,
-                        &part,
-                    )
-                    .with_context(|| format!("{what}: {}/{}", carried.name, file.path.display()))?;
+                    self.puller()?
+                        .pull_blob(&layer.digest, layer.size, &part)
+                        .with_context(|| {
+                            format!("{what}: {}/{}", carried.name, file.path.display())
+                        })?;
                 }
                 let to = out.out.join(&file.path);
                 if let Some(parent) = to.parent() {
@@ -553,7 +567,9 @@ impl Substituter {
     /// is not by a trusted key or does not verify, is refused, or with --allow-unsigned
     /// said and taken; a registry that cannot be read is an error either way.
     fn check_signature(&self, found: &Found, what: &str, say: &dyn Fn(&str)) -> Result<()> {
-        let doc = commstack_registry::fetch_signature(&self.options, &found.digest)
+        let doc = self
+            .puller()?
+            .fetch_signature(&found.digest)
             .with_context(|| format!("checking the signature of {what}"))?;
         let verdict = match &doc {
             None => Err(anyhow::anyhow!(
