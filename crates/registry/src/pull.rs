@@ -33,7 +33,8 @@ pub struct Found {
 /// A pulling session with one repository: one runtime and one client for all its
 /// requests, so its connections are reused and a bearer registry's token is fetched once
 /// (not once per blob: a token service may be another host, and rate-limits). A token that
-/// expires during a long download is fetched again when the registry says 401.
+/// expires during a long pull is fetched again by the client itself (oci-client keeps each
+/// token's expiry and the credentials of the first log-in).
 pub struct Puller {
     pub(crate) options: PushOptions,
     runtime: tokio::runtime::Runtime,
@@ -61,10 +62,10 @@ impl Puller {
         self.runtime.block_on(future)
     }
 
-    /// Logs in for pulls unless done already (`again`: the token was refused, fetch one).
-    pub(crate) async fn log_in(&self, again: bool, what: &str, progress: &Progress) -> Result<()> {
+    /// Logs in for pulls unless done already.
+    pub(crate) async fn log_in(&self, what: &str, progress: &Progress) -> Result<()> {
         let mut logged_in = self.logged_in.lock().await;
-        if *logged_in && !again {
+        if *logged_in {
             return Ok(());
         }
         let target = &self.options.target;
@@ -112,26 +113,16 @@ impl Puller {
         what: &str,
     ) -> Result<Option<Vec<u8>>> {
         let progress = Progress::new(false);
-        let mut again = false;
-        loop {
-            self.log_in(again, what, &progress).await?;
-            let pulled = with_retry(&self.options.retry, what, &progress, || {
-                self.client.pull_manifest_raw(
-                    reference,
-                    &self.credentials.auth,
-                    &[MANIFEST_MEDIA_TYPE],
-                )
-            })
-            .await;
-            return match pulled {
-                Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
-                Err(err) if crate::signed::is_not_found(&err) => Ok(None),
-                Err(err) if unauthorized(&err) && !again => {
-                    again = true;
-                    continue;
-                }
-                Err(err) => Err(self.site.fail(what, err)),
-            };
+        self.log_in(what, &progress).await?;
+        let pulled = with_retry(&self.options.retry, what, &progress, || {
+            self.client
+                .pull_manifest_raw(reference, &self.credentials.auth, &[MANIFEST_MEDIA_TYPE])
+        })
+        .await;
+        match pulled {
+            Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
+            Err(err) if crate::signed::is_not_found(&err) => Ok(None),
+            Err(err) => Err(self.site.fail(what, err)),
         }
     }
 
@@ -167,19 +158,6 @@ impl Puller {
         let part = dir.path().join("blob");
         self.pull_blob(digest, size, &part)?;
         Ok(std::fs::read(&part)?)
-    }
-}
-
-/// A 401: the registry refused the token (expired) or the credentials.
-fn unauthorized(err: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
-    match err {
-        E::UnauthorizedError { .. } | E::ServerError { code: 401, .. } => true,
-        E::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|e| matches!(e.code, OciErrorCode::Unauthorized)),
-        _ => false,
     }
 }
 
@@ -265,8 +243,7 @@ async fn pull_blob_in(
         digest.to_string(),
     );
     let what = format!("downloading the blob {digest} ({size} bytes)");
-    puller.log_in(false, &what, &progress).await?;
-    let mut relogged = false;
+    puller.log_in(&what, &progress).await?;
 
     let bar = blob_bar(&progress, "blob", size);
     let mut failures = 0u32;
@@ -343,11 +320,6 @@ async fn pull_blob_in(
                     "{what}: the registry {} has no such blob in {} (its manifest names it, the blob is gone): push the output again (`cargo xtask cache push`)",
                     target.registry, target.repository
                 )));
-            }
-            // The token expired during a long pull: a new one, once.
-            Err(Failed::Registry(e)) if unauthorized(&e) && !relogged => {
-                relogged = true;
-                puller.log_in(true, &what, &progress).await?;
             }
             Err(Failed::Registry(e)) if !transient(&e) => return Err(site.fail(&what, e)),
             Err(Failed::TooLong) => {

@@ -242,3 +242,54 @@ fn a_pulling_session_asks_the_token_service_once() {
         "{asked:?}"
     );
 }
+
+/// A token that has expired (a pull that outlived it): the session asks the token service
+/// again, once, and goes on (the client keeps each token's expiry and the credentials of
+/// the session's log-in).
+#[test]
+fn an_expired_token_is_asked_for_again() {
+    if skip_registry_tests() {
+        return;
+    }
+    let registry = TestRegistry::start_with(commstack_testkit::RegistryAuthMode::Token);
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("layer.bin");
+    std::fs::write(&file, noise(1 << 20, 11)).unwrap();
+    let dir = work.path().join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
+            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
+            config: br#"{"name":"expired"}"#.to_vec(),
+            layers: vec![("application/octet-stream".into(), file.clone())],
+            annotations: Default::default(),
+            subject: None,
+        },
+        &dir,
+    )
+    .unwrap();
+    let mut options = options_for(&registry.host(), &registry, REPO);
+    options.tag = Some("expired".into());
+    push_layout(&dir, &options).unwrap();
+    let layout = Layout::open(&dir).unwrap();
+    let before = registry.token_requests().len();
+
+    registry.expire_next_token();
+    let puller = Puller::new(&options).unwrap();
+    let found = puller.find_tag("expired").unwrap();
+    assert_eq!(
+        found.map(|f| f.digest),
+        Some(layout.manifest_digest.clone())
+    );
+    let part = work.path().join("layer.part");
+    puller
+        .pull_blob(&layout.blobs[1].digest, layout.blobs[1].size, &part)
+        .unwrap();
+    assert_eq!(std::fs::read(&part).unwrap(), std::fs::read(&file).unwrap());
+    let asked = registry.token_requests()[before..].to_vec();
+    assert_eq!(
+        asked.len(),
+        2,
+        "the expired token, then one new one: {asked:?}"
+    );
+}

@@ -232,6 +232,14 @@ impl TestRegistry {
             .unwrap_or_default()
     }
 
+    /// The next token the token service grants has expired already: what a client holds
+    /// when a long pull outlives its token.
+    pub fn expire_next_token(&self) {
+        if let Some(t) = &self.token {
+            t.expire_next.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// A directory holding only the CA as `ca.crt` (skopeo's `--cert-dir`).
     pub fn cert_dir(&self) -> PathBuf {
         self.dir.path().join("certs")
@@ -274,6 +282,8 @@ struct TokenService {
     port: u16,
     stop: Arc<AtomicBool>,
     requests: Arc<Mutex<Vec<(String, String, bool)>>>,
+    /// The next token granted has expired already (a long pull outliving its token).
+    expire_next: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -311,12 +321,18 @@ impl TokenService {
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, requests2, dir) = (stop.clone(), requests.clone(), dir.to_path_buf());
+        let expire_next = Arc::new(AtomicBool::new(false));
+        let (stop2, requests2, expire2, dir) = (
+            stop.clone(),
+            requests.clone(),
+            expire_next.clone(),
+            dir.to_path_buf(),
+        );
         let thread = std::thread::spawn(move || {
             while !stop2.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let _ = answer(stream, &dir, &x5c, &requests2);
+                        let _ = answer(stream, &dir, &x5c, &requests2, &expire2);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -326,6 +342,7 @@ impl TokenService {
             port,
             stop,
             requests,
+            expire_next,
             thread: Some(thread),
         }
     }
@@ -350,6 +367,7 @@ fn answer(
     dir: &Path,
     x5c: &str,
     requests: &Mutex<Vec<(String, String, bool)>>,
+    expire_next: &AtomicBool,
 ) -> std::io::Result<()> {
     use std::io::{BufRead, BufReader, Write};
     stream.set_nonblocking(false)?;
@@ -410,11 +428,17 @@ fn answer(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
+    // Expired beyond the registry's leeway (60 s), as a token does that a long pull
+    // outlived: issued two hours ago, for an hour.
+    let (now, lifetime) = match expire_next.swap(false, Ordering::SeqCst) {
+        true => (now - 7200, 3600),
+        false => (now, 600),
+    };
     let url = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     let header = serde_json::json!({"typ": "JWT", "alg": "RS256", "x5c": [x5c]});
     let claims = serde_json::json!({
         "iss": TOKEN_ISSUER, "sub": name, "aud": TOKEN_SERVICE,
-        "exp": now + 600, "nbf": now - 60, "iat": now, "jti": format!("{now}-{}", access.len()),
+        "exp": now + lifetime, "nbf": now - 60, "iat": now, "jti": format!("{now}-{}", access.len()),
         "access": access,
     });
     let signing_input = format!(
@@ -438,8 +462,8 @@ fn answer(
     )
     .stdout;
     let token = format!("{signing_input}.{}", url(&signature));
-    let body =
-        serde_json::json!({"token": token, "access_token": token, "expires_in": 600}).to_string();
+    let body = serde_json::json!({"token": token, "access_token": token, "expires_in": lifetime})
+        .to_string();
     write!(
         stream,
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
