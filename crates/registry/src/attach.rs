@@ -34,7 +34,7 @@ pub struct Attached {
     pub signature: Option<String>,
 }
 
-/// The tag of `kind` attached to the manifest `digest`.
+/// The tag of `kind` attached to the manifest `digest` (`sig` for its signature).
 pub fn attachment_tag(digest: &str, kind: &str) -> Result<String> {
     let hex = digest
         .strip_prefix("sha256:")

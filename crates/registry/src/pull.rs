@@ -131,7 +131,9 @@ impl Puller {
         self.block_on(self.pull_blob_resuming(self.options.progress, digest, size, part))
     }
 
-    /// [`pull_blobs`] in this session.
+    /// Several blobs, `jobs` at a time, each as [`pull_blob`] downloads it; stops at the
+    /// first failure (the others keep what they received, for the rerun). One stream at a
+    /// time leaves the second core and the disk idle while a multi-GB image comes in.
     pub fn pull_blobs(&self, blobs: &[Wanted], jobs: usize) -> Result<()> {
         // One bar per blob would interleave: the caller says what is coming instead.
         self.block_on(async {
@@ -185,13 +187,6 @@ pub struct Wanted {
     pub name: String,
 }
 
-/// Several blobs, `jobs` at a time, each as [`pull_blob`] downloads it; stops at the first
-/// failure (the others keep what they received, for the rerun). One stream at a time
-/// leaves the second core and the disk idle while a multi-GB image comes in.
-pub fn pull_blobs(options: &PushOptions, blobs: &[Wanted], jobs: usize) -> Result<()> {
-    Puller::new(options)?.pull_blobs(blobs, jobs)
-}
-
 impl Puller {
     async fn pull_blob_resuming(
         &self,
@@ -201,24 +196,14 @@ impl Puller {
         part: &Path,
     ) -> Result<()> {
         let resumed = std::fs::metadata(part).is_ok_and(|m| m.len() > 0);
-        match self.pull_blob_async(progress, digest, size, part).await {
+        match pull_blob_in(self, progress, digest, size, part).await {
             // The bytes an earlier run left may be what was wrong (another blob's, a
             // damaged disk): the file is gone now, so once more from the first byte.
             Err(_) if resumed && !part.exists() => {
-                self.pull_blob_async(progress, digest, size, part).await
+                pull_blob_in(self, progress, digest, size, part).await
             }
             other => other,
         }
-    }
-
-    async fn pull_blob_async(
-        &self,
-        progress: bool,
-        digest: &str,
-        size: u64,
-        part: &Path,
-    ) -> Result<()> {
-        pull_blob_in(self, progress, digest, size, part).await
     }
 }
 

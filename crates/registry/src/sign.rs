@@ -122,11 +122,7 @@ pub fn verify(doc: &SignatureDoc, digest: &str, trusted: &[VerifyingKey]) -> Res
 /// The tag a signature artifact is pushed under: `sha256-<hex>.sig` (the tag scheme
 /// cosign uses, which registries without the referrers API serve too).
 pub fn signature_tag(digest: &str) -> Result<String> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64)
-        .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
-    Ok(format!("sha256-{hex}.sig"))
+    crate::attach::attachment_tag(digest, "sig")
 }
 
 #[cfg(test)]

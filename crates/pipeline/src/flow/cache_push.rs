@@ -131,6 +131,8 @@ pub fn cache_push(
     let staging_root = ctx.home.join("push");
     std::fs::create_dir_all(&staging_root)
         .with_context(|| format!("cannot create {}", staging_root.display()))?;
+    // Who pushes: the same for every output (it runs git, so once).
+    let builder = crate::util::builder();
     let mut pushed = Vec::new();
     for (id, step_key, inputs, stored) in found {
         let dir_name = step_key.dir_name();
@@ -145,6 +147,7 @@ pub fn cache_push(
             &stored,
             store.root(),
             staging.path(),
+            &builder,
         )
         .with_context(|| format!("packing the output of step {id} ({dir_name})"))?;
         let files = stored.shipped.as_ref().map_or(0, |s| s.files.len());
@@ -185,6 +188,7 @@ fn step_layout(
     stored: &StoredResult,
     store_root: &Path,
     staging: &Path,
+    builder: &serde_json::Value,
 ) -> Result<PathBuf> {
     let shipped = stored.shipped.as_ref().context("the step ships nothing")?;
     let step_dir = StepDirOf::find(store_root, &shipped.root).with_context(|| {
@@ -293,7 +297,7 @@ fn step_layout(
         "carried_steps": carried,
         "layers": ["shipped", "rest", "the carried steps' files, in order"],
         "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
-        "builder": crate::util::builder(),
+        "builder": builder,
     });
     let layout = staging.join("oci");
     write_artifact_layout(
