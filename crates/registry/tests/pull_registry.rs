@@ -33,25 +33,35 @@ struct Setup {
     work: tempfile::TempDir,
 }
 
-fn setup() -> Setup {
-    let registry = TestRegistry::start();
-    let work = tempfile::tempdir().unwrap();
-    let bytes = noise(BIG as usize, 0x9e37_79b9_7f4a_7c15);
-    let file = work.path().join("big.bin");
-    std::fs::write(&file, &bytes).unwrap();
-    let dir = work.path().join("oci");
+/// An OCI layout in `root/oci` of a test artifact whose config names `name`, one layer per
+/// file.
+fn test_artifact(root: &Path, name: &str, files: Vec<PathBuf>) -> PathBuf {
+    let dir = root.join("oci");
     write_artifact_layout(
         &Artifact {
             artifact_type: "application/vnd.dev.commstack.test.v1".into(),
             config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
-            config: br#"{"name":"pull"}"#.to_vec(),
-            layers: vec![("application/octet-stream".into(), file)],
+            config: format!(r#"{{"name":"{name}"}}"#).into_bytes(),
+            layers: files
+                .into_iter()
+                .map(|f| ("application/octet-stream".to_string(), f))
+                .collect(),
             annotations: Default::default(),
             subject: None,
         },
         &dir,
     )
     .unwrap();
+    dir
+}
+
+fn setup() -> Setup {
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().unwrap();
+    let bytes = noise(BIG as usize, 0x9e37_79b9_7f4a_7c15);
+    let file = work.path().join("big.bin");
+    std::fs::write(&file, &bytes).unwrap();
+    let dir = test_artifact(work.path(), "pull", vec![file]);
     push_layout(&dir, &options_for(&registry.host(), &registry, REPO)).unwrap();
     let digest = Layout::open(&dir).unwrap().blobs[1].digest.clone();
     let proxy = CutProxy::start(&registry.host());
@@ -181,26 +191,14 @@ fn a_pulling_session_asks_the_token_service_once() {
     }
     let registry = TestRegistry::start_with(commstack_testkit::RegistryAuthMode::Token);
     let work = tempfile::tempdir().unwrap();
-    let layers: Vec<(String, PathBuf)> = (0..4u64)
+    let files: Vec<PathBuf> = (0..4u64)
         .map(|i| {
             let file = work.path().join(format!("layer-{i}.bin"));
             std::fs::write(&file, noise((1 << 20) + i as usize, i + 7)).unwrap();
-            ("application/octet-stream".to_string(), file)
+            file
         })
         .collect();
-    let dir = work.path().join("oci");
-    write_artifact_layout(
-        &Artifact {
-            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
-            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
-            config: br#"{"name":"tokens"}"#.to_vec(),
-            layers,
-            annotations: Default::default(),
-            subject: None,
-        },
-        &dir,
-    )
-    .unwrap();
+    let dir = test_artifact(work.path(), "tokens", files);
     let mut options = options_for(&registry.host(), &registry, REPO);
     options.tag = Some("tokens".into());
     push_layout(&dir, &options).unwrap();
@@ -255,19 +253,7 @@ fn an_expired_token_is_asked_for_again() {
     let work = tempfile::tempdir().unwrap();
     let file = work.path().join("layer.bin");
     std::fs::write(&file, noise(1 << 20, 11)).unwrap();
-    let dir = work.path().join("oci");
-    write_artifact_layout(
-        &Artifact {
-            artifact_type: "application/vnd.dev.commstack.test.v1".into(),
-            config_media_type: "application/vnd.dev.commstack.test.config.v1+json".into(),
-            config: br#"{"name":"expired"}"#.to_vec(),
-            layers: vec![("application/octet-stream".into(), file.clone())],
-            annotations: Default::default(),
-            subject: None,
-        },
-        &dir,
-    )
-    .unwrap();
+    let dir = test_artifact(work.path(), "expired", vec![file.clone()]);
     let mut options = options_for(&registry.host(), &registry, REPO);
     options.tag = Some("expired".into());
     push_layout(&dir, &options).unwrap();
