@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{ElfError, ElfFile};
 
 /// The dynamic-linking facts of one shared object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DynamicInfo {
     /// DT_NEEDED entries, in order.
     pub needed: Vec<String>,
@@ -83,6 +83,17 @@ pub fn resolve_needed(
     info: &DynamicInfo,
     search_dirs: &[PathBuf],
 ) -> Vec<NeededResolution> {
+    resolve_needed_with(library, info, search_dirs, &|p| p.is_file())
+}
+
+/// [`resolve_needed`] against another file tree than this machine's (an image's layers):
+/// `is_file` says whether a path is a file there, following symbolic links.
+pub fn resolve_needed_with(
+    library: &Path,
+    info: &DynamicInfo,
+    search_dirs: &[PathBuf],
+    is_file: &dyn Fn(&Path) -> bool,
+) -> Vec<NeededResolution> {
     let origin = library.parent().unwrap_or(Path::new("."));
     let own_kind = if info.runpath.is_empty() {
         "rpath"
@@ -95,7 +106,7 @@ pub fn resolve_needed(
         .map(|needed| {
             if needed.contains('/') {
                 let path = expand_origin(needed, origin);
-                let found = path.is_file().then_some(path);
+                let found = is_file(&path).then_some(path);
                 let via = found.as_ref().map(|_| "path");
                 return NeededResolution {
                     needed: needed.clone(),
@@ -103,7 +114,7 @@ pub fn resolve_needed(
                     via,
                 };
             }
-            let hit = |dirs: &[PathBuf]| dirs.iter().map(|d| d.join(needed)).find(|p| p.is_file());
+            let hit = |dirs: &[PathBuf]| dirs.iter().map(|d| d.join(needed)).find(|p| is_file(p));
             let (found, via) = match hit(&own) {
                 Some(p) => (Some(p), Some(own_kind)),
                 None => match hit(search_dirs) {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use goblin::archive::Archive;
 use goblin::elf::Elf;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ElfError;
 use super::file::{map_file, section_bytes};
@@ -26,7 +26,7 @@ pub const FATBIN_SECTIONS: [&str; 2] = [".nv_fatbin", "__nv_relfatbin"];
 const CONTAINER_HEADER: usize = 16;
 const ENTRY_HEADER_MIN: usize = 64;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FatbinKind {
     Ptx,
@@ -35,7 +35,7 @@ pub enum FatbinKind {
 }
 
 /// One entry of a container: a cubin (SASS) or PTX for one architecture.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FatbinEntry {
     pub kind: FatbinKind,
     /// `90` for sm_90 / compute_90.
@@ -45,7 +45,7 @@ pub struct FatbinEntry {
 }
 
 /// One container and where it was found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FatbinContainer {
     /// The archive member holding it, for static archives.
     pub member: Option<String>,
@@ -140,7 +140,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceCodeFormat {
     /// A shared object or object file.
@@ -152,7 +152,7 @@ pub enum DeviceCodeFormat {
 }
 
 /// The GPU code of one file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceCode {
     pub path: PathBuf,
     pub format: DeviceCodeFormat,
@@ -186,7 +186,11 @@ impl DeviceCode {
 /// recognises LLVM bitcode.
 pub fn read_device_code(path: &Path) -> Result<DeviceCode, ElfError> {
     let map = map_file(path)?;
-    let bytes: &[u8] = &map;
+    device_code_of(path, &map)
+}
+
+/// [`read_device_code`] of bytes already in memory (`path` names them in errors).
+pub fn device_code_of(path: &Path, bytes: &[u8]) -> Result<DeviceCode, ElfError> {
     let content = |why: String| ElfError::Content {
         path: path.to_path_buf(),
         why,

@@ -2,7 +2,9 @@
 //! only the headers, so the file is mapped rather than read.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use goblin::elf::Elf;
 use goblin::elf::section_header::SHT_NOBITS;
@@ -12,7 +14,24 @@ use super::ElfError;
 
 pub struct ElfFile {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
+}
+
+/// A file's bytes: mapped on its own, or a range of a mapping shared with other files (a
+/// member of an image layer's tar, read without copying it out).
+enum Bytes {
+    Own(Mmap),
+    Shared(Arc<Mmap>, Range<usize>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Own(m) => m,
+            Bytes::Shared(m, r) => &m[r.clone()],
+        }
+    }
 }
 
 /// A named byte range of the file: a section or a segment.
@@ -29,7 +48,33 @@ impl ElfFile {
         let map = map_file(path)?;
         let elf = ElfFile {
             path: path.to_path_buf(),
-            map,
+            map: Bytes::Own(map),
+        };
+        elf.parse()?;
+        Ok(elf)
+    }
+
+    /// The file whose bytes are `range` of `map` (shown as `path` in errors), checked to
+    /// parse as ELF. Fails when the range is outside the mapping.
+    pub fn from_shared(
+        path: &Path,
+        map: Arc<Mmap>,
+        range: Range<usize>,
+    ) -> Result<ElfFile, ElfError> {
+        if map.get(range.clone()).is_none() {
+            return Err(ElfError::Content {
+                path: path.to_path_buf(),
+                why: format!(
+                    "bytes {}..{} are outside the {}-byte mapping",
+                    range.start,
+                    range.end,
+                    map.len()
+                ),
+            });
+        }
+        let elf = ElfFile {
+            path: path.to_path_buf(),
+            map: Bytes::Shared(map, range),
         };
         elf.parse()?;
         Ok(elf)

@@ -14,10 +14,12 @@ mod tree;
 
 use std::path::PathBuf;
 
-pub use dynamic::{DynamicInfo, NeededResolution, expand_origin, resolve_needed};
+pub use dynamic::{
+    DynamicInfo, NeededResolution, expand_origin, resolve_needed, resolve_needed_with,
+};
 pub use fatbin::{
     DeviceCode, DeviceCodeFormat, FATBIN_MAGIC, FATBIN_SECTIONS, FatbinContainer, FatbinEntry,
-    FatbinKind, parse_fatbin_section, read_device_code,
+    FatbinKind, device_code_of, parse_fatbin_section, read_device_code,
 };
 pub use file::{ElfFile, FileRange};
 pub use nvshmem::{

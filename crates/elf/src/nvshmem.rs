@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use memchr::memmem;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::scan::c_string_around;
 use super::{ElfError, ElfFile};
@@ -20,7 +20,7 @@ use super::{ElfError, ElfFile};
 pub const USE_NCCL: &str = "NVSHMEM_USE_NCCL";
 
 /// The parsed build-variable string.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvshmemBuildVars {
     /// The string as compiled in.
     pub raw: String,
@@ -125,7 +125,7 @@ pub fn cmake_bool(value: &str) -> Option<bool> {
 }
 
 /// One expected option the library does not have.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildVarMismatch {
     pub key: String,
     pub expected: String,
@@ -150,7 +150,7 @@ impl fmt::Display for BuildVarMismatch {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildVarsCheck {
     pub mismatches: Vec<BuildVarMismatch>,
 }
@@ -162,7 +162,7 @@ impl BuildVarsCheck {
 }
 
 /// NVSHMEM's release version, `3.4.5`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NvshmemVersion {
     pub major: u32,
     pub minor: u32,
@@ -193,7 +193,7 @@ impl std::str::FromStr for NvshmemVersion {
 }
 
 /// What libnvshmem_host says about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvshmemHostInfo {
     pub build_vars: NvshmemBuildVars,
     /// File offset of the build-variable string.

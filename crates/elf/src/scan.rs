@@ -3,13 +3,13 @@
 //! proves a library cannot load NCCL by name.
 
 use memchr::memmem;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::file::FileRange;
 use super::{ElfError, ElfFile};
 
 /// One place a needle was found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteHit {
     /// File offset of the first byte of the needle.
     pub offset: u64,

@@ -8,13 +8,13 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use walkdir::WalkDir;
 
-use super::dynamic::{DynamicInfo, resolve_needed};
+use super::dynamic::{DynamicInfo, resolve_needed_with};
 use super::{ElfError, ElfFile};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TreeLibrary {
     pub path: PathBuf,
     /// DT_SONAME, or the file name when the library has none.
@@ -151,9 +151,20 @@ impl LibraryTree {
     /// `search_dirs` (the target's system library directories) resolve, leaving out
     /// `host_provided` sonames (libcuda.so.1 comes with the driver, not the stack).
     pub fn unresolved(&self, search_dirs: &[PathBuf], host_provided: &[String]) -> Vec<Unresolved> {
+        self.unresolved_with(search_dirs, host_provided, &|p| p.is_file())
+    }
+
+    /// [`LibraryTree::unresolved`] where the tree is not this machine's: `is_file` says
+    /// whether a path is a file there, following symbolic links.
+    pub fn unresolved_with(
+        &self,
+        search_dirs: &[PathBuf],
+        host_provided: &[String],
+        is_file: &dyn Fn(&Path) -> bool,
+    ) -> Vec<Unresolved> {
         let mut out = Vec::new();
         for lib in &self.libraries {
-            for r in resolve_needed(&lib.path, &lib.dynamic, search_dirs) {
+            for r in resolve_needed_with(&lib.path, &lib.dynamic, search_dirs, is_file) {
                 if r.found.is_some() || host_provided.contains(&r.needed) {
                     continue;
                 }

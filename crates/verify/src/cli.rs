@@ -134,6 +134,40 @@ fn expectations(args: &ExpectArgs) -> Result<Expectations> {
     Ok(e)
 }
 
+/// The flags that give `expect` back through [`ExpectArgs`]: how a caller that holds the
+/// expectations (the build's verify step) asks the verify tool in an image for the same.
+/// Only what the flags can carry: the defaults of [`Expectations::new`] are the tool's own.
+pub fn expect_args(expect: &Expectations) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut flag = |name: &str, value: String| {
+        out.push(format!("--{name}"));
+        out.push(value);
+    };
+    if let Some(v) = expect.nccl_version {
+        flag("expect-nccl", v.to_string());
+    }
+    if let Some(v) = expect.nvshmem_version {
+        flag("expect-nvshmem", v.to_string());
+    }
+    if let Some(p) = &expect.nvshmem_prefix {
+        flag("nvshmem-prefix", p.display().to_string());
+    }
+    for (k, v) in &expect.nvshmem_build_vars {
+        flag("nvshmem-option", format!("{k}={v}"));
+    }
+    if let Some(archs) = &expect.cuda_archs {
+        let list: Vec<String> = archs.iter().map(u32::to_string).collect();
+        flag("cuda-arch", list.join(","));
+    }
+    if let Some(v) = &expect.target_glibc {
+        flag("target-glibc", v.to_string());
+    }
+    if let Some(v) = &expect.target_glibcxx {
+        flag("target-glibcxx", v.to_string());
+    }
+    out
+}
+
 fn test_spec(index: usize, arg: &str) -> Result<TestSpec> {
     let (file, function) = match arg.rsplit_once(':') {
         Some((f, func)) if !func.is_empty() && !func.contains('/') => {
@@ -156,4 +190,40 @@ fn test_spec(index: usize, arg: &str) -> Result<TestSpec> {
         Some(f) => TestSpec::function(&name, &file, f),
         None => TestSpec::script(&name, &file, &[]),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        expect: ExpectArgs,
+    }
+
+    #[test]
+    fn expectations_go_through_the_flags_unchanged() {
+        let mut e = Expectations::new();
+        e.nccl_version = Some("2.28.9".parse().unwrap());
+        e.nvshmem_version = Some("3.4.5".parse().unwrap());
+        e.nvshmem_prefix = Some("/opt/commstack/venv/site/nvidia/nvshmem".into());
+        e.nvshmem_build_vars
+            .insert("NVSHMEM_IBGDA_SUPPORT".into(), "ON".into());
+        e.nvshmem_build_vars
+            .insert("NVSHMEM_UCX_SUPPORT".into(), "OFF".into());
+        e.cuda_archs = Some([90, 100].into_iter().collect());
+        e.target_glibc = Some("2.36".parse().unwrap());
+        e.target_glibcxx = Some("3.4.30".parse().unwrap());
+        let mut argv = vec!["verify".to_string()];
+        argv.extend(expect_args(&e));
+        let back = expectations(&Cmd::parse_from(argv).expect).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&e).unwrap()
+        );
+        // Nothing given, nothing asked.
+        assert!(expect_args(&Expectations::new()).is_empty());
+    }
 }

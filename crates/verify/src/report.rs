@@ -118,9 +118,28 @@ pub struct Report {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EnvironmentReport {
+    /// `python` (an interpreter's environment here) or `image` (an image's layers).
     pub kind: &'static str,
     pub python: PythonEnv,
     pub key: EnvironmentKey,
+    /// For `image`: its ID and each layer, read here or taken from an earlier read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageEnvironment>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageEnvironment {
+    /// `sha256:<hex>`: the ID Docker gives the image.
+    pub id: String,
+    /// Bottom first.
+    pub layers: Vec<LayerRead>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerRead {
+    pub diff_id: String,
+    /// Read from its tar by this verify (false: its index was kept from an earlier one).
+    pub read: bool,
 }
 
 impl Report {

@@ -1,16 +1,16 @@
 //! The static level (no GPU): every shared object of the stack in an environment's
 //! site-packages, read with the ELF library.
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::check::{Check, Status, overall};
 use crate::expect::Expectations;
-use commstack_elf::{
-    DeviceCode, DottedVersion, ElfFile, LibraryTree, TreeLibrary, newest_glibc, newest_glibcxx,
-    read_device_code, scan_tree,
-};
+use crate::facts::{FileFacts, file_facts, map_whole, wanted};
+use commstack_elf::{DeviceCode, DottedVersion, LibraryTree, TreeLibrary};
 
 /// The newest symbol versions one library needs.
 #[derive(Debug, Clone, Serialize)]
@@ -47,51 +47,143 @@ pub fn is_stack_library(root: &Path, path: &Path) -> bool {
     rel.starts_with("torch/") || rel.starts_with("nvidia/") || rel.starts_with("deep_ep")
 }
 
-/// Runs every static check over `roots` (site-packages directories).
+/// The environment as the checks see it: the libraries under each root and the facts of
+/// every file they look at, read from directories here ([`gather_dirs`]) or from an
+/// image's layers ([`crate::layers::ImageFiles::gather`]).
+pub struct Gathered<'a> {
+    pub roots: Vec<PathBuf>,
+    pub trees: Vec<LibraryTree>,
+    /// The facts of each file of the roots that the checks read.
+    pub facts: BTreeMap<PathBuf, FileFacts>,
+    /// Why a root could not be walked.
+    pub unwalkable: Vec<String>,
+    /// Whether a path is a file of the environment, following symbolic links (for
+    /// DT_NEEDED resolution, which also looks outside the roots).
+    pub is_file: Box<dyn Fn(&Path) -> bool + 'a>,
+}
+
+/// Reads `roots` (site-packages directories of this machine).
+pub fn gather_dirs(roots: &[PathBuf]) -> Gathered<'static> {
+    let mut gathered = Gathered {
+        roots: roots.to_vec(),
+        trees: Vec::new(),
+        facts: BTreeMap::new(),
+        unwalkable: Vec::new(),
+        is_file: Box::new(|p: &Path| p.is_file()),
+    };
+    for root in roots {
+        match walk_dir(root, &mut gathered.facts) {
+            Ok(tree) => gathered.trees.push(tree),
+            Err(e) => gathered.unwalkable.push(e),
+        }
+    }
+    gathered
+}
+
+/// Every file of `root` the checks read (not following symbolic links; a second hard
+/// link to a file is not a copy), its facts into `facts`; the root's libraries.
+fn walk_dir(root: &Path, facts: &mut BTreeMap<PathBuf, FileFacts>) -> Result<LibraryTree, String> {
+    let mut seen_inodes = std::collections::HashSet::new();
+    let mut files = Vec::new();
+    for entry in walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .sort_by_file_name()
+    {
+        let entry = entry
+            .map_err(|e| format!("cannot read {}: {e}", e.path().unwrap_or(root).display()))?;
+        if !entry.file_type().is_file() || !wanted(entry.path()) {
+            continue;
+        }
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("cannot read {}: {e}", entry.path().display()))?;
+        if !seen_inodes.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        let path = entry.path().to_path_buf();
+        let data = map_whole(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if let Some(f) = file_facts(&path, &data) {
+            files.push(path.clone());
+            facts.insert(path, f);
+        }
+    }
+    Ok(tree_of(
+        root,
+        files.iter().map(|p| (p.as_path(), &facts[p])),
+    ))
+}
+
+/// The libraries of `root` from the facts of its files (in the order given).
+pub fn tree_of<'f>(
+    root: &Path,
+    files: impl Iterator<Item = (&'f Path, &'f FileFacts)>,
+) -> LibraryTree {
+    let mut tree = LibraryTree {
+        root: root.to_path_buf(),
+        libraries: Vec::new(),
+        unreadable: Vec::new(),
+    };
+    for (path, f) in files {
+        match &f.library {
+            Some(Ok(l)) => tree.libraries.push(TreeLibrary {
+                path: path.to_path_buf(),
+                name: l.name.clone(),
+                dynamic: l.dynamic.clone(),
+            }),
+            Some(Err(why)) => tree.unreadable.push((path.to_path_buf(), why.clone())),
+            None => {}
+        }
+    }
+    tree
+}
+
+/// Runs every static check over `roots` (site-packages directories of this machine).
 pub fn check_static(roots: &[PathBuf], expect: &Expectations) -> StaticFindings {
+    check_gathered(&gather_dirs(roots), expect)
+}
+
+/// Runs every static check over what was gathered.
+pub fn check_gathered(env: &Gathered<'_>, expect: &Expectations) -> StaticFindings {
     let mut checks = Vec::new();
     let mut libs: Vec<(PathBuf, TreeLibrary)> = Vec::new();
-    let mut trees: Vec<LibraryTree> = Vec::new();
-    for root in roots {
-        match scan_tree(root) {
-            Ok(tree) => {
-                for (path, why) in &tree.unreadable {
-                    if is_stack_library(root, path) {
-                        checks.push(Check::fail(
-                            "static.readable",
-                            format!("{}: {why}", path.display()),
-                            "reinstall the package that owns this file",
-                        ));
-                    }
-                }
-                libs.extend(
-                    tree.libraries
-                        .iter()
-                        .filter(|l| is_stack_library(root, &l.path))
-                        .map(|l| (root.clone(), l.clone())),
-                );
-                trees.push(tree);
+    for why in &env.unwalkable {
+        checks.push(Check::fail(
+            "static.readable",
+            why.clone(),
+            "check the path and its permissions",
+        ));
+    }
+    for tree in &env.trees {
+        let root = &tree.root;
+        for (path, why) in &tree.unreadable {
+            if is_stack_library(root, path) {
+                checks.push(Check::fail(
+                    "static.readable",
+                    format!("{}: {why}", path.display()),
+                    "reinstall the package that owns this file",
+                ));
             }
-            Err(e) => checks.push(Check::fail(
-                "static.readable",
-                e.to_string(),
-                "check the path and its permissions",
-            )),
         }
+        libs.extend(
+            tree.libraries
+                .iter()
+                .filter(|l| is_stack_library(root, &l.path))
+                .map(|l| (root.clone(), l.clone())),
+        );
     }
     let stack: Vec<&TreeLibrary> = libs.iter().map(|(_, l)| l).collect();
 
-    checks.extend(nvshmem_checks(&stack, expect));
-    checks.extend(deepep_device_check(roots, &stack));
+    checks.extend(nvshmem_checks(&stack, &env.facts, expect));
+    checks.extend(deepep_device_check(env, &stack));
     checks.extend(one_copy_checks(&stack, expect));
-    checks.push(resolution_check(&trees, &libs, expect));
-    let (needs, glibc_checks) = symbol_version_checks(&stack, expect);
+    checks.push(resolution_check(env, &libs, expect));
+    let (needs, glibc_checks) = symbol_version_checks(&stack, &env.facts, expect);
     checks.extend(glibc_checks);
-    let (device_code, device_checks) = device_code_checks(&trees, expect);
+    let (device_code, device_checks) = device_code_checks(env, expect);
     checks.extend(device_checks);
 
     StaticFindings {
-        roots: roots.to_vec(),
+        roots: env.roots.clone(),
         libraries: stack.len(),
         needs,
         device_code,
@@ -99,7 +191,11 @@ pub fn check_static(roots: &[PathBuf], expect: &Expectations) -> StaticFindings 
     }
 }
 
-fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
+fn nvshmem_checks(
+    stack: &[&TreeLibrary],
+    facts: &BTreeMap<PathBuf, FileFacts>,
+    expect: &Expectations,
+) -> Vec<Check> {
     let hosts: Vec<&&TreeLibrary> = stack
         .iter()
         .filter(|l| l.name.starts_with("libnvshmem_host"))
@@ -122,18 +218,15 @@ fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
     let mut checks = Vec::new();
     for lib in hosts {
         let path = &lib.path;
-        let elf = match ElfFile::open(path) {
-            Ok(e) => e,
-            Err(e) => {
-                checks.push(Check::fail(
-                    "static.nvshmem-host.build-vars",
-                    e.to_string(),
-                    "reinstall NVSHMEM",
-                ));
-                continue;
-            }
+        let Some(host) = facts.get(path).and_then(|f| f.nvshmem_host.as_ref()) else {
+            checks.push(Check::fail(
+                "static.nvshmem-host.build-vars",
+                format!("{}: not read as an NVSHMEM host library", path.display()),
+                "reinstall NVSHMEM",
+            ));
+            continue;
         };
-        match elf.nvshmem_host_info() {
+        match &host.info {
             Ok(info) => {
                 let check = info.build_vars.check(&expect.nvshmem_build_vars);
                 let version = info
@@ -169,11 +262,11 @@ fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
             }
             Err(e) => checks.push(Check::fail(
                 "static.nvshmem-host.build-vars",
-                e.to_string(),
+                e.clone(),
                 "this is not an NVSHMEM host library the stack built",
             )),
         }
-        checks.push(match elf.find_libnccl() {
+        checks.push(match &host.libnccl {
             Ok(hits) if hits.is_empty() => Check::pass("static.nvshmem-host.no-libnccl", format!("{}: no `libnccl` in any byte", path.display())),
             Ok(hits) => Check::fail(
                 "static.nvshmem-host.no-libnccl",
@@ -185,7 +278,7 @@ fn nvshmem_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> {
                 ),
                 "build NVSHMEM with NVSHMEM_USE_NCCL=OFF (`cargo xtask build nvshmem`) and install that",
             ),
-            Err(e) => Check::fail("static.nvshmem-host.no-libnccl", e.to_string(), "reinstall NVSHMEM"),
+            Err(e) => Check::fail("static.nvshmem-host.no-libnccl", e.clone(), "reinstall NVSHMEM"),
         });
     }
     checks
@@ -213,7 +306,7 @@ const DEEPEP_DEVICE: &str = "static.deepep.nvshmem-device";
 /// libnvshmem_host, and its version the host's.
 /// No check when no DeepEP extension links libnvshmem_host (none installed, or DeepEP V2,
 /// which uses NCCL's device API and links no NVSHMEM device code).
-fn deepep_device_check(roots: &[PathBuf], stack: &[&TreeLibrary]) -> Option<Check> {
+fn deepep_device_check(env: &Gathered<'_>, stack: &[&TreeLibrary]) -> Option<Check> {
     let links_nvshmem = stack.iter().any(|l| {
         l.path
             .file_name()
@@ -226,33 +319,39 @@ fn deepep_device_check(roots: &[PathBuf], stack: &[&TreeLibrary]) -> Option<Chec
     if !links_nvshmem {
         return None;
     }
-    let dist_info = roots
-        .iter()
-        .filter_map(|r| std::fs::read_dir(r).ok())
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name().is_some_and(|n| {
-                let n = n.to_string_lossy();
-                n.starts_with("deep_ep-") && n.ends_with(".dist-info")
+    // `<root>/deep_ep-<version>.dist-info/commstack-build.json`
+    let record = env.facts.iter().find(|(p, f)| {
+        f.build_record.is_some()
+            && p.parent().is_some_and(|d| {
+                env.roots.iter().any(|r| d.parent() == Some(r.as_path()))
+                    && d.file_name().is_some_and(|n| {
+                        let n = n.to_string_lossy();
+                        n.starts_with("deep_ep-") && n.ends_with(".dist-info")
+                    })
             })
-        });
-    Some(match dist_info {
-        Some(d) => deepep_device_record_check(&d, stack),
+    });
+    Some(match record {
+        Some((path, f)) => deepep_device_record_check(
+            path,
+            f.build_record.as_deref().unwrap_or_default(),
+            &env.facts,
+            stack,
+        ),
         None => Check::not_run_fix(
             DEEPEP_DEVICE,
-            "a deep_ep_cpp extension links libnvshmem_host but no deep_ep-*.dist-info says how it was built",
+            "a deep_ep_cpp extension links libnvshmem_host but no deep_ep-*.dist-info/commstack-build.json says how it was built (a DeepEP not built by commstack, or by an older one)",
             "install DeepEP from the wheel `cargo xtask build deepep` makes",
         ),
     })
 }
 
-fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check {
-    let path = dist_info.join("commstack-build.json");
-    let record: DeepEpRecord = match std::fs::read_to_string(&path)
-        .map_err(anyhow::Error::from)
-        .and_then(|t| serde_json::from_str(&t).map_err(anyhow::Error::from))
-    {
+fn deepep_device_record_check(
+    path: &Path,
+    text: &str,
+    facts: &BTreeMap<PathBuf, FileFacts>,
+    stack: &[&TreeLibrary],
+) -> Check {
+    let record: DeepEpRecord = match serde_json::from_str(text) {
         Ok(r) => r,
         Err(e) => {
             return Check::not_run_fix(
@@ -273,12 +372,16 @@ fn deepep_device_record_check(dist_info: &Path, stack: &[&TreeLibrary]) -> Check
         );
     };
     let device = host.path.with_file_name("libnvshmem_device.a");
-    let host_version = ElfFile::open(&host.path)
-        .ok()
-        .and_then(|e| e.nvshmem_host_info().ok())
+    let host_version = facts
+        .get(&host.path)
+        .and_then(|f| f.nvshmem_host.as_ref())
+        .and_then(|h| h.info.as_ref().ok())
         .and_then(|i| i.version)
         .map(|v| v.to_string());
-    let device_sha = commstack_digest::sha256_file(&device).ok();
+    let device_sha = facts
+        .get(&device)
+        .and_then(|f| f.device.as_ref())
+        .map(|d| d.sha256.clone());
     let r = &record.nvshmem;
     if device_sha.as_deref() == Some(r.device_library_sha256.as_str())
         && r.version.is_some()
@@ -334,7 +437,7 @@ fn one_copy_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> 
 }
 
 fn resolution_check(
-    trees: &[LibraryTree],
+    env: &Gathered<'_>,
     libs: &[(PathBuf, TreeLibrary)],
     expect: &Expectations,
 ) -> Check {
@@ -345,8 +448,12 @@ fn resolution_check(
     // runtime level proves what really gets loaded.
     let mut hard = Vec::new();
     let mut soft = Vec::new();
-    for tree in trees {
-        for u in tree.unresolved(&expect.system_lib_dirs, &expect.host_provided_sonames) {
+    for tree in &env.trees {
+        for u in tree.unresolved_with(
+            &expect.system_lib_dirs,
+            &expect.host_provided_sonames,
+            &env.is_file,
+        ) {
             if !libs.iter().any(|(_, l)| l.path == u.library) {
                 continue;
             }
@@ -392,16 +499,17 @@ fn resolution_check(
 
 fn symbol_version_checks(
     stack: &[&TreeLibrary],
+    facts: &BTreeMap<PathBuf, FileFacts>,
     expect: &Expectations,
 ) -> (Vec<LibraryNeeds>, Vec<Check>) {
     let needs: Vec<LibraryNeeds> = stack
         .iter()
         .filter_map(|l| {
-            let v = ElfFile::open(&l.path).ok()?.needed_versions().ok()?;
-            Some(LibraryNeeds {
+            let f = facts.get(&l.path)?.library.as_ref()?.as_ref().ok()?;
+            f.versions_readable.then(|| LibraryNeeds {
                 path: l.path.clone(),
-                glibc: newest_glibc(&v),
-                glibcxx: newest_glibcxx(&v),
+                glibc: f.glibc.clone(),
+                glibcxx: f.glibcxx.clone(),
             })
         })
         .collect();
@@ -462,29 +570,28 @@ fn symbol_version_checks(
     (needs, checks)
 }
 
-fn device_code_checks(
-    trees: &[LibraryTree],
-    expect: &Expectations,
-) -> (Vec<DeviceCode>, Vec<Check>) {
+fn device_code_checks(env: &Gathered<'_>, expect: &Expectations) -> (Vec<DeviceCode>, Vec<Check>) {
     let mut found = Vec::new();
     let mut checks = Vec::new();
-    for tree in trees {
-        for entry in walkdir::WalkDir::new(&tree.root)
-            .max_depth(4)
-            .into_iter()
-            .flatten()
-        {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if entry.file_type().is_file() && name.starts_with("libnvshmem_device") {
-                match read_device_code(entry.path()) {
-                    Ok(code) => found.push(code),
-                    Err(e) => checks.push(Check::fail(
-                        "static.nvshmem-device.archs",
-                        e.to_string(),
-                        "reinstall NVSHMEM",
-                    )),
-                }
-            }
+    // libnvshmem_device* at most 4 levels below a root (nvidia/nvshmem/lib/...).
+    let near_a_root = |p: &Path| {
+        env.roots.iter().any(|r| {
+            p.strip_prefix(r)
+                .is_ok_and(|rel| rel.components().count() <= 4)
+        })
+    };
+    for (path, f) in &env.facts {
+        let Some(device) = &f.device else { continue };
+        if !near_a_root(path) {
+            continue;
+        }
+        match &device.code {
+            Ok(code) => found.push(code.clone()),
+            Err(e) => checks.push(Check::fail(
+                "static.nvshmem-device.archs",
+                e.clone(),
+                "reinstall NVSHMEM",
+            )),
         }
     }
     for code in found.iter().filter(|c| !c.containers.is_empty()) {

@@ -13,10 +13,13 @@ use crate::check::Check;
 use crate::environment::{PythonEnv, environment_key};
 use crate::expect::Expectations;
 use crate::process::{Exit, run_captured};
-use crate::report::{EnvironmentReport, Level, LevelReport, REPORT_SCHEMA, Report, write_atomic};
+pub use crate::report::LayerRead;
+use crate::report::{
+    EnvironmentReport, ImageEnvironment, Level, LevelReport, REPORT_SCHEMA, Report, write_atomic,
+};
 use crate::runner::{TestRun, TestSpec, run_test};
 use crate::runtime::{check_runtime, run_probe};
-use crate::static_level::check_static;
+use crate::static_level::{check_gathered as check_static_gathered, check_static};
 
 pub struct VerifyOptions {
     pub python: PathBuf,
@@ -124,6 +127,7 @@ pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
             kind: "python",
             python: env,
             key,
+            image: None,
         },
         expectations: opts.expect.clone(),
         requested: opts.levels.clone(),
@@ -135,6 +139,55 @@ pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
             exit_level,
         ],
     })
+}
+
+/// The static level over an image's files ([`crate::layers::ImageFiles`]), as a report
+/// like [`verify_python`]'s with only that level run. `python` is the image's interpreter
+/// and `site_packages` its roots; `image` names the image and how its layers were read.
+pub fn verify_image_static(
+    files: &crate::layers::ImageFiles,
+    python: PythonEnv,
+    image: ImageEnvironment,
+    expect: &Expectations,
+) -> Report {
+    let f = check_static_gathered(&files.gather(&python.site_packages), expect);
+    let level = LevelReport::ran(
+        Level::Static,
+        f.checks.clone(),
+        json!({"roots": f.roots, "libraries": f.libraries, "needs": f.needs, "device_code": f.device_code}),
+    );
+    let mut levels = vec![level];
+    levels.extend(
+        [
+            Level::Runtime,
+            Level::Selftest,
+            Level::Tests,
+            Level::ExitClean,
+        ]
+        .map(|l| LevelReport::not_run(l, "not requested")),
+    );
+    Report {
+        schema: REPORT_SCHEMA,
+        tool: format!("commstack-verify {}", env!("CARGO_PKG_VERSION")),
+        generated_at: jiff::Timestamp::now().to_string(),
+        environment: EnvironmentReport {
+            kind: "image",
+            key: crate::environment::EnvironmentKey {
+                id: image
+                    .id
+                    .trim_start_matches("sha256:")
+                    .chars()
+                    .take(16)
+                    .collect(),
+                files: Vec::new(),
+            },
+            python,
+            image: Some(image),
+        },
+        expectations: expect.clone(),
+        requested: vec![Level::Static],
+        levels,
+    }
 }
 
 /// DeepEP's own tests from its source tree, for the ranks this machine can hold:
