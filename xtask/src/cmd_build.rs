@@ -10,15 +10,18 @@ use commstack_pipeline::flow::build::{self, DeepepTarget, KernelsTarget, Nvshmem
 
 /// With no target: every step of the graph, in order, each reused when its inputs are
 /// unchanged: lock, fetch, toolchain, nvshmem-source, nvshmem, dropin, kernels, deepep,
-/// wheelhouse, base, image, load, verify. A failed step stops the run; the same command
-/// resumes there.
+/// wheelhouse, base, image, verify, load, runtime. A failed step stops the run; the same
+/// command resumes there.
 #[derive(clap::Args)]
 #[command(
     args_conflicts_with_subcommands = true,
     after_help = "\
 Steps (for --until and --only): lock, fetch, toolchain, nvshmem-source, nvshmem, dropin,
-kernels, deepep, wheelhouse, base, image, load, verify. A stack without [image] stops after
-the wheelhouse and the kernels.
+kernels, deepep, wheelhouse, base, image, verify, load, runtime. verify is verify's static
+level on this machine, read from the image's layers; runtime is what runs in the loaded
+image (`import torch` with no GPU; with --gpus, verify's runtime and selftest levels). Two
+adjacent steps that do not read each other run at the same time (verify while Docker
+loads the image). A stack without [image] stops after the wheelhouse and the kernels.
 
 The summary (each step: reused or built, time, output; the verify levels that ran and those
 that could not, and why) is also written as JSON to <home>/pipeline/<stack-id>/summary.json;

@@ -30,7 +30,7 @@ with build's flags (fetch: --mirror, --offline, --accept-tree-match; the binary 
 signature pushed beside the image.
 
 The image's verify report travels with it: when this home has one for the image (what
-`cargo xtask build` writes under <home>/reports/image-<id>/ after loading and verifying it),
+`cargo xtask build`'s verify and runtime steps write under <home>/reports/image-<id>/),
 it is pushed as an artifact whose subject is the image's manifest, tagged
 sha256-<hex>.verify (signed too with --key), with the builder (commstack version and
 commit, host) in its config; without one the push says so. See docs/registry.md.

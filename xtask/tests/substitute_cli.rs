@@ -111,10 +111,12 @@ fn dry_run_with_a_binary_cache_names_it_and_refuses_an_untrusted_one() {
             "{step}:\n{plan}"
         );
     }
-    // The toolchain is needed by the steps built here; verify (a report of this run) is
-    // never looked up.
+    // The toolchain is needed by the steps built here; verify and runtime (reports of
+    // this run) are never looked up.
     assert!(row(&plan, "toolchain").contains("runs:"), "{plan}");
-    assert!(!row(&plan, "verify").contains("binary cache"), "{plan}");
+    for step in ["verify", "runtime"] {
+        assert!(!row(&plan, step).contains("binary cache"), "{plan}");
+    }
 
     // --no-substitute: nothing is looked up.
     let out = build(&["--locked", "--no-substitute"]);

@@ -13,6 +13,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use StepId::*;
@@ -68,8 +69,9 @@ struct Recipes<'a> {
     kind: &'static str,
     store: Store,
     markers: PathBuf,
-    ran: RefCell<Vec<StepId>>,
-    here: RefCell<Option<BTreeSet<StepId>>>,
+    /// Mutexes: [`Steps`] is Sync (two steps may run at once).
+    ran: Mutex<Vec<StepId>>,
+    here: Mutex<Option<BTreeSet<StepId>>>,
 }
 
 /// The outputs a step's recipe reads (through fetch and load, which have none).
@@ -208,7 +210,16 @@ impl Steps for Recipes<'_> {
         Ok(match step {
             Lock => None,
             // Nothing to download when no step that reads the cache is built here.
-            Fetch if self.here.borrow().as_ref().is_some_and(|h| h.is_empty()) => None,
+            Fetch
+                if self
+                    .here
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|h| h.is_empty()) =>
+            {
+                None
+            }
             Fetch => (!self.markers.join("fetched").exists()).then(|| "not fetched".into()),
             Load => (!self.loaded_marker(done)?.exists()).then(|| "not loaded".into()),
             _ => bail!("step {step} is keyed"),
@@ -216,7 +227,7 @@ impl Steps for Recipes<'_> {
     }
 
     fn run(&self, step: StepId, done: &Done, _say: &dyn Fn(&str)) -> Result<StepResult> {
-        self.ran.borrow_mut().push(step);
+        self.ran.lock().unwrap().push(step);
         let marker = match step {
             Lock => bail!("the lock is made before the graph runs"),
             Fetch => self.markers.join("fetched"),
@@ -250,7 +261,7 @@ impl Steps for Recipes<'_> {
     }
 
     fn built_here(&self, steps: &BTreeSet<StepId>) {
-        *self.here.borrow_mut() = Some(steps.clone());
+        *self.here.lock().unwrap() = Some(steps.clone());
     }
 }
 
@@ -306,8 +317,8 @@ fn build_of_kind(
         kind,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
-        ran: RefCell::new(Vec::new()),
-        here: RefCell::new(None),
+        ran: Mutex::new(Vec::new()),
+        here: Mutex::new(None),
     };
     let store = Store::open(ctx.store_dir())?;
     let record = Record::open(home.join("pipeline/inputs.json"))?;
@@ -347,9 +358,13 @@ fn build_of_kind(
         assert_eq!(now, shipped.files, "{step}: the files its result records");
         outputs.insert(step, fingerprint(&shipped.root)?);
     }
+    // Two steps that run at once call their recipes in either order; the rest run in
+    // graph order already.
+    let mut ran = recipes.ran.into_inner().unwrap();
+    ran.sort();
     Ok(Built {
         plan: planned,
-        ran: recipes.ran.into_inner(),
+        ran,
         rows: report
             .rows
             .iter()
@@ -535,9 +550,10 @@ impl Setup {
     }
 }
 
-/// The keyed steps a substituted image needs (the base for its first layer; verify, which
-/// the fixture lets the cache hold): what an empty home makes.
-const IMAGE_NEEDS: [StepId; 3] = [Base, Image, Verify];
+/// The keyed steps a substituted image needs (the base for its first layer; runtime, the
+/// last step, which the fixture lets the cache hold; verify, which only runtime reads, is
+/// then not needed): what an empty home makes.
+const IMAGE_NEEDS: [StepId; 3] = [Base, Image, Runtime];
 
 /// The keyed steps but `except`.
 fn keyed_but(except: &[StepId]) -> Vec<StepId> {
@@ -638,12 +654,16 @@ fn an_empty_home_substitutes_what_is_needed_and_runs_no_recipe() -> Result<()> {
     assert!(again.ran.is_empty(), "{:?}", again.ran);
     for p in &again.plan {
         match p.step {
-            Toolchain | NvshmemSource => {}
+            Toolchain | NvshmemSource | Verify => {}
             _ => assert_eq!(p.status, Status::Reused, "{}", p.step),
         }
     }
-    assert_not_needed(&again, &[Toolchain, NvshmemSource]);
-    assert_same_outputs(&s.first, &again, &keyed_but(&[Toolchain, NvshmemSource]));
+    assert_not_needed(&again, &[Toolchain, NvshmemSource, Verify]);
+    assert_same_outputs(
+        &s.first,
+        &again,
+        &keyed_but(&[Toolchain, NvshmemSource, Verify]),
+    );
     Ok(())
 }
 
@@ -690,7 +710,7 @@ fn a_step_the_cache_lacks_is_built_here_from_the_pulled_outputs() -> Result<()> 
     assert_eq!(
         b.ran,
         [
-            Fetch, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Load, Verify
+            Fetch, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Verify, Load, Runtime
         ]
     );
     assert_same_outputs(&s.first, &b, &keyed_but(&[NvshmemSource]));
@@ -706,7 +726,7 @@ fn a_step_only_substituted_steps_read_is_not_made() -> Result<()> {
         return Ok(());
     }
     let s = setup(&[
-        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Verify,
+        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Verify, Runtime,
     ])?;
     let cache = s.trusted()?;
     let home = s.home("b");
@@ -1024,7 +1044,8 @@ fn wrong_credentials_are_refused_before_anything_is_pulled() -> Result<()> {
     };
     eprintln!("the error: {err}");
     assert!(
-        err.contains("looking up step verify")
+        // The lookups go backwards from the last step.
+        err.contains("looking up step runtime")
             && err.contains("refused the credentials (401")
             && err.contains(REPO),
         "{err}"

@@ -36,8 +36,9 @@ pub struct GraphArgs {
     /// Print the summary (or with --dry-run the plan) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Verify also the runtime and selftest levels in a container with the GPUs
-    /// (`docker run --gpus all`: NVIDIA GPUs and the NVIDIA container runtime).
+    /// The runtime step also runs verify's runtime and selftest levels in a container
+    /// with the GPUs (`docker run --gpus all`: NVIDIA GPUs and the NVIDIA container
+    /// runtime).
     #[arg(long)]
     pub gpus: bool,
     /// Also write the image as an OCI image layout (gzip layers) into DIR, which must not
@@ -85,7 +86,8 @@ pub struct CacheArgs {
     pub ca_file: Option<PathBuf>,
 }
 
-/// `build image`: the graph until the image is loaded (and verified with --verify).
+/// `build image`: the graph until the image is loaded (and verified, and run, with
+/// --verify).
 #[derive(clap::Args)]
 #[command(after_help = "\
 The stack must have an [image] section (the default stack.toml has one) and a lock with its
@@ -93,12 +95,14 @@ The stack must have an [image] section (the default stack.toml has one) and a lo
 
 Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
 the same ID), the tag (<name>:<first 12 hex of the lock's sha256>), the size, the layers and
-where the image step's files are (config, SBOM, provenance, image.json); the verify report
-is kept under <home>/reports/image-<id>/.")]
+where the image step's files are (config, SBOM, provenance, image.json); the verify reports
+are kept under <home>/reports/image-<id>/.")]
 pub struct ImageTarget {
-    /// Run verify's static level inside the image (`docker run --network=none`): ELF
-    /// closure, one libnvshmem_host (ours, NCCL off), one libnccl at the lock's version,
-    /// DeepEP's device code of the host library's build; then `import torch` with no GPU.
+    /// Verify the image (the graph until its runtime step): verify's static level on this
+    /// machine over the image's layers, while Docker loads it (ELF closure, one
+    /// libnvshmem_host (ours, NCCL off), one libnccl at the lock's version, DeepEP's
+    /// device code of the host library's build); then `import torch` in the loaded image
+    /// with no GPU and no network.
     #[arg(long, conflicts_with = "no_load")]
     pub verify: bool,
     /// Make the image step but do not load it into Docker.
@@ -113,7 +117,8 @@ pub struct ImageTarget {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// With --verify: also the runtime and selftest levels (`docker run --gpus all`).
+    /// With --verify: also verify's runtime and selftest levels in the loaded image
+    /// (`docker run --gpus all`).
     #[arg(long, requires = "verify")]
     pub gpus: bool,
     /// Also write the image as an OCI image layout into DIR, which must not exist.
@@ -130,7 +135,7 @@ impl ImageTarget {
     /// The graph's flags this asks for.
     pub fn into_graph(self) -> (GraphArgs, Args) {
         let until = match (self.verify, self.no_load) {
-            (true, _) => StepId::Verify,
+            (true, _) => StepId::Runtime,
             (false, true) => StepId::Image,
             (false, false) => StepId::Load,
         };
@@ -400,30 +405,36 @@ fn substituter(
     crate::flow::substitute::Substituter::new(&request, &ctx.stack_path).map(Some)
 }
 
-/// The verify levels that ran with their verdicts, and those that did not and why.
+/// The verify levels that ran with their verdicts, and those that did not and why: the
+/// static level from the verify step (on this machine), runtime and selftest from the
+/// runtime step (in the loaded image, with --gpus).
 fn verify_levels(rows: &[Ran], gpus: bool) -> Vec<VerifyLevel> {
-    let verify = rows.iter().find(|r| r.step == StepId::Verify);
-    let ran: Vec<(String, String)> = verify
-        .and_then(|r| r.facts.get("levels"))
-        .and_then(|l| serde_json::from_value(l.clone()).ok())
-        .unwrap_or_default();
     let mut out = Vec::new();
-    for level in ["static", "runtime", "selftest"] {
+    for (level, step) in [
+        ("static", StepId::Verify),
+        ("runtime", StepId::Runtime),
+        ("selftest", StepId::Runtime),
+    ] {
+        let row = rows.iter().find(|r| r.step == step);
+        let ran: Vec<(String, String)> = row
+            .and_then(|r| r.facts.get("levels"))
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
         // The verify tool lists the levels it was not asked for as "not-run".
         let status = ran
             .iter()
             .find(|(l, s)| l == level && s != "not-run")
             .map(|(_, s)| s.clone());
-        let why = match (&status, verify.map(|r| r.outcome)) {
+        let why = match (&status, row.map(|r| r.outcome)) {
             (Some(_), _) => None,
-            (None, None) => Some("the verify step was not part of this run".to_string()),
-            (None, Some("skipped")) => verify.and_then(|r| r.reason.clone()),
-            (None, Some("reused" | "built" | "substituted")) if !gpus => Some(
+            (None, None) => Some(format!("the {step} step was not part of this run")),
+            (None, Some("skipped")) => row.and_then(|r| r.reason.clone()),
+            (None, Some("reused" | "built" | "substituted")) if step == StepId::Runtime && !gpus => Some(
                 "needs NVIDIA GPUs and the NVIDIA container runtime: run `cargo xtask build --gpus` on a GPU machine"
                     .to_string(),
             ),
-            (None, Some("failed")) => Some("the verify step failed".to_string()),
-            (None, Some(_)) => Some("the build stopped before the verify step".to_string()),
+            (None, Some("failed")) => Some(format!("the {step} step failed")),
+            (None, Some(_)) => Some(format!("the build stopped before the {step} step")),
         };
         out.push(VerifyLevel {
             level: level.to_string(),
@@ -535,12 +546,14 @@ fn check(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     crate::check::scratch_home(&ctx.home, &scratch)?;
 
     // The same command, built again: --force in the scratch home, stopping at the image
-    // (load and verify ship nothing; Docker is shared).
+    // (verify, load and runtime ship nothing; Docker is shared).
     use crate::graph::Steps;
     let image_applies = steps.skipped(StepId::Image).is_none();
     let limit: Vec<String> = match (graph.only, graph.until) {
         (Some(s), _) => vec!["--only".into(), s.name().into()],
-        (None, Some(StepId::Load | StepId::Verify)) | (None, None) if image_applies => {
+        (None, Some(StepId::Verify | StepId::Load | StepId::Runtime)) | (None, None)
+            if image_applies =>
+        {
             vec!["--until".into(), "image".into()]
         }
         (None, Some(s)) => vec!["--until".into(), s.name().into()],

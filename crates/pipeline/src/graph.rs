@@ -12,6 +12,9 @@
 //! stack.lock file, handled before the graph by its caller), `fetch` (the download cache)
 //! and `load` (the Docker engine). Each is asked whether its work is done.
 //!
+//! Steps run one after another, but verify and load, adjacent, both run here and neither
+//! reading the other, run at the same time (see [`Engine::run`]).
+//!
 //! With a binary cache (`build --substitute`, [`Substitute`]), a keyed step that would run
 //! is first looked up there by its key: when the cache has it, it is pulled and sealed in
 //! the store instead of built. A step is made only when a step that reads it runs here (or
@@ -68,14 +71,17 @@ pub enum StepId {
     Base,
     /// The image: base, venv, wheels, drop-in, DeepEP, tools, SBOM, provenance.
     Image,
+    /// verify's static level on this machine, over the image's layer tars (no Docker).
+    Verify,
     /// The image loaded into Docker under its tag.
     Load,
-    /// verify inside the image (static; runtime and selftest with --gpus).
-    Verify,
+    /// What runs in the loaded image: `import torch` without GPUs; with --gpus, verify's
+    /// runtime and selftest levels.
+    Runtime,
 }
 
 impl StepId {
-    pub const ALL: [StepId; 13] = [
+    pub const ALL: [StepId; 14] = [
         StepId::Lock,
         StepId::Fetch,
         StepId::Toolchain,
@@ -87,8 +93,9 @@ impl StepId {
         StepId::Wheelhouse,
         StepId::Base,
         StepId::Image,
-        StepId::Load,
         StepId::Verify,
+        StepId::Load,
+        StepId::Runtime,
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,8 +111,9 @@ impl StepId {
             StepId::Wheelhouse => "wheelhouse",
             StepId::Base => "base",
             StepId::Image => "image",
-            StepId::Load => "load",
             StepId::Verify => "verify",
+            StepId::Load => "load",
+            StepId::Runtime => "runtime",
         }
     }
 
@@ -124,11 +132,21 @@ impl StepId {
             Wheelhouse => &[Deepep, Dropin],
             Base => &[Fetch],
             Image => &[Base, Wheelhouse, Kernels],
+            // The image's layer tars, read on this machine: no Docker, so it runs while
+            // the image loads. The base's facts name the image's Python.
+            Verify => &[Base, Image],
             Load => &[Image],
-            // The image's key, not only Docker's copy: a new image is verified again. The
-            // base's facts name the Python verify runs.
-            Verify => &[Base, Image, Load],
+            // The image's key, not only Docker's copy: a new image is run again. After
+            // verify: a statically broken image is not started.
+            Runtime => &[Base, Image, Load, Verify],
         }
+    }
+
+    /// Whether the step may run at the same time as another: verify reads tars here while
+    /// load is Docker's work. The compiling steps each use every core already (`-j` jobs),
+    /// so two at once would gain nothing and mix their output.
+    pub fn runs_beside_others(self) -> bool {
+        matches!(self, StepId::Verify | StepId::Load)
     }
 
     /// Whether the step's output is a step of the store (keyed by its inputs).
@@ -201,8 +219,9 @@ pub fn stored_result(store: &Store, key: &StepKey) -> Result<Option<StoredResult
 pub type Done = BTreeMap<StepId, StepResult>;
 
 /// What the graph needs from whoever knows how to do the steps: the stack's own steps
-/// ([`crate::stack_steps::StackSteps`]), or a test's fixture recipes.
-pub trait Steps {
+/// ([`crate::stack_steps::StackSteps`]), or a test's fixture recipes. Sync: two steps
+/// that do not read each other run at the same time ([`Engine::run`]).
+pub trait Steps: Sync {
     /// Why `step` does not apply to this stack (e.g. no [image] section), or None.
     fn skipped(&self, step: StepId) -> Option<String>;
     /// What keys a keyed step (a JSON object): its settings and probes of this machine.
@@ -619,45 +638,47 @@ impl Engine<'_> {
     }
 
     /// Runs the plan's steps that are not reused, in order; stops at the first failure.
+    ///
+    /// Two adjacent steps that both are built here, neither of which reads the other, and
+    /// both [`StepId::runs_beside_others`], run at the same time: verify reads the image's layer tars on this machine while
+    /// Docker loads the same image, and the two together take the longer one's time, not
+    /// the sum. Only pairs, and no pull from the binary cache (its client is not shared
+    /// between threads). A failure of either stops the run; the other still finishes.
     pub fn run(&self, steps: &dyn Steps, plan: Plan) -> Result<RunReport> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("cannot create {}", self.log_dir.display()))?;
-        let started = Instant::now();
+        let runner = Runner {
+            store: self.store,
+            record: self.record,
+            log_dir: &self.log_dir,
+            quiet: self.quiet,
+            started: Instant::now(),
+        };
         let only = plan.only;
         let mut done = plan.done;
         let mut rows = Vec::new();
         let mut failed = None;
-        for p in plan.steps {
-            let key = p.key.clone();
-            let row = |outcome: &'static str,
-                       seconds: f64,
-                       result: Option<&StepResult>,
-                       reason: Option<String>| Ran {
-                step: p.step,
-                outcome,
-                seconds,
-                output: result.and_then(|r| r.output.clone()),
-                key: key.clone(),
-                reason,
-                facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
-            };
+        let planned = plan.steps;
+        let mut next = 0;
+        while let Some(p) = planned.get(next) {
+            next += 1;
             if failed.is_some() {
                 // What a failure stops is not run; what was reused or skipped still is.
-                match &p.status {
-                    Status::Reused => rows.push(row("reused", 0.0, done.get(&p.step), None)),
+                rows.push(match &p.status {
+                    Status::Reused => row(p, "reused", 0.0, done.get(&p.step), None),
                     Status::Skipped { reason } => {
-                        rows.push(row("skipped", 0.0, None, Some(reason.clone())))
+                        row(p, "skipped", 0.0, None, Some(reason.clone()))
                     }
                     Status::Run { .. } | Status::Substitute { .. } => {
-                        rows.push(row("not-run", 0.0, None, None))
+                        row(p, "not-run", 0.0, None, None)
                     }
-                }
+                });
                 continue;
             }
             match &p.status {
                 Status::Skipped { reason } => {
-                    self.say(&format!("{:>24} {}: skipped: {reason}", "", p.step));
-                    rows.push(row("skipped", 0.0, None, Some(reason.clone())));
+                    runner.say(&format!("{:>24} {}: skipped: {reason}", "", p.step));
+                    rows.push(row(p, "skipped", 0.0, None, Some(reason.clone())));
                     continue;
                 }
                 Status::Reused => {
@@ -670,16 +691,16 @@ impl Engine<'_> {
                         self.record.set(p.step, inputs)?;
                     }
                     let result = done.get(&p.step);
-                    self.say(&format!(
+                    runner.say(&format!(
                         "[{:>7.1}s] {:<14} reused{}",
-                        started.elapsed().as_secs_f64(),
+                        runner.elapsed(),
                         p.step.name(),
                         result
                             .and_then(|r| r.output.as_ref())
                             .map(|o| format!(": {}", o.display()))
                             .unwrap_or_default()
                     ));
-                    rows.push(row("reused", 0.0, result, None));
+                    rows.push(row(p, "reused", 0.0, result, None));
                     continue;
                 }
                 Status::Run { reason, .. } if !p.selected => {
@@ -693,58 +714,215 @@ impl Engine<'_> {
                 }
                 Status::Substitute { .. } | Status::Run { .. } => {}
             }
-            // Built here or pulled from the binary cache: the same reporting either way.
-            let (how, verb, outcome_label, reason) = match &p.status {
-                Status::Substitute { from } => (
-                    format!("substituted from {from}"),
-                    "pulled",
-                    "substituted",
-                    from.clone(),
-                ),
-                Status::Run { reason, .. } => {
-                    (format!("runs: {reason}"), "done", "built", reason.clone())
+            let ended = match planned.get(next).filter(|q| at_the_same_time(p, q)) {
+                Some(q) => {
+                    next += 1;
+                    runner.starts(p, Some(q.step));
+                    runner.starts(q, Some(p.step));
+                    let (mine, theirs) = std::thread::scope(|scope| {
+                        let theirs = scope.spawn(|| runner.build(steps, q, &done));
+                        (runner.build(steps, p, &done), theirs.join())
+                    });
+                    // A panic in the other step is this run's, as it would be alone.
+                    let theirs = theirs.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    vec![(p, mine), (q, theirs)]
                 }
-                _ => unreachable!(),
+                None => {
+                    runner.starts(p, None);
+                    let ended = match &p.status {
+                        Status::Substitute { .. } => runner.ended(p, |log| {
+                            self.substitute_one(p, steps.store_step_kind(p.step).as_deref(), log)
+                        }),
+                        _ => runner.build(steps, p, &done),
+                    };
+                    vec![(p, ended)]
+                }
             };
-            self.say(&format!(
-                "[{:>7.1}s] {:<14} {how}",
-                started.elapsed().as_secs_f64(),
-                p.step.name()
-            ));
-            let t = Instant::now();
-            let log = self.log_dir.join(format!("{}.log", p.step.name()));
-            let outcome = match &p.status {
-                Status::Substitute { .. } => {
-                    self.substitute_one(&p, steps.store_step_kind(p.step).as_deref(), &log)
-                }
-                _ => self.run_one(steps, &p, &done, &log),
-            };
-            let seconds = t.elapsed().as_secs_f64();
-            match outcome {
-                Ok(result) => {
-                    self.say(&format!(
-                        "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
-                        started.elapsed().as_secs_f64(),
-                        p.step.name(),
-                        result
-                            .output
-                            .as_ref()
-                            .map(|o| format!(": {}", o.display()))
-                            .unwrap_or_default()
-                    ));
-                    rows.push(row(outcome_label, seconds, Some(&result), Some(reason)));
-                    done.insert(p.step, result);
-                }
-                Err(err) => {
-                    let _ = append_log(&log, &format!("error: {err:#}\n"));
-                    rows.push(row("failed", seconds, None, Some(reason)));
-                    failed = Some((p.step, err, log));
+            // Recorded in graph order, whichever of two at once ended first.
+            for (p, ended) in ended {
+                let reason = match &p.status {
+                    Status::Run { reason, .. } => Some(reason.clone()),
+                    Status::Substitute { from } => Some(from.clone()),
+                    Status::Reused | Status::Skipped { .. } => None,
+                };
+                match ended.outcome {
+                    Ok(result) => {
+                        rows.push(row(p, ended.label, ended.seconds, Some(&result), reason));
+                        done.insert(p.step, result);
+                    }
+                    Err(err) => {
+                        rows.push(row(p, "failed", ended.seconds, None, reason));
+                        // Of two failed at once, the first is the run's failure; the
+                        // other's error is in its log and its row.
+                        if failed.is_none() {
+                            failed = Some((p.step, err, ended.log));
+                        }
+                    }
                 }
             }
         }
         Ok(RunReport { rows, failed })
     }
 
+    /// Takes a step's output from the binary cache: the crate steps it points into are
+    /// sealed by the pull, the graph step here, as [`Runner::run_one`] seals a build.
+    fn substitute_one(&self, p: &Planned, kind: Option<&str>, log: &Path) -> Result<StepResult> {
+        std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
+        let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
+        else {
+            bail!("step {} is not a keyed step of a binary cache", p.step);
+        };
+        let quiet = self.quiet;
+        let name = p.step.name();
+        let say = |line: &str| {
+            if !quiet {
+                eprintln!("{:>24} {name}: {line}", "");
+            }
+            let _ = append_log(log, &format!("{line}\n"));
+        };
+        let mut made = None;
+        self.store
+            .run(key, inputs, true, |dir| {
+                let stored = cache.pull(self.store, p.step, key, kind, &say)?;
+                std::fs::write(
+                    dir.out.join(RESULT_FILE),
+                    serde_json::to_string_pretty(&stored)?,
+                )?;
+                made = Some(stored.result);
+                Ok(())
+            })
+            .with_context(|| {
+                format!(
+                    "substituting {} from {} (to build it here instead, run the same command with --no-substitute)",
+                    p.step,
+                    cache.source()
+                )
+            })?;
+        self.record.set(p.step, inputs)?;
+        made.context("the pull wrote no result")
+    }
+}
+
+/// Whether `q`, planned right after `p`, runs at the same time as it: both are built here
+/// and selected, and neither reads the other's output, directly or not.
+fn at_the_same_time(p: &Planned, q: &Planned) -> bool {
+    let built_here = |x: &Planned| {
+        x.selected && x.step.runs_beside_others() && matches!(x.status, Status::Run { .. })
+    };
+    built_here(p)
+        && built_here(q)
+        && !q.step.with_ancestors().contains(&p.step)
+        && !p.step.with_ancestors().contains(&q.step)
+}
+
+/// A step's row of the summary.
+fn row(
+    p: &Planned,
+    outcome: &'static str,
+    seconds: f64,
+    result: Option<&StepResult>,
+    reason: Option<String>,
+) -> Ran {
+    Ran {
+        step: p.step,
+        outcome,
+        seconds,
+        output: result.and_then(|r| r.output.clone()),
+        key: p.key.clone(),
+        reason,
+        facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
+    }
+}
+
+/// What building a step here needs of the engine: unlike the engine (its binary cache),
+/// shared by the two threads of steps that run at the same time.
+struct Runner<'a> {
+    store: &'a Store,
+    record: &'a Record,
+    log_dir: &'a Path,
+    quiet: bool,
+    /// When the run started: the `[   1.2s]` of each line.
+    started: Instant,
+}
+
+/// How a step that was built or pulled ended.
+struct Ended {
+    /// The row's outcome when it succeeded: built or substituted.
+    label: &'static str,
+    seconds: f64,
+    log: PathBuf,
+    outcome: Result<StepResult>,
+}
+
+impl Runner<'_> {
+    fn say(&self, line: &str) {
+        if !self.quiet {
+            eprintln!("{line}");
+        }
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// A step's first line: how it is made (built here or pulled), and the step it runs
+    /// beside.
+    fn starts(&self, p: &Planned, beside: Option<StepId>) {
+        let how = match &p.status {
+            Status::Substitute { from } => format!("substituted from {from}"),
+            Status::Run { reason, .. } => format!("runs: {reason}"),
+            Status::Reused | Status::Skipped { .. } => String::new(),
+        };
+        let beside = beside
+            .map(|s| format!(" (at the same time as {s})"))
+            .unwrap_or_default();
+        self.say(&format!(
+            "[{:>7.1}s] {:<14} {how}{beside}",
+            self.elapsed(),
+            p.step.name()
+        ));
+    }
+
+    /// Times `make` (given the step's log) and says how it ended: its `done in` line, or
+    /// its error appended to its log.
+    fn ended(&self, p: &Planned, make: impl FnOnce(&Path) -> Result<StepResult>) -> Ended {
+        let (verb, label) = match p.status {
+            Status::Substitute { .. } => ("pulled", "substituted"),
+            _ => ("done", "built"),
+        };
+        let log = self.log_dir.join(format!("{}.log", p.step.name()));
+        let t = Instant::now();
+        let outcome = make(&log);
+        let seconds = t.elapsed().as_secs_f64();
+        match &outcome {
+            Ok(result) => self.say(&format!(
+                "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
+                self.elapsed(),
+                p.step.name(),
+                result
+                    .output
+                    .as_ref()
+                    .map(|o| format!(": {}", o.display()))
+                    .unwrap_or_default()
+            )),
+            Err(err) => {
+                let _ = append_log(&log, &format!("error: {err:#}\n"));
+            }
+        }
+        Ended {
+            label,
+            seconds,
+            log,
+            outcome,
+        }
+    }
+
+    /// Builds `p` here (see [`Runner::run_one`]), timed and reported.
+    fn build(&self, steps: &dyn Steps, p: &Planned, done: &Done) -> Ended {
+        self.ended(p, |log| self.run_one(steps, p, done, log))
+    }
+
+    /// Runs the step's recipe; a keyed step is sealed in the store with its result.
     fn run_one(
         &self,
         steps: &dyn Steps,
@@ -791,50 +969,6 @@ impl Engine<'_> {
         })?;
         self.record.set(p.step, inputs)?;
         made.context("the step wrote no result")
-    }
-
-    /// Takes a step's output from the binary cache: the crate steps it points into are
-    /// sealed by the pull, the graph step here, as [`Engine::run_one`] seals a build.
-    fn substitute_one(&self, p: &Planned, kind: Option<&str>, log: &Path) -> Result<StepResult> {
-        std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
-        let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
-        else {
-            bail!("step {} is not a keyed step of a binary cache", p.step);
-        };
-        let quiet = self.quiet;
-        let name = p.step.name();
-        let say = |line: &str| {
-            if !quiet {
-                eprintln!("{:>24} {name}: {line}", "");
-            }
-            let _ = append_log(log, &format!("{line}\n"));
-        };
-        let mut made = None;
-        self.store
-            .run(key, inputs, true, |dir| {
-                let stored = cache.pull(self.store, p.step, key, kind, &say)?;
-                std::fs::write(
-                    dir.out.join(RESULT_FILE),
-                    serde_json::to_string_pretty(&stored)?,
-                )?;
-                made = Some(stored.result);
-                Ok(())
-            })
-            .with_context(|| {
-                format!(
-                    "substituting {} from {} (to build it here instead, run the same command with --no-substitute)",
-                    p.step,
-                    cache.source()
-                )
-            })?;
-        self.record.set(p.step, inputs)?;
-        made.context("the pull wrote no result")
-    }
-
-    fn say(&self, line: &str) {
-        if !self.quiet {
-            eprintln!("{line}");
-        }
     }
 }
 

@@ -22,7 +22,8 @@ const GRAPH_RECIPE: &str = "commstack-graph-1";
 /// What the graph's image steps are asked for beyond the build settings.
 #[derive(Clone, Debug, Default)]
 pub struct ImageOptions {
-    /// Verify also the runtime and selftest levels (`docker run --gpus all`).
+    /// The runtime step also runs verify's runtime and selftest levels (`docker run
+    /// --gpus all`).
     pub gpus: bool,
 }
 
@@ -36,7 +37,8 @@ pub struct StackSteps<'a> {
     probes: Probes,
     /// With a binary cache: the keyed steps built here (the graph tells, see
     /// [`Steps::built_here`]); fetch downloads only what they read. None: everything.
-    built_here: std::cell::RefCell<Option<std::collections::BTreeSet<StepId>>>,
+    /// A Mutex: [`Steps`] is Sync (steps may run at the same time).
+    built_here: std::sync::Mutex<Option<std::collections::BTreeSet<StepId>>>,
 }
 
 /// What of this machine a step's output depends on, read once per command.
@@ -142,7 +144,7 @@ impl<'a> StackSteps<'a> {
         // With a binary cache, only what the steps built here read: substituted steps
         // read nothing (their outputs come whole), so a build that substitutes every
         // compile step downloads no CUDA wheels, sources or runtime wheels.
-        if let Some(here) = self.built_here.borrow().as_ref() {
+        if let Some(here) = self.built_here.lock().expect("built_here lock").as_ref() {
             parts.retain(|part| here.iter().any(|step| reads(*step).contains(part)));
             if parts.is_empty() {
                 // (artifacts_of_parts reads no parts as all of them.)
@@ -191,9 +193,24 @@ fn reads(step: StepId) -> &'static [Part] {
         StepId::Wheelhouse => &[Part::Wheels],
         StepId::Base => &[Part::Debs],
         StepId::Kernels => &[Part::Toolchain],
-        StepId::Dropin | StepId::Image | StepId::Verify => &[],
+        StepId::Dropin | StepId::Image | StepId::Verify | StepId::Runtime => &[],
         StepId::Lock | StepId::Fetch | StepId::Load => &[],
     }
+}
+
+/// The base step's facts the verify steps read: the image's Python.
+#[derive(Deserialize)]
+struct BaseFacts {
+    python: String,
+}
+
+/// `static passed, runtime failed`: the levels of a verify report, for a message.
+fn describe_levels(levels: &[(String, String)]) -> String {
+    levels
+        .iter()
+        .map(|(level, status)| format!("{level} {status}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The output of a step's result, or an error naming the step (a graph bug if missing).
@@ -215,7 +232,7 @@ impl Steps for StackSteps<'_> {
     fn skipped(&self, step: StepId) -> Option<String> {
         let image_step = matches!(
             step,
-            StepId::Base | StepId::Image | StepId::Load | StepId::Verify
+            StepId::Base | StepId::Image | StepId::Verify | StepId::Load | StepId::Runtime
         );
         (image_step && self.settings.stack.image.is_none()).then(|| {
             format!(
@@ -286,7 +303,12 @@ impl Steps for StackSteps<'_> {
                 "rustc": p.rustc,
                 "git": p.git,
             }),
+            // The static level, on this machine: --gpus does not change it.
             StepId::Verify => json!({
+                "graph": GRAPH_RECIPE,
+                "verify_sources": p.verify_sources,
+            }),
+            StepId::Runtime => json!({
                 "graph": GRAPH_RECIPE,
                 "gpus": self.image.gpus,
                 "verify_sources": p.verify_sources,
@@ -484,12 +506,31 @@ impl Steps for StackSteps<'_> {
             }
             StepId::Verify => {
                 let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
-                #[derive(Deserialize)]
-                struct BaseFacts {
-                    python: String,
-                }
                 let base: BaseFacts = facts(done, StepId::Base)?;
-                let verdict = crate::flow::image::verify_in_container(
+                let verdict = crate::flow::verify_static::verify_image_static(
+                    ctx,
+                    &s.stack,
+                    &s.lock,
+                    &image,
+                    &base.python,
+                )?;
+                if verdict.exit != 0 {
+                    bail!(
+                        "verify's static level over the image's layers failed (exit {}): {}; report: {}",
+                        verdict.exit,
+                        describe_levels(&verdict.levels),
+                        verdict.report.display()
+                    );
+                }
+                Ok(StepResult {
+                    output: Some(verdict.report.clone()),
+                    facts: serde_json::to_value(&verdict)?,
+                })
+            }
+            StepId::Runtime => {
+                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+                let base: BaseFacts = facts(done, StepId::Base)?;
+                let verdict = crate::flow::image::runtime_in_container(
                     ctx,
                     &s.stack,
                     &s.lock,
@@ -498,19 +539,26 @@ impl Steps for StackSteps<'_> {
                     self.image.gpus,
                 )?;
                 if verdict.exit != 0 {
+                    let mut failed = Vec::new();
+                    if !verdict.import_torch {
+                        failed.push(format!(
+                            "`import torch` in the image (no GPU, no network) failed: see {}",
+                            crate::flow::image::report_dir(ctx, &image)
+                                .join("import-torch.txt")
+                                .display()
+                        ));
+                    }
+                    if !verdict.levels.is_empty() {
+                        failed.push(format!(
+                            "verify's GPU levels in the image: {}; report: {}",
+                            describe_levels(&verdict.levels),
+                            verdict.report.display()
+                        ));
+                    }
                     bail!(
-                        "verify in the image failed (exit {}): {}{}",
+                        "what runs in the loaded image failed (exit {}): {}",
                         verdict.exit,
-                        verdict
-                            .levels
-                            .iter()
-                            .map(|(l, st)| format!("{l} {st}"))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        match verdict.import_torch {
-                            true => "",
-                            false => "; `import torch` failed",
-                        }
+                        failed.join("; ")
                     );
                 }
                 Ok(StepResult {
@@ -551,8 +599,9 @@ impl Steps for StackSteps<'_> {
                 | StepId::Fetch
                 | StepId::Toolchain
                 | StepId::NvshmemSource
+                | StepId::Verify
                 | StepId::Load
-                | StepId::Verify => return None,
+                | StepId::Runtime => return None,
             }
             .to_string(),
         )
@@ -568,7 +617,7 @@ impl Steps for StackSteps<'_> {
     }
 
     fn built_here(&self, steps: &std::collections::BTreeSet<StepId>) {
-        *self.built_here.borrow_mut() = Some(steps.clone());
+        *self.built_here.lock().expect("built_here lock") = Some(steps.clone());
     }
 
     fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
@@ -586,7 +635,7 @@ impl Steps for StackSteps<'_> {
             | StepId::Base
             | StepId::Image => Some(output),
             // Unpacked downloads, checked by hash already; a report of this run.
-            StepId::Toolchain | StepId::NvshmemSource | StepId::Verify => None,
+            StepId::Toolchain | StepId::NvshmemSource | StepId::Verify | StepId::Runtime => None,
             StepId::Lock | StepId::Fetch | StepId::Load => None,
         }
     }

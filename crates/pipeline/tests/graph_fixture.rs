@@ -6,21 +6,22 @@
 //! small: each writes a file made from the step's inputs and its upstream outputs, in a
 //! content-addressed store step of its own, as the crates' real steps do.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use StepId::*;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_pipeline::check::{BuiltStep, StepCheck, Variations, compare, scratch_home};
 use commstack_pipeline::ctx::{Ctx, GlobalArgs};
 use commstack_pipeline::flow::build::Args;
 use commstack_pipeline::graph::{
-    Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps,
+    Done, Engine, Planned, RunReport, Selection, Status, StepId, StepResult, Steps,
 };
 use commstack_pipeline::record::Record;
 use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
@@ -42,7 +43,7 @@ const OTHER_DEEPEP_TREE: &str =
     "sha256:dc9b2a11e854eecac4f37d4ef092cdff169fb1115d5d09189fcfe8962aeac075";
 
 /// Every step after the lock, in graph order: what a first build runs.
-const AFTER_LOCK: [StepId; 12] = [
+const AFTER_LOCK: [StepId; 13] = [
     Fetch,
     Toolchain,
     NvshmemSource,
@@ -53,8 +54,9 @@ const AFTER_LOCK: [StepId; 12] = [
     Wheelhouse,
     Base,
     Image,
-    Load,
     Verify,
+    Load,
+    Runtime,
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -163,8 +165,8 @@ struct Fixture<'a> {
     store: Store,
     /// Where fetch and load leave their markers (the download cache and Docker, here).
     markers: PathBuf,
-    /// What `run` was called for, in order.
-    ran: RefCell<Vec<StepId>>,
+    /// What `run` was called for, in order (a Mutex: two steps may run at once).
+    ran: Mutex<Vec<StepId>>,
     /// The SIGKILL child: NVSHMEM's recipe writes half its output, creates this file and
     /// sleeps until killed.
     hang: Option<PathBuf>,
@@ -172,6 +174,48 @@ struct Fixture<'a> {
     inject_time: Option<StepId>,
     /// `--force` reaches the recipes' own steps, as it reaches the crates' in production.
     force: bool,
+    /// Verify and load wait for each other here (the concurrency tests).
+    meeting: Option<Meeting>,
+}
+
+/// Where verify and load meet: each tells the other it has started, then waits for the
+/// other's word, 10 s at most. Run one after the other, the first waits in vain and fails
+/// (rather than hanging, as a `Barrier` would).
+struct Meeting {
+    /// (tell the other, hear the other) for verify, and for load.
+    verify: (Sender<()>, Mutex<Receiver<()>>),
+    load: (Sender<()>, Mutex<Receiver<()>>),
+    /// The step that fails once both have met.
+    fail: Option<StepId>,
+}
+
+impl Meeting {
+    fn new(fail: Option<StepId>) -> Meeting {
+        let (to_load, load_hears) = std::sync::mpsc::channel();
+        let (to_verify, verify_hears) = std::sync::mpsc::channel();
+        Meeting {
+            verify: (to_load, Mutex::new(verify_hears)),
+            load: (to_verify, Mutex::new(load_hears)),
+            fail,
+        }
+    }
+
+    fn meet(&self, step: StepId) -> Result<()> {
+        let (tell, hear) = match step {
+            Verify => &self.verify,
+            Load => &self.load,
+            _ => return Ok(()),
+        };
+        tell.send(())?;
+        hear.lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|e| anyhow!("{step} waited for the other step in vain ({e}): they did not run at the same time"))?;
+        if self.fail == Some(step) {
+            bail!("{step} fails, as the test asks");
+        }
+        Ok(())
+    }
 }
 
 /// The outputs a step's recipe reads: its dependencies', through fetch and load, whose
@@ -255,7 +299,10 @@ impl Steps for Fixture<'_> {
     }
 
     fn run(&self, step: StepId, done: &Done, _say: &dyn Fn(&str)) -> Result<StepResult> {
-        self.ran.borrow_mut().push(step);
+        self.ran.lock().unwrap().push(step);
+        if let Some(meeting) = &self.meeting {
+            meeting.meet(step)?;
+        }
         let marker = match step {
             Lock => bail!("the lock is made before the graph runs"),
             Fetch => self.markers.join("fetched"),
@@ -363,10 +410,11 @@ fn fixture<'a>(ctx: &'a Ctx, home: &Path, inject_time: Option<StepId>) -> Result
         stack: StackSteps::new(ctx, Args::default(), ImageOptions { gpus: false })?,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
-        ran: RefCell::new(Vec::new()),
+        ran: Mutex::new(Vec::new()),
         hang: None,
         inject_time,
         force: false,
+        meeting: None,
     })
 }
 
@@ -385,25 +433,15 @@ fn build_opts(
         force,
         ..fixture(&ctx, home, inject_time)?
     };
-    let store = Store::open(ctx.store_dir())?;
-    let record = Record::open(home.join("pipeline/inputs.json"))?;
-    let engine = Engine {
-        store: &store,
-        record: &record,
-        log_dir: home.join("pipeline/logs"),
-        quiet: true,
-        force,
-        stack_flag: String::new(),
-        substitute: None,
-    };
-    let plan = engine.plan(&fixture, Selection::All)?;
-    let planned = plan.steps.clone();
-    let report = engine.run(&fixture, plan)?;
+    let (planned, report) = plan_and_run(&ctx, &fixture, home, force)?;
     if let Some((step, err, log)) = report.failed {
         bail!("step {step} failed ({}): {err:#}", log.display());
     }
     let rows = report.rows.iter().map(BuiltStep::from).collect();
-    let ran = fixture.ran.into_inner();
+    let mut ran = fixture.ran.into_inner().unwrap();
+    // Two steps that run at once call their recipes in either order; the rest run in
+    // graph order already.
+    ran.sort();
     let built: Vec<StepId> = report
         .rows
         .iter()
@@ -428,6 +466,29 @@ fn build_opts(
         outputs,
         rows,
     })
+}
+
+/// The engine over `fixture`: plans every step and runs them.
+fn plan_and_run(
+    ctx: &Ctx,
+    fixture: &Fixture,
+    home: &Path,
+    force: bool,
+) -> Result<(Vec<Planned>, RunReport)> {
+    let store = Store::open(ctx.store_dir())?;
+    let record = Record::open(home.join("pipeline/inputs.json"))?;
+    let engine = Engine {
+        store: &store,
+        record: &record,
+        log_dir: home.join("pipeline/logs"),
+        quiet: true,
+        force,
+        stack_flag: String::new(),
+        substitute: None,
+    };
+    let plan = engine.plan(fixture, Selection::All)?;
+    let planned = plan.steps.clone();
+    Ok((planned, engine.run(fixture, plan)?))
 }
 
 /// Every step that runs has a reason that names what changed: an input, or the
@@ -533,7 +594,7 @@ fn changed_nvshmem_option_rebuilds_nvshmem_and_what_follows_it() -> Result<()> {
     write_no_ibgda(&stack_dir);
     let b = build(&stack, &home, None)?;
     let rebuilt = [
-        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Image, Load, Verify,
+        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Image, Verify, Load, Runtime,
     ];
     assert_eq!(
         b.planned_to_run(),
@@ -603,7 +664,7 @@ fn changed_deepep_revision_rebuilds_deepep_wheelhouse_and_image_only() -> Result
 
     write_other_deepep(&stack_dir);
     let b = build(&stack, &home, None)?;
-    let rebuilt = [Deepep, Wheelhouse, Image, Load, Verify];
+    let rebuilt = [Deepep, Wheelhouse, Image, Verify, Load, Runtime];
     assert_eq!(
         b.planned_to_run(),
         rebuilt,
@@ -654,6 +715,94 @@ fn changed_deepep_revision_rebuilds_deepep_wheelhouse_and_image_only() -> Result
     let back = build(&stack, &home, None)?;
     assert_nothing_runs(&back);
     assert_eq!(back.outputs, first.outputs);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Two steps at the same time: verify (on this machine) while the image loads
+// ---------------------------------------------------------------------------------------
+
+/// A first build whose verify and load recipes wait for each other (10 s at most), with
+/// `fail` failing once they have met: the stack, the home and the run's report.
+fn build_meeting(dir: &Path, fail: Option<StepId>) -> Result<(PathBuf, PathBuf, RunReport)> {
+    let stack = write_bookworm(&dir.join("stack"));
+    let home = dir.join("home");
+    let ctx = ctx_for(&stack, &home)?;
+    let fixture = Fixture {
+        meeting: Some(Meeting::new(fail)),
+        ..fixture(&ctx, &home, None)?
+    };
+    let (_, report) = plan_and_run(&ctx, &fixture, &home, false)?;
+    Ok((stack, home, report))
+}
+
+fn outcomes(report: &RunReport) -> Vec<(StepId, &'static str)> {
+    report.rows.iter().map(|r| (r.step, r.outcome)).collect()
+}
+
+#[test]
+fn verify_and_load_run_at_the_same_time() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_, home, report) = build_meeting(dir.path(), None)?;
+    // One after the other, the first of them would wait 10 s for the other and fail.
+    if let Some((step, err, _)) = &report.failed {
+        panic!("step {step} failed: {err:#}");
+    }
+    let built: Vec<StepId> = report
+        .rows
+        .iter()
+        .filter(|r| r.outcome == "built")
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(built, AFTER_LOCK, "every row, in graph order");
+    // Each has its own log.
+    for step in [Verify, Load] {
+        assert!(home.join(format!("pipeline/logs/{step}.log")).is_file());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failure_of_one_of_two_at_once_stops_the_run_and_the_other_is_kept() -> Result<()> {
+    // Verify runs on the engine's thread, load on the one it starts: both ways.
+    for (fail, other) in [(Verify, Load), (Load, Verify)] {
+        let dir = tempfile::tempdir()?;
+        let (stack, home, report) = build_meeting(dir.path(), Some(fail))?;
+        let (step, err, log) = report
+            .failed
+            .as_ref()
+            .unwrap_or_else(|| panic!("{fail} was to fail: {:?}", outcomes(&report)));
+        assert_eq!(*step, fail);
+        assert!(
+            format!("{err:#}").contains("fails, as the test asks"),
+            "{err:#}"
+        );
+        let logged = std::fs::read_to_string(log)?;
+        assert!(logged.contains("fails, as the test asks"), "{logged}");
+        let end: Vec<(StepId, &str)> = outcomes(&report)
+            .into_iter()
+            .filter(|(s, _)| *s >= Image)
+            .collect();
+        let mut expected = vec![(Image, "built"), (Verify, "built"), (Load, "built")];
+        expected.retain(|(s, _)| *s != fail);
+        expected.push((fail, "failed"));
+        expected.sort();
+        expected.push((Runtime, "not-run"));
+        assert_eq!(
+            end, expected,
+            "{fail} fails, {other} finishes, runtime does not run"
+        );
+
+        // The same command resumes at the failed step: the other is done.
+        let rerun = build(&stack, &home, None)?;
+        assert_eq!(
+            rerun.planned_to_run(),
+            [fail, Runtime],
+            "{}",
+            rerun.dry_run()
+        );
+        assert_eq!(rerun.planned(other).status, Status::Reused);
+    }
     Ok(())
 }
 
@@ -929,7 +1078,7 @@ fn sigkill_during_nvshmem_leaves_nothing_done_and_the_rerun_resumes() -> Result<
     // The rerun resumes at NVSHMEM.
     let rerun = build(&stack, &home, None)?;
     let resumed = [
-        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Load, Verify,
+        Nvshmem, Dropin, Kernels, Deepep, Wheelhouse, Base, Image, Verify, Load, Runtime,
     ];
     assert_eq!(
         rerun.planned_to_run(),

@@ -2,8 +2,10 @@
 //! image and every step output of this home go into the registry (`push`, `cache push`,
 //! both signed); then, with the image removed from Docker, `docker pull` of the pushed
 //! reference is timed against `build --substitute` in an empty COMMSTACK_HOME (no store,
-//! no download cache), which ends with the image loaded and statically verified. Both
-//! must give the same image ID; the target is at most 1.2x docker pull's time. With
+//! no download cache) to the image loaded and statically verified: the whole build less
+//! its last step, runtime (`import torch` in the loaded image), which docker pull does not
+//! do either. Both must give the same image ID; the target is at most 1.2x docker pull's
+//! time. With
 //! `--then STACK`, an update follows: STACK's image (a change that moves some layers) is
 //! pushed from this home and reached both ways again from that machine, whose home and
 //! Docker hold the first image, so only the layers that moved travel.
@@ -209,7 +211,7 @@ impl Bench<'_> {
     }
 
     /// `build --substitute --locked` of a copy of `ctx`'s stack that trusts the key, in
-    /// `home`, timed to the loaded and statically verified image.
+    /// `home`, timed: the whole build (to the runtime step).
     fn time_substitute(&self, ctx: &Ctx, home: &Path) -> Result<Timed> {
         let stack_dir = self.scratch.join("stack");
         let _ = std::fs::remove_dir_all(&stack_dir);
@@ -285,8 +287,23 @@ fn report(title: &str, pushed: &Pushed, pull: &Timed, substituted: &Timed) -> bo
         "| `docker pull {}` | {:.1} | {} |",
         pushed.reference, pull.seconds, pull.id
     );
+    // The milestone is the loaded, statically verified image: the build runs its runtime
+    // step (in the loaded image) after it, last and alone, so it ends that step's time
+    // before the build's end.
+    let runtime: f64 = summary["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["step"] == "runtime")
+        .filter_map(|r| r["seconds"].as_f64())
+        .sum();
+    let milestone = substituted.seconds - runtime;
     println!(
-        "| `build --substitute` (to the loaded, statically verified image) | {:.1} | {} |",
+        "| `build --substitute` (to the loaded, statically verified image) | {milestone:.1} | {} |",
+        substituted.id
+    );
+    println!(
+        "| `build --substitute` (the whole build, with the runtime step's {runtime:.1} s) | {:.1} | {} |",
         substituted.seconds, substituted.id
     );
     println!();
@@ -300,22 +317,15 @@ fn report(title: &str, pushed: &Pushed, pull: &Timed, substituted: &Timed) -> bo
             row["seconds"].as_f64().unwrap_or(0.0)
         );
     }
-    let ratio = substituted.seconds / pull.seconds;
+    let ratio = milestone / pull.seconds;
     println!();
-    println!("ratio {ratio:.2}x docker pull (target <= 1.2x)");
-    // What docker pull does too (the plan, the pull into the store, the load), apart from
-    // what it does not (verify): where a ratio over the target comes from.
-    let verify: f64 = summary["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["step"] == "verify")
-        .filter_map(|r| r["seconds"].as_f64())
-        .sum();
     println!(
-        "without verify ({verify:.1} s): {:.1} s, {:.2}x docker pull",
-        substituted.seconds - verify,
-        (substituted.seconds - verify) / pull.seconds
+        "ratio {ratio:.2}x docker pull to the loaded, statically verified image (target <= 1.2x)"
+    );
+    println!(
+        "the whole build, with runtime: {:.1} s, {:.2}x docker pull",
+        substituted.seconds,
+        substituted.seconds / pull.seconds
     );
     let mut ok = true;
     if substituted.id != pull.id || pull.id != pushed.id {

@@ -1,7 +1,8 @@
 //! The image's steps of the graph: the base from the locked .debs (fetch cache), the
-//! self-test and verify tools, the image step (`commstack_image`), `docker load`, verify
-//! inside the image with no network, and on request the OCI layout and the `docker build`
-//! context. Nothing here opens a network connection.
+//! self-test and verify tools, the image step (`commstack_image`), `docker load`, what runs
+//! in the loaded image with no network (`import torch`; verify's GPU levels), and on
+//! request the OCI layout and the `docker build` context. Nothing here opens a network
+//! connection.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +20,7 @@ use crate::util::human;
 
 /// Where the image's own files are (see docs/image.md).
 const IMAGE_BIN: &str = "/opt/commstack/bin";
-const IMAGE_VENV: &str = "/opt/commstack/venv";
+pub(crate) const IMAGE_VENV: &str = "/opt/commstack/venv";
 
 /// The base from the locked .debs in the download cache (mmdebstrap, in the store).
 pub fn base_step(
@@ -708,119 +709,140 @@ fn print_image(image: &Image) {
     );
 }
 
-/// What verify inside the image found.
+/// What the runtime step found in the loaded image.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Verdict {
-    /// 0 when every level that ran passed and torch imported.
+pub struct RuntimeVerdict {
+    /// 0 when torch imported and, with --gpus, every GPU level passed.
     pub exit: u8,
+    /// `verify-gpus.json` with --gpus, else `import-torch.txt`.
     pub report: PathBuf,
-    /// (level, status) as the verify tool reported them.
+    /// (level, status) as the verify tool reported them: runtime and selftest with
+    /// --gpus, none without.
     pub levels: Vec<(String, String)>,
     pub import_torch: bool,
 }
 
-/// Runs the verify tool inside the image with no network; keeps its report under
-/// `<home>/reports/image-<id>/`.
-pub fn verify_in_container(
+/// `<home>/reports/image-<first 12 hex of the ID>/`: the image's verify reports (what
+/// `push` attaches).
+pub fn report_dir(ctx: &Ctx, image: &Image) -> PathBuf {
+    let hex = image.id().trim_start_matches("sha256:");
+    ctx.home
+        .join("reports")
+        .join(format!("image-{}", &hex[..12.min(hex.len())]))
+}
+
+/// What runs in the loaded image, with no network: `import torch` without GPUs, and with
+/// `gpus` the verify tool's runtime and selftest levels (`docker run --gpus all`). The
+/// static level is not run here: [`crate::flow::verify_static`] reads it from the image's
+/// layers on this machine. Reports under [`report_dir`].
+pub fn runtime_in_container(
     ctx: &Ctx,
     stack: &Stack,
     lock: &Lock,
     image: &Image,
     python_full: &str,
     gpus: bool,
-) -> Result<Verdict> {
-    let minor = python_full.split('.').take(2).collect::<Vec<_>>().join(".");
-    let site = format!("{IMAGE_VENV}/lib/python{minor}/site-packages");
+) -> Result<RuntimeVerdict> {
+    let report_dir = report_dir(ctx, image);
+    std::fs::create_dir_all(&report_dir)
+        .with_context(|| format!("cannot create {}", report_dir.display()))?;
+    // `import torch` in a container of its own meanwhile: each is mostly one core's work.
+    let import = start_import_without_gpu(image)?;
+    let gpu_levels = match gpus {
+        true => Some(verify_gpu_levels(
+            ctx,
+            stack,
+            lock,
+            image,
+            python_full,
+            &report_dir,
+        )),
+        false => None,
+    };
+    let imports = finish_import_without_gpu(import, &report_dir)?;
+    let import_file = report_dir.join("import-torch.txt");
+    let Some(gpu_levels) = gpu_levels else {
+        return Ok(RuntimeVerdict {
+            exit: u8::from(!imports),
+            report: import_file,
+            levels: Vec::new(),
+            import_torch: imports,
+        });
+    };
+    let GpuLevels {
+        code,
+        report,
+        levels,
+    } = gpu_levels?;
+    Ok(RuntimeVerdict {
+        exit: match (code, imports) {
+            (0, true) => 0,
+            (c, true) => u8::try_from(c).unwrap_or(1),
+            (_, false) => 1,
+        },
+        report,
+        levels,
+        import_torch: imports,
+    })
+}
+
+/// What the verify tool's GPU levels gave: its exit code, its report, each level's status.
+struct GpuLevels {
+    code: i32,
+    report: PathBuf,
+    levels: Vec<(String, String)>,
+}
+
+/// The verify tool's runtime and selftest levels in the image, with the GPUs and no
+/// network; its report is `verify-gpus.json` in `report_dir`.
+fn verify_gpu_levels(
+    ctx: &Ctx,
+    stack: &Stack,
+    lock: &Lock,
+    image: &Image,
+    python_full: &str,
+    report_dir: &Path,
+) -> Result<GpuLevels> {
+    let site = crate::flow::verify_static::image_site_packages(python_full);
+    // The same expectations as the static level's, as the verify tool's flags.
+    let expect = crate::flow::verify_static::image_expectations(stack, lock, &site)?;
     let mut argv: Vec<String> = vec![
         "run".into(),
         "--rm".into(),
         "--network=none".into(),
         "--entrypoint".into(),
         format!("{IMAGE_BIN}/commstack-verify"),
+        "--gpus".into(),
+        "all".into(),
     ];
-    if gpus {
-        argv.extend(["--gpus".into(), "all".into()]);
-    }
     argv.push(image.id().to_string());
-    let levels = if gpus {
-        "static,runtime,selftest"
-    } else {
-        "static"
-    };
     argv.extend(
         [
             "--python",
             &format!("{IMAGE_VENV}/bin/python"),
             "--level",
-            levels,
+            "runtime,selftest",
             "--json",
             "--quiet",
             "--report",
             "/tmp/commstack-verify",
-            "--expect-nccl",
-            &lock.resolved.nccl.version.to_string(),
-            "--expect-nvshmem",
-            &lock.resolved.nvshmem,
-            "--nvshmem-prefix",
-            &format!("{site}/nvidia/nvshmem"),
-            "--target-glibc",
-            &format!(
-                "{}.{}",
-                stack.target.base.glibc.0, stack.target.base.glibc.1
-            ),
-            "--target-glibcxx",
-            &{
-                let (a, b, c) = stack.target.base.glibcxx;
-                format!("{a}.{b}.{c}")
-            },
         ]
         .map(String::from),
     );
-    for (switch, on) in stack.nvshmem.transports.iter() {
-        argv.push("--nvshmem-option".into());
-        argv.push(format!(
-            "{}={}",
-            switch.cmake,
-            if on { "ON" } else { "OFF" }
-        ));
-    }
-    let sms: Vec<String> = stack
-        .nvshmem
-        .cuda_archs
-        .iter()
-        .filter(|a| a.has_sass())
-        .map(|a| a.sm().to_string())
-        .collect();
-    if !sms.is_empty() {
-        argv.extend(["--cuda-arch".into(), sms.join(",")]);
-    }
-    if gpus {
-        argv.extend([
-            "--selftest".into(),
-            format!("{IMAGE_BIN}/commstack-selftest"),
-        ]);
-    }
+    argv.extend(commstack_verify::cli::expect_args(&expect));
+    argv.extend([
+        "--selftest".into(),
+        format!("{IMAGE_BIN}/commstack-selftest"),
+    ]);
     if !ctx.quiet {
         eprintln!("verify in the image: docker {}", argv.join(" "));
     }
-    // `import torch` in a second container meanwhile: each is mostly one core's work.
-    let import = start_import_without_gpu(image)?;
     let out = Command::new("docker")
         .args(&argv)
         .output()
         .context("cannot run `docker run`: is Docker installed and its daemon running?")?;
-    let report_dir = ctx.home.join("reports").join(format!(
-        "image-{}",
-        &image.id().trim_start_matches("sha256:")[..12]
-    ));
-    std::fs::create_dir_all(&report_dir)
-        .with_context(|| format!("cannot create {}", report_dir.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report_file = report_dir.join(if gpus {
-        "verify-gpus.json"
-    } else {
-        "verify-static.json"
-    });
+    let report_file = report_dir.join("verify-gpus.json");
     crate::util::write_all_atomically(&[(&report_file, &stdout)])?;
     let code = out.status.code().unwrap_or(1);
     let value: Option<serde_json::Value> = serde_json::from_str(&stdout).ok();
@@ -832,16 +854,10 @@ pub fn verify_in_container(
         ),
     };
     crate::out!("verify report: {} (exit {code})", report_file.display());
-    let imports = finish_import_without_gpu(import, &report_dir)?;
-    Ok(Verdict {
-        exit: match (code, imports) {
-            (0, true) => 0,
-            (c, true) => u8::try_from(c).unwrap_or(1),
-            (_, false) => 1,
-        },
+    Ok(GpuLevels {
+        code,
         report: report_file,
         levels,
-        import_torch: imports,
     })
 }
 
@@ -892,7 +908,7 @@ fn finish_import_without_gpu(child: std::process::Child, report_dir: &Path) -> R
 }
 
 /// One line per check of the verify report; returns each level's status.
-fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
+pub(crate) fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Some(levels) = report.get("levels").and_then(|l| l.as_array()) else {
         return out;

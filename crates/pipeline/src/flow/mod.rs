@@ -13,3 +13,4 @@ pub mod nvshmem;
 pub mod push;
 pub mod substitute;
 pub mod toolchain;
+pub mod verify_static;

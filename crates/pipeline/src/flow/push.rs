@@ -58,8 +58,9 @@ pub const VERIFY_REPORT_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.ver
 const VERIFY_REPORT_CONFIG_MEDIA_TYPE: &str =
     "application/vnd.dev.commstack.verify-report.config.v1+json";
 
-/// The verify report files of image `id` in this home, as `build`'s verify step wrote
-/// them (`reports/image-<12 hex>/`): the levels' JSON and `import torch`'s output.
+/// The verify report files of image `id` in this home (`reports/image-<12 hex>/`), as
+/// `build` wrote them: the static level's JSON (the verify step, on this machine), the GPU
+/// levels' JSON and `import torch`'s output (the runtime step, in the loaded image).
 fn verify_report_files(ctx: &Ctx, id: &str) -> (PathBuf, Vec<(String, PathBuf)>) {
     let hex = id.trim_start_matches("sha256:");
     let dir = ctx

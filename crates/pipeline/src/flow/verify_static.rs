@@ -1,0 +1,249 @@
+//! The verify step: the static level over the image's layer tars on this machine, with no
+//! container and no Docker, so it runs while `docker load` loads the same bytes. Each
+//! layer's index (its entries and the facts the checks read) is a store step keyed by the
+//! layer's diff_id (`verify-layer-<hash>`): a layer read once, by a build or a pull, is not
+//! read again, and an update reads only the layers that moved. The image's ID is the
+//! digest of a config naming these diff_ids: what is checked is what Docker holds.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use commstack_image::Image;
+use commstack_image::layer::Layer;
+use commstack_stack::{Lock, Stack};
+use commstack_store::{StepKey, Store};
+use commstack_verify::Expectations;
+use commstack_verify::environment::PythonEnv;
+use commstack_verify::facts::FACTS_SCHEMA;
+use commstack_verify::layers::{ImageFiles, LayerIndex, index_layer};
+use commstack_verify::report::{ImageEnvironment, LayerRead};
+use serde_json::json;
+
+use crate::ctx::Ctx;
+use crate::flow::image::{IMAGE_VENV, print_verdicts, report_dir};
+
+/// The store step of one layer's index.
+pub const LAYER_INDEX_STEP: &str = "verify-layer";
+const INDEX_FILE: &str = "index.json";
+
+/// The static level's outcome: `exit` 0 when every check passed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StaticVerdict {
+    pub exit: u8,
+    /// `<home>/reports/image-<id12>/verify-static.json`
+    pub report: PathBuf,
+    /// (level, status), as the verify report has them.
+    pub levels: Vec<(String, String)>,
+    /// Layers read here, and layers whose index an earlier verify kept.
+    pub layers_read: usize,
+    pub layers_reused: usize,
+}
+
+/// The image's site-packages, for the Python of the base (`3.11.2` -> python3.11).
+pub fn image_site_packages(python_full: &str) -> PathBuf {
+    let minor = python_full.split('.').take(2).collect::<Vec<_>>().join(".");
+    PathBuf::from(format!("{IMAGE_VENV}/lib/python{minor}/site-packages"))
+}
+
+/// What the image must hold, from the stack and its lock: one place for the static level
+/// here and the levels run in the container (`commstack_verify::cli::expect_args`).
+pub fn image_expectations(stack: &Stack, lock: &Lock, site: &Path) -> Result<Expectations> {
+    let mut e = Expectations::new();
+    e.nccl_version = Some(
+        lock.resolved
+            .nccl
+            .version
+            .to_string()
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("the lock's NCCL version: {e}"))?,
+    );
+    e.nvshmem_version = Some(
+        lock.resolved
+            .nvshmem
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("the lock's NVSHMEM version: {e}"))?,
+    );
+    e.nvshmem_prefix = Some(site.join("nvidia/nvshmem"));
+    for (switch, on) in stack.nvshmem.transports.iter() {
+        e.nvshmem_build_vars.insert(
+            switch.cmake.to_string(),
+            if on { "ON" } else { "OFF" }.to_string(),
+        );
+    }
+    let sms: std::collections::BTreeSet<u32> = stack
+        .nvshmem
+        .cuda_archs
+        .iter()
+        .filter(|a| a.has_sass())
+        .map(|a| a.sm())
+        .collect();
+    if !sms.is_empty() {
+        e.cuda_archs = Some(sms);
+    }
+    let (major, minor) = stack.target.base.glibc;
+    e.target_glibc = Some(commstack_elf::DottedVersion(vec![major, minor]));
+    let (a, b, c) = stack.target.base.glibcxx;
+    e.target_glibcxx = Some(commstack_elf::DottedVersion(vec![a, b, c]));
+    Ok(e)
+}
+
+/// The index of each of `layers` (bottom first, of image `image_id`): from `store` where
+/// an earlier verify kept it, else read from the layer's tar and kept.
+pub fn layer_indexes(
+    store: &Store,
+    layers: &[Layer],
+    image_id: &str,
+) -> Result<(Vec<LayerIndex>, Vec<LayerRead>)> {
+    let mut indexes = Vec::new();
+    let mut seen = Vec::new();
+    for layer in layers {
+        let inputs = json!({ "diff_id": layer.diff_id, "schema": FACTS_SCHEMA });
+        let key = StepKey::new(LAYER_INDEX_STEP, &inputs);
+        let mut read = false;
+        let outcome = store.run(&key, &inputs, false, |dir| {
+            read = true;
+            let index = index_layer(&layer.path, &layer.diff_id).with_context(|| {
+                format!(
+                    "reading layer {} ({}) of image {}",
+                    layer.diff_id,
+                    layer.path.display(),
+                    image_id
+                )
+            })?;
+            std::fs::write(dir.out.join(INDEX_FILE), serde_json::to_vec(&index)?)?;
+            Ok(())
+        })?;
+        let file = outcome.path().join(INDEX_FILE);
+        let text =
+            std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let index: LayerIndex = serde_json::from_slice(&text).with_context(|| {
+            format!(
+                "{} is not a layer index: remove {} and verify again",
+                file.display(),
+                outcome.path().display()
+            )
+        })?;
+        if index.diff_id != layer.diff_id {
+            anyhow::bail!(
+                "{} indexes layer {}, not {}: remove {} and verify again",
+                file.display(),
+                index.diff_id,
+                layer.diff_id,
+                outcome.path().display()
+            );
+        }
+        seen.push(LayerRead {
+            diff_id: layer.diff_id.clone(),
+            read,
+        });
+        indexes.push(index);
+    }
+    Ok((indexes, seen))
+}
+
+/// Runs the static level over `image`'s layers and writes its report where the image's
+/// reports go (`verify-static.json`, which `push` attaches).
+pub fn verify_image_static(
+    ctx: &Ctx,
+    stack: &Stack,
+    lock: &Lock,
+    image: &Image,
+    python_full: &str,
+) -> Result<StaticVerdict> {
+    let site = image_site_packages(python_full);
+    let expect = image_expectations(stack, lock, &site)?;
+    let store = Store::open(ctx.store_dir())?;
+    let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id())?;
+    let layers_read = seen.iter().filter(|l| l.read).count();
+    let layers_reused = seen.len() - layers_read;
+    crate::out!(
+        "verify (static, from the image's {} layers): {layers_read} read, {layers_reused} known from an earlier verify",
+        seen.len()
+    );
+    let files = ImageFiles::new(indexes);
+    let python = format!("{IMAGE_VENV}/bin/python");
+    let report = commstack_verify::verify_image_static(
+        &files,
+        PythonEnv {
+            python: python.clone().into(),
+            executable: python.into(),
+            version: python_full.to_string(),
+            prefix: IMAGE_VENV.into(),
+            site_packages: vec![site],
+        },
+        ImageEnvironment {
+            id: image.id().to_string(),
+            layers: seen,
+        },
+        &expect,
+    );
+    let dir = report_dir(ctx, image);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let file = dir.join("verify-static.json");
+    let text = report.to_json();
+    crate::util::write_all_atomically(&[(&file, &text)])?;
+    let value: serde_json::Value = serde_json::from_str(&text)?;
+    let levels = print_verdicts(&value);
+    let exit = report.exit_code();
+    crate::out!("verify report: {} (exit {exit})", file.display());
+    Ok(StaticVerdict {
+        exit,
+        report: file,
+        levels,
+        layers_read,
+        layers_reused,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two real layer tars (the image crate's writer): read once, then known; an index
+    /// damaged in the store is an error naming what to remove.
+    #[test]
+    fn a_layer_is_read_once_and_its_index_kept_by_diff_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("store")).unwrap();
+        let mut layers = Vec::new();
+        for (i, text) in ["one", "two"].iter().enumerate() {
+            let tree = dir.path().join(format!("tree{i}"));
+            std::fs::create_dir_all(tree.join("opt")).unwrap();
+            std::fs::write(tree.join("opt").join(format!("{text}.txt")), text).unwrap();
+            layers.push(
+                commstack_image::layer::write_layer(
+                    &tree,
+                    &dir.path().join(format!("layer{i}.tar")),
+                    0,
+                )
+                .unwrap(),
+            );
+        }
+        let (first, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        assert!(seen.iter().all(|l| l.read), "{seen:?}");
+        assert!(first[1].entries.contains_key("/opt/two.txt"));
+        let (again, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        assert!(seen.iter().all(|l| !l.read), "{seen:?}");
+        assert_eq!(again, first);
+        // Only the new layer is read.
+        let tree = dir.path().join("tree2");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::write(tree.join("three.txt"), "three").unwrap();
+        layers.push(
+            commstack_image::layer::write_layer(&tree, &dir.path().join("layer2.tar"), 0).unwrap(),
+        );
+        let (_, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        let read: Vec<bool> = seen.iter().map(|l| l.read).collect();
+        assert_eq!(read, [false, false, true]);
+
+        let inputs = json!({ "diff_id": layers[0].diff_id, "schema": FACTS_SCHEMA });
+        let kept = store
+            .lookup(&StepKey::new(LAYER_INDEX_STEP, &inputs))
+            .unwrap();
+        std::fs::write(kept.join(INDEX_FILE), "{").unwrap();
+        let err = layer_indexes(&store, &layers, "sha256:test").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("is not a layer index: remove"), "{text}");
+        assert!(text.contains(&kept.display().to_string()), "{text}");
+    }
+}
