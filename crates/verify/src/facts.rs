@@ -3,7 +3,7 @@
 //! they are kept per layer ([`crate::layers`]) so that a layer read once is not read again.
 //! The checks ([`crate::static_level`]) judge these facts and never open a file.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use commstack_elf::{
@@ -166,11 +166,4 @@ pub fn map_whole(path: &Path) -> std::io::Result<FileBytes> {
         map: Arc::new(map),
         range: 0..len,
     })
-}
-
-/// A file the checks look at, with its facts.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub path: PathBuf,
-    pub facts: FileFacts,
 }
