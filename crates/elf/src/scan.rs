@@ -31,7 +31,8 @@ impl ElfFile {
         Ok(memmem::find_iter(bytes, needle)
             .map(|at| {
                 let off = at as u64;
-                let inside = |r: &&FileRange| off >= r.offset && off < r.offset + r.size;
+                let inside =
+                    |r: &&FileRange| off >= r.offset && off < r.offset.saturating_add(r.size);
                 ByteHit {
                     offset: off,
                     section: sections.iter().find(inside).map(|r| r.name.clone()),

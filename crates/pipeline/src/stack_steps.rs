@@ -513,6 +513,7 @@ impl Steps for StackSteps<'_> {
                     &s.lock,
                     &image,
                     &base.python,
+                    &self.probes.verify_sources,
                 )?;
                 if verdict.exit != 0 {
                     bail!(

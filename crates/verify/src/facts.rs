@@ -93,11 +93,28 @@ impl FileBytes {
 }
 
 /// The facts of the file at `path` (as the environment sees it: in the image, or here),
-/// from its bytes. None when nothing of it matters to the checks.
+/// from its bytes. None when nothing of it matters to the checks. The bytes come from
+/// whoever built the image: a parser that panics on them makes the file unreadable (a
+/// failed check naming it), not the build's end.
 pub fn file_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
     if !wanted(path) {
         return None;
     }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_facts(path, data)))
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Some(FileFacts {
+                library: Some(Err(format!("the ELF reader failed on it: {why}"))),
+                ..FileFacts::default()
+            })
+        })
+}
+
+fn read_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
     let name = path.file_name()?.to_string_lossy().into_owned();
     let bytes = data.bytes();
     let mut facts = FileFacts::default();

@@ -44,24 +44,32 @@ pub enum Entry {
     Symlink {
         target: String,
     },
-    /// A second name of a file (absolute path): not a copy.
+    /// A second name of a file (absolute path): not a second copy of it. Its facts (for
+    /// a name the checks read) are the file's.
     Hardlink {
         target: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        facts: Option<Box<FileFacts>>,
     },
     /// A device, a FIFO: nothing the checks read.
     Other,
 }
 
-/// `/` + the path with `./` and trailing slashes gone.
-fn absolute(raw: &Path) -> String {
-    let mut out = String::new();
+/// The absolute path a tar names, cleaned as Docker cleans it when it unpacks a layer
+/// (Go's `filepath.Clean`): `./`, `//` and trailing slashes gone, each `..` taking the
+/// component before it. None for a name that climbs above the root, which Docker refuses.
+fn absolute(raw: &Path) -> Option<String> {
+    let mut parts: Vec<String> = Vec::new();
     for c in raw.components() {
-        if let Component::Normal(n) = c {
-            out.push('/');
-            out.push_str(&n.to_string_lossy());
+        match c {
+            Component::Normal(n) => parts.push(n.to_string_lossy().into_owned()),
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
         }
     }
-    if out.is_empty() { "/".into() } else { out }
+    Some(format!("/{}", parts.join("/")))
 }
 
 /// Reads the layer tar at `tar` (uncompressed, as image steps keep them): every entry,
@@ -80,6 +88,8 @@ pub fn index_layer(tar: &Path, diff_id: &str) -> Result<LayerIndex> {
         whiteouts: Vec::new(),
         opaque: Vec::new(),
     };
+    // Where each regular file's bytes lie, for the hard links to it.
+    let mut ranges: BTreeMap<String, std::ops::Range<usize>> = BTreeMap::new();
     let mut archive = tar::Archive::new(Cursor::new(&map[..]));
     let entries = archive
         .entries_with_seek()
@@ -90,12 +100,20 @@ pub fn index_layer(tar: &Path, diff_id: &str) -> Result<LayerIndex> {
             .path()
             .with_context(|| format!("{}: an entry with an unreadable path", tar.display()))?
             .into_owned();
-        let path = absolute(&raw);
+        let climbs = || {
+            anyhow::anyhow!(
+                "{}: the entry `{}` climbs above the image's root (Docker refuses such a layer)",
+                tar.display(),
+                raw.display()
+            )
+        };
+        let path = absolute(&raw).ok_or_else(climbs)?;
         let name = raw
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let parent = absolute(raw.parent().unwrap_or(Path::new("")));
+        let parent =
+            absolute(Path::new(&path).parent().unwrap_or(Path::new("/"))).ok_or_else(climbs)?;
         if name == ".wh..wh..opq" {
             index.opaque.push(parent);
             continue;
@@ -121,9 +139,20 @@ pub fn index_layer(tar: &Path, diff_id: &str) -> Result<LayerIndex> {
         } else if kind.is_symlink() {
             Entry::Symlink { target: link()? }
         } else if kind.is_hard_link() {
-            Entry::Hardlink {
-                target: absolute(Path::new(&link()?)),
-            }
+            let target = absolute(Path::new(&link()?)).ok_or_else(climbs)?;
+            // The facts of this name, from the bytes of the file it names in this layer
+            // (Docker links only within a layer): it may be the name inside the root.
+            let facts = match (wanted(Path::new(&path)), ranges.get(&target)) {
+                (true, Some(range)) => facts_of(
+                    &path,
+                    &FileBytes {
+                        map: map.clone(),
+                        range: range.clone(),
+                    },
+                ),
+                _ => None,
+            };
+            Entry::Hardlink { target, facts }
         } else if kind.is_file() || kind.is_contiguous() || kind.is_gnu_sparse() {
             let facts = if wanted(Path::new(&path)) {
                 if kind.is_gnu_sparse() {
@@ -132,19 +161,22 @@ pub fn index_layer(tar: &Path, diff_id: &str) -> Result<LayerIndex> {
                         tar.display()
                     );
                 }
-                let start = usize::try_from(entry.raw_file_position())?;
-                let size = usize::try_from(entry.size())?;
                 let data = FileBytes {
                     map: map.clone(),
-                    range: start..start + size,
+                    range: range_of(&entry, map.len())
+                        .with_context(|| format!("{}: {path}", tar.display()))?,
                 };
-                if data.map.get(data.range.clone()).is_none() {
-                    bail!("{}: {path} runs past the end of the tar", tar.display());
-                }
-                file_facts(Path::new(&path), &data).map(Box::new)
+                facts_of(&path, &data)
             } else {
                 None
             };
+            if !kind.is_gnu_sparse() {
+                ranges.insert(
+                    path.clone(),
+                    range_of(&entry, map.len())
+                        .with_context(|| format!("{}: {path}", tar.display()))?,
+                );
+            }
             Entry::File { facts }
         } else {
             Entry::Other
@@ -152,6 +184,23 @@ pub fn index_layer(tar: &Path, diff_id: &str) -> Result<LayerIndex> {
         index.entries.insert(path, e);
     }
     Ok(index)
+}
+
+/// The bytes of a regular file's entry within the mapped tar of `len` bytes.
+fn range_of<R: std::io::Read>(
+    entry: &tar::Entry<'_, R>,
+    len: usize,
+) -> Result<std::ops::Range<usize>> {
+    let start = usize::try_from(entry.raw_file_position())?;
+    let end = start
+        .checked_add(usize::try_from(entry.size())?)
+        .filter(|&end| end <= len)
+        .context("runs past the end of the tar")?;
+    Ok(start..end)
+}
+
+fn facts_of(path: &str, data: &FileBytes) -> Option<Box<FileFacts>> {
+    file_facts(Path::new(path), data).map(Box::new)
 }
 
 /// An image's file tree: its layers' indexes applied bottom first.
@@ -250,7 +299,11 @@ impl ImageFiles {
                 None => return None,
             }
         }
-        self.entries.get(&cur).map(|e| (cur, e))
+        match self.entries.get(&cur) {
+            Some(e) => Some((cur, e)),
+            None if cur == "/" || self.implied_dir(&cur) => Some((cur, &IMPLIED_DIR)),
+            None => None,
+        }
     }
 
     /// Whether `path` is a file of the image (following links).
@@ -267,27 +320,47 @@ impl ImageFiles {
         let mut facts = BTreeMap::new();
         let mut trees = Vec::new();
         let mut unwalkable = Vec::new();
+        let mut resolved_roots = Vec::new();
         for root in roots {
-            let dir = absolute(root);
-            if !matches!(self.lookup(root), Some((_, Entry::Dir))) && !self.implied_dir(&dir) {
-                unwalkable.push(format!("{}: not a directory of the image", root.display()));
-                continue;
-            }
-            let prefix = format!("{dir}/");
+            // Listed where its links lead, as the loader sees it.
+            let dir = match self.lookup(root) {
+                Some((dir, Entry::Dir)) => dir,
+                _ => {
+                    unwalkable.push(format!("{}: not a directory of the image", root.display()));
+                    continue;
+                }
+            };
+            let prefix = if dir == "/" {
+                dir.clone()
+            } else {
+                format!("{dir}/")
+            };
+            // A file and its hard links are one file: its first name inside the root
+            // stands for it, as a walk of the directory would find it.
+            let mut seen = std::collections::HashSet::new();
             let files: Vec<(PathBuf, FileFacts)> = self
                 .entries
                 .range(prefix.clone()..)
                 .take_while(|(k, _)| k.starts_with(&prefix))
-                .filter_map(|(k, e)| match e {
-                    Entry::File { facts: Some(f) } => Some((PathBuf::from(k), (**f).clone())),
-                    _ => None,
+                .filter_map(|(k, e)| {
+                    let (file, f) = match e {
+                        Entry::File { facts } => (k.as_str(), facts),
+                        Entry::Hardlink { target, facts } => (target.as_str(), facts),
+                        _ => return None,
+                    };
+                    if !seen.insert(file) {
+                        return None;
+                    }
+                    f.as_ref().map(|f| (PathBuf::from(k), (**f).clone()))
                 })
                 .collect();
-            trees.push(tree_of(root, files.iter().map(|(p, f)| (p.as_path(), f))));
+            let root = PathBuf::from(&dir);
+            trees.push(tree_of(&root, files.iter().map(|(p, f)| (p.as_path(), f))));
             facts.extend(files);
+            resolved_roots.push(root);
         }
         Gathered {
-            roots: roots.to_vec(),
+            roots: resolved_roots,
             trees,
             facts,
             unwalkable,
@@ -295,6 +368,10 @@ impl ImageFiles {
         }
     }
 }
+
+/// What [`ImageFiles::lookup`] gives for a directory the tar does not list but whose
+/// contents it holds.
+static IMPLIED_DIR: Entry = Entry::Dir;
 
 fn push_front(parts: &mut VecDeque<String>, path: &Path) {
     for c in path.components().rev() {

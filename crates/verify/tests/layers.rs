@@ -19,6 +19,11 @@ enum Item<'a> {
     Tree(&'a Path),
     File(&'a Path),
     Symlink(&'a str),
+    /// A hard link to an earlier entry of the same tar.
+    Hardlink(&'a str),
+    /// A file of this machine under a name written as is (`..` and all), which the tar
+    /// crate's own path setters refuse.
+    RawName(&'a Path),
     Empty,
 }
 
@@ -36,6 +41,23 @@ fn layer(out: &Path, items: &[(&str, Item<'_>)]) -> PathBuf {
                 h.set_size(0);
                 h.set_mode(0o777);
                 b.append_link(&mut h, at, target).unwrap();
+            }
+            Item::Hardlink(target) => {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_size(0);
+                h.set_mode(0o644);
+                b.append_link(&mut h, at, target).unwrap();
+            }
+            Item::RawName(f) => {
+                let bytes = std::fs::read(f).unwrap();
+                let mut h = tar::Header::new_gnu();
+                h.as_old_mut().name[..at.len()].copy_from_slice(at.as_bytes());
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_cksum();
+                b.append(&h, bytes.as_slice()).unwrap();
             }
             Item::Empty => {
                 let mut h = tar::Header::new_gnu();
@@ -182,6 +204,24 @@ fn whiteouts_and_opaque_directories_remove_what_lower_layers_hold() {
         Status::Failed
     );
 
+    // The same layer's own entries under its opaque directory stay: the whiteouts of a
+    // layer hide only what the layers below it hold.
+    let readded = layer(
+        &dir.join("readded.tar"),
+        &[
+            (&format!("{SITE}/nvidia/nccl/.wh..wh..opq"), Item::Empty),
+            (
+                &format!("{SITE}/nvidia/nccl/lib/libnccl.so.2"),
+                Item::File(&f.site.join("nvidia/nccl/lib/libnccl.so.2")),
+            ),
+        ],
+    );
+    let image = over_layers(&[&f.base, &f.venv, &readded], &f.expect);
+    assert_eq!(
+        find(&image, "static.one-copy.libnccl.so.2").status,
+        Status::Passed
+    );
+
     // A second libnvshmem_host in torch/lib from a later layer is a second copy.
     let second = layer(
         &dir.join("second.tar"),
@@ -249,4 +289,116 @@ fn a_damaged_layer_tar_is_an_error_naming_it() {
     let text = format!("{err:#}");
     assert!(text.contains(&bad.display().to_string()), "{text}");
     assert!(text.contains("checksum"), "{text}");
+}
+
+/// NVSHMEM built with NCCL on, in `dir`: what a hostile or careless layer would slip in.
+fn nccl_on_host(dir: &Path) -> PathBuf {
+    shared_lib(
+        dir,
+        "libnvshmem_host.so.3",
+        "libnvshmem_host.so.3",
+        &nvshmem_like_source("ON", "3.4.5", "const char *n = \"libnccl.so.2\";"),
+        &[],
+    )
+}
+
+#[test]
+fn a_name_with_dotdot_lands_where_docker_puts_it() {
+    let f = fixture();
+    let dir = f._dir.path();
+    let on = nccl_on_host(&dir.join("on"));
+    // `zz/../nvidia/...` is `nvidia/...` once cleaned, as Docker unpacks it: over the
+    // checked library, not beside it in a directory the checks skip.
+    let name = format!("{SITE}/zz/../nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    let over = layer(&dir.join("dotdot.tar"), &[(&name, Item::RawName(&on))]);
+    let image = over_layers(&[&f.base, &f.venv, &over], &f.expect);
+    let c = find(&image, "static.nvshmem-host.build-vars");
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert_eq!(
+        find(&image, "static.one-copy.libnvshmem_host.so.3").status,
+        Status::Passed
+    );
+    // A name that climbs above the root is refused, as Docker refuses it.
+    let climb = layer(
+        &dir.join("climb.tar"),
+        &[("../../etc/libnccl.so.2", Item::RawName(&on))],
+    );
+    let err = index_layer(&climb, "sha256:climb").map(|_| ()).unwrap_err();
+    assert!(format!("{err:#}").contains("climbs above"), "{err:#}");
+}
+
+#[test]
+fn a_hard_link_is_the_file_it_names_and_not_a_second_copy() {
+    let f = fixture();
+    let dir = f._dir.path();
+    let host = f.site.join("nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    let real = format!("{SITE}/nvidia/nvshmem/lib/libnvshmem_host.so.3");
+    // The file's first name is outside the root (it sorts first); the name inside the
+    // root is a hard link: its facts are the file's.
+    let linked = layer(
+        &dir.join("linked.tar"),
+        &[
+            ("opt/aaa/libnvshmem_host.so.3", Item::File(&host)),
+            (&real, Item::Hardlink("opt/aaa/libnvshmem_host.so.3")),
+            (
+                &format!("{SITE}/torch/lib/libnvshmem_host.so.3"),
+                Item::Hardlink("opt/aaa/libnvshmem_host.so.3"),
+            ),
+        ],
+    );
+    let image = over_layers(&[&f.base, &f.venv, &linked], &f.expect);
+    for name in [
+        "static.nvshmem-host.build-vars",
+        "static.nvshmem-host.no-libnccl",
+        // Two names inside the root, one file.
+        "static.one-copy.libnvshmem_host.so.3",
+    ] {
+        assert_eq!(
+            find(&image, name).status,
+            Status::Passed,
+            "{name}: {image:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_link_over_a_directory_hides_what_was_under_it() {
+    let f = fixture();
+    let dir = f._dir.path();
+    // The lower layer lists no directory entries, only files (as some tools write them).
+    let nccl = f.site.join("nvidia/nccl/lib/libnccl.so.2");
+    let lower = layer(
+        &dir.join("files-only.tar"),
+        &[(
+            &format!("{SITE}/nvidia/nccl/lib/libnccl.so.2"),
+            Item::File(&nccl),
+        )],
+    );
+    let upper = layer(
+        &dir.join("link.tar"),
+        &[(
+            &format!("{SITE}/nvidia/nccl/lib"),
+            Item::Symlink("/nowhere"),
+        )],
+    );
+    let files = ImageFiles::new(vec![index(&lower), index(&upper)]);
+    let lib = PathBuf::from(format!("/{SITE}/nvidia/nccl/lib/libnccl.so.2"));
+    assert!(ImageFiles::new(vec![index(&lower)]).is_file(&lib));
+    assert!(!files.is_file(&lib));
+}
+
+#[test]
+fn a_root_behind_a_symbolic_link_is_read_where_it_leads() {
+    let f = fixture();
+    let dir = f._dir.path();
+    let real = "opt/venv-real/lib/python3.11/site-packages";
+    let moved = layer(&dir.join("moved.tar"), &[(real, Item::Tree(&f.site))]);
+    let link = layer(
+        &dir.join("venv-link.tar"),
+        &[("opt/commstack/venv", Item::Symlink("../venv-real"))],
+    );
+    let image = over_layers(&[&f.base, &moved, &link], &f.expect);
+    let here = check_static(std::slice::from_ref(&f.site), &f.expect);
+    assert_eq!(image.libraries, here.libraries);
+    assert_eq!(checks(&image), checks(&here));
 }

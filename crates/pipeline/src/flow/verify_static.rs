@@ -88,16 +88,19 @@ pub fn image_expectations(stack: &Stack, lock: &Lock, site: &Path) -> Result<Exp
 }
 
 /// The index of each of `layers` (bottom first, of image `image_id`): from `store` where
-/// an earlier verify kept it, else read from the layer's tar and kept.
+/// an earlier verify kept it, else read from the layer's tar and kept. `code` names the
+/// code that reads them (the verify tool's sources): an index made by other code is not
+/// taken, since what a fix to a reader would find is what it is for.
 pub fn layer_indexes(
     store: &Store,
     layers: &[Layer],
     image_id: &str,
+    code: &str,
 ) -> Result<(Vec<LayerIndex>, Vec<LayerRead>)> {
     let mut indexes = Vec::new();
     let mut seen = Vec::new();
     for layer in layers {
-        let inputs = json!({ "diff_id": layer.diff_id, "schema": FACTS_SCHEMA });
+        let inputs = json!({ "diff_id": layer.diff_id, "schema": FACTS_SCHEMA, "code": code });
         let key = StepKey::new(LAYER_INDEX_STEP, &inputs);
         let mut read = false;
         let outcome = store.run(&key, &inputs, false, |dir| {
@@ -161,12 +164,13 @@ pub fn verify_image_static(
     lock: &Lock,
     image: &Image,
     python_full: &str,
+    verify_sources: &str,
 ) -> Result<StaticVerdict> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 lower_priority();
-                verify_here(ctx, stack, lock, image, python_full)
+                verify_here(ctx, stack, lock, image, python_full, verify_sources)
             })
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -179,11 +183,12 @@ fn verify_here(
     lock: &Lock,
     image: &Image,
     python_full: &str,
+    verify_sources: &str,
 ) -> Result<StaticVerdict> {
     let site = image_site_packages(python_full);
     let expect = image_expectations(stack, lock, &site)?;
     let store = Store::open(ctx.store_dir())?;
-    let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id())?;
+    let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id(), verify_sources)?;
     let layers_read = seen.iter().filter(|l| l.read).count();
     let layers_reused = seen.len() - layers_read;
     crate::out!(
@@ -249,10 +254,10 @@ mod tests {
                 .unwrap(),
             );
         }
-        let (first, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        let (first, seen) = layer_indexes(&store, &layers, "sha256:test", "code-1").unwrap();
         assert!(seen.iter().all(|l| l.read), "{seen:?}");
         assert!(first[1].entries.contains_key("/opt/two.txt"));
-        let (again, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        let (again, seen) = layer_indexes(&store, &layers, "sha256:test", "code-1").unwrap();
         assert!(seen.iter().all(|l| !l.read), "{seen:?}");
         assert_eq!(again, first);
         // Only the new layer is read.
@@ -262,16 +267,21 @@ mod tests {
         layers.push(
             commstack_image::layer::write_layer(&tree, &dir.path().join("layer2.tar"), 0).unwrap(),
         );
-        let (_, seen) = layer_indexes(&store, &layers, "sha256:test").unwrap();
+        let (_, seen) = layer_indexes(&store, &layers, "sha256:test", "code-1").unwrap();
         let read: Vec<bool> = seen.iter().map(|l| l.read).collect();
         assert_eq!(read, [false, false, true]);
 
-        let inputs = json!({ "diff_id": layers[0].diff_id, "schema": FACTS_SCHEMA });
+        // Another version of the code reads every layer again.
+        let (_, seen) = layer_indexes(&store, &layers, "sha256:test", "code-2").unwrap();
+        assert!(seen.iter().all(|l| l.read), "{seen:?}");
+
+        let inputs =
+            json!({ "diff_id": layers[0].diff_id, "schema": FACTS_SCHEMA, "code": "code-1" });
         let kept = store
             .lookup(&StepKey::new(LAYER_INDEX_STEP, &inputs))
             .unwrap();
         std::fs::write(kept.join(INDEX_FILE), "{").unwrap();
-        let err = layer_indexes(&store, &layers, "sha256:test").unwrap_err();
+        let err = layer_indexes(&store, &layers, "sha256:test", "code-1").unwrap_err();
         let text = format!("{err:#}");
         assert!(text.contains("is not a layer index: remove"), "{text}");
         assert!(text.contains(&kept.display().to_string()), "{text}");
