@@ -772,14 +772,7 @@ impl Engine<'_> {
         else {
             bail!("step {} is not a keyed step of a binary cache", p.step);
         };
-        let quiet = self.quiet;
-        let name = p.step.name();
-        let say = |line: &str| {
-            if !quiet {
-                eprintln!("{:>24} {name}: {line}", "");
-            }
-            let _ = append_log(log, &format!("{line}\n"));
-        };
+        let say = step_say(self.quiet, p.step.name(), log);
         let mut made = None;
         self.store
             .run(key, inputs, true, |dir| {
@@ -931,14 +924,7 @@ impl Runner<'_> {
         log: &Path,
     ) -> Result<StepResult> {
         std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
-        let quiet = self.quiet;
-        let name = p.step.name();
-        let say = |line: &str| {
-            if !quiet {
-                eprintln!("{:>24} {name}: {line}", "");
-            }
-            let _ = append_log(log, &format!("{line}\n"));
-        };
+        let say = step_say(self.quiet, p.step.name(), log);
         let (Some(key), Some(inputs)) = (&p.store_key, &p.inputs) else {
             return steps.run(p.step, done, &say);
         };
@@ -979,6 +965,16 @@ pub(crate) fn not_shipped(rel: &str) -> bool {
         rel,
         commstack_store::META_FILE | ".used" | "logs" | "build-report.json" | RESULT_FILE
     )
+}
+
+/// A step's progress line: on stderr (unless quiet) and into its log.
+fn step_say<'a>(quiet: bool, name: &'a str, log: &'a Path) -> impl Fn(&str) + 'a {
+    move |line: &str| {
+        if !quiet {
+            eprintln!("{:>24} {name}: {line}", "");
+        }
+        let _ = append_log(log, &format!("{line}\n"));
+    }
 }
 
 fn append_log(log: &Path, text: &str) -> std::io::Result<()> {
