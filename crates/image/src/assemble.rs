@@ -44,7 +44,8 @@ pub const IMAGE_FILE: &str = "image.json";
 pub const IMAGE_STEP: &str = "image";
 /// The store step of each layer but the base's (`image-layer-<hash>`: layer.tar, layer.json).
 pub const LAYER_STEP: &str = "image-layer";
-const LAYER_FILE: &str = "layer.tar";
+/// A layer step's tar (its sha256 the diff_id).
+pub const LAYER_FILE: &str = "layer.tar";
 const LAYER_JSON: &str = "layer.json";
 /// commstack's own files in the image.
 pub const OWN_DIR: &str = "opt/commstack";

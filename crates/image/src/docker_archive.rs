@@ -126,10 +126,12 @@ pub fn archive_manifest(spec: &ImageSpec, config_hex: &str, layers: &[Layer]) ->
 }
 
 fn layer_names(layers: &[Layer]) -> Vec<String> {
-    layers
-        .iter()
-        .map(|l| format!("{}/layer.tar", l.diff_id.trim_start_matches("sha256:")))
-        .collect()
+    layers.iter().map(|l| layer_name(&l.diff_id)).collect()
+}
+
+/// A layer's file in the archive: `<diff_id hex>/layer.tar`.
+fn layer_name(diff_id: &str) -> String {
+    format!("{}/layer.tar", diff_id.trim_start_matches("sha256:"))
 }
 
 /// The docker-archive as a stream (into `docker load`'s stdin, or a file): the layers as
@@ -153,42 +155,78 @@ pub fn write_docker_archive_above<W: Write>(
     kept: usize,
     out: W,
 ) -> Result<DockerArchive> {
-    let config = image_config(spec, layers)?;
-    let config_hex = commstack_digest::sha256_hex(config.as_bytes());
-    let manifest = archive_manifest(spec, &config_hex, layers);
-    let mut tar = tar::Builder::new(out);
-    let mut put = |name: &str, size: u64, data: &mut dyn std::io::Read| -> Result<()> {
+    let mut archive = ArchiveWriter::new(out, spec.epoch);
+    for layer in layers.iter().skip(kept) {
+        archive.layer_file(layer)?;
+    }
+    archive.finish(spec, layers)
+}
+
+/// A docker-archive written in parts: layer tars first, in any order (Docker 20.10's load
+/// unpacks the whole archive before it reads manifest.json), then [`ArchiveWriter::finish`]
+/// writes the config and manifest.json. Every entry has fixed headers (`epoch` the mtime),
+/// so the same parts in the same order give the same bytes.
+pub struct ArchiveWriter<W: Write> {
+    tar: tar::Builder<W>,
+    epoch: u64,
+}
+
+impl<W: Write> ArchiveWriter<W> {
+    pub fn new(out: W, epoch: u64) -> ArchiveWriter<W> {
+        ArchiveWriter {
+            tar: tar::Builder::new(out),
+            epoch,
+        }
+    }
+
+    fn put(&mut self, name: &str, size: u64, data: &mut dyn std::io::Read) -> Result<()> {
         let mut h = tar::Header::new_gnu();
         h.set_mode(0o644);
         h.set_uid(0);
         h.set_gid(0);
-        h.set_mtime(spec.epoch);
+        h.set_mtime(self.epoch);
         h.set_size(size);
         h.set_entry_type(tar::EntryType::Regular);
-        tar.append_data(&mut h, name, data)
+        self.tar
+            .append_data(&mut h, name, data)
             .with_context(|| format!("writing {name} into the docker-archive"))
-    };
-    for (layer, name) in layers.iter().zip(layer_names(layers)).skip(kept) {
+    }
+
+    /// The layer tar of `diff_id` (`size` bytes of `data`), as `<hex>/layer.tar`.
+    pub fn layer(&mut self, diff_id: &str, size: u64, data: &mut dyn std::io::Read) -> Result<()> {
+        self.put(&layer_name(diff_id), size, data)
+    }
+
+    /// `layer`'s tar, read from its file.
+    pub fn layer_file(&mut self, layer: &Layer) -> Result<()> {
         let mut f = File::open(&layer.path)
             .with_context(|| format!("cannot read the layer {}", layer.path.display()))?;
-        put(&name, layer.size, &mut f)?;
+        self.layer(&layer.diff_id, layer.size, &mut f)
     }
-    put(
-        &format!("{config_hex}.json"),
-        config.len() as u64,
-        &mut config.as_bytes(),
-    )?;
-    put(
-        "manifest.json",
-        manifest.len() as u64,
-        &mut manifest.as_bytes(),
-    )?;
-    tar.into_inner()?.flush()?;
-    Ok(DockerArchive {
-        image_id: format!("sha256:{config_hex}"),
-        config,
-        diff_ids: layers.iter().map(|l| l.diff_id.clone()).collect(),
-    })
+
+    /// The config of `spec` and `layers` and manifest.json (naming every layer, sent or
+    /// not), and the end of the tar.
+    pub fn finish(mut self, spec: &ImageSpec, layers: &[Layer]) -> Result<DockerArchive> {
+        let config = image_config(spec, layers)?;
+        let config_hex = commstack_digest::sha256_hex(config.as_bytes());
+        let manifest = archive_manifest(spec, &config_hex, layers);
+        self.put(
+            &format!("{config_hex}.json"),
+            config.len() as u64,
+            &mut config.as_bytes(),
+        )?;
+        self.put(
+            "manifest.json",
+            manifest.len() as u64,
+            &mut manifest.as_bytes(),
+        )?;
+        self.tar.into_inner()?.flush()?;
+        Ok(DockerArchive {
+            image_id: format!("sha256:{config_hex}"),
+            config,
+            diff_ids: layers.iter().map(|l| l.diff_id.clone()).collect(),
+        })
+    }
 }
 
 /// `epoch` seconds since 1970 as RFC 3339 in UTC (`2025-12-01T00:00:00Z`).

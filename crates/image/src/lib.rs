@@ -31,10 +31,10 @@ pub use assemble::{
 };
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{
-    DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
+    ArchiveWriter, DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
     write_docker_archive_above, write_docker_archive_to,
 };
 pub use layer::{Layer, Owner, write_layer, write_layer_owned};
-pub use load::{Loaded, docker_load, export_oci};
+pub use load::{EarlyLoad, Loaded, docker_load, docker_load_with, export_oci};
 pub use oci_layout::{GZIP_LEVEL, GZIP_STEP, OciImage, write_oci_layout, write_oci_layout_with};
 pub use plan::LARGE_WHEEL_BYTES;

@@ -3,15 +3,18 @@
 //! then tags it; an image Docker already has is only tagged (the no-op). [`export_oci`]
 //! writes the OCI layout beside the target and renames it into place when complete.
 
+use std::collections::BTreeSet;
+use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, bail};
 
 use crate::assemble::Image;
-use crate::docker_archive::ImageSpec;
-use crate::docker_archive::write_docker_archive_above;
+use crate::docker_archive::{ArchiveWriter, DockerArchive, ImageSpec, write_docker_archive_above};
 use crate::layer::Layer;
 use crate::oci_layout::{OciImage, write_oci_layout_with};
 use commstack_store::Store;
@@ -34,29 +37,175 @@ pub struct Loaded {
     pub sent: usize,
     /// Bottom layers Docker had already (another image starts with them): not sent.
     pub kept: usize,
+    /// Of those sent, the layers that went in while they were downloading (an
+    /// [`EarlyLoad`]).
+    pub early: usize,
 }
 
 /// Loads `image` into Docker and tags it; returns the image ID and what was sent (nothing
 /// when Docker has the image).
 pub fn docker_load(image: &Image) -> Result<Loaded> {
+    docker_load_with(image, None)
+}
+
+/// As [`docker_load`], finishing `early` (a load that already holds some of the layers)
+/// where there is one.
+pub fn docker_load_with(image: &Image, early: Option<EarlyLoad>) -> Result<Loaded> {
     let id = image.id();
     let have = docker(&["image", "inspect", "--format", "{{.Id}}", id])?;
     let mut loaded = Loaded {
         id: id.to_string(),
         ..Loaded::default()
     };
-    if !(have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == id) {
-        (loaded.sent, loaded.kept) = load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
+    if have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == id {
+        // `early` is dropped unfinished: that load ends and registers nothing.
+    } else {
+        let finished = early.map(|early| early.finish(image));
+        match finished {
+            Some(Ok(early)) => loaded = early,
+            // What failed may be the early input alone (Docker dropped the chain it
+            // counted on): the usual load says what is wrong if it fails too.
+            Some(Err(err)) => {
+                eprintln!("the early docker load failed ({err:#}); loading again");
+                (loaded.sent, loaded.kept) =
+                    load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
+            }
+            None => {
+                (loaded.sent, loaded.kept) =
+                    load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
+            }
+        }
     }
-    let tagged = docker(&["tag", id, image.tag()])?;
+    tag(id, image.tag())?;
+    Ok(loaded)
+}
+
+fn tag(id: &str, tag: &str) -> Result<()> {
+    let tagged = docker(&["tag", id, tag])?;
     if !tagged.status.success() {
         bail!(
-            "docker tag {id} {}: {}",
-            image.tag(),
+            "docker tag {id} {tag}: {}",
             String::from_utf8_lossy(&tagged.stderr).trim()
         );
     }
-    Ok(loaded)
+    Ok(())
+}
+
+/// What goes to an early load's writer: a layer tar's diff_id, its open file and size.
+type Part = (String, File, u64);
+
+/// The writer of an early load, when its input ends: the archive so far and the layers
+/// in it.
+type Written = Result<(ArchiveWriter<BufWriter<ChildStdin>>, BTreeSet<String>)>;
+
+/// A `docker load` started while the image's layer tars are still arriving (pulled from
+/// the binary cache): each goes into it as soon as it is complete, so Docker unpacks the
+/// archive while the rest downloads, and [`EarlyLoad::finish`] sends only what is left.
+/// Docker 20.10's load unpacks its whole input into a temporary directory before it reads
+/// manifest.json, and registers nothing before that: the entries may come in any order,
+/// and a load dropped before `finish` (the pull failed) loads nothing.
+pub struct EarlyLoad {
+    parts: Option<mpsc::Sender<Part>>,
+    writer: Option<JoinHandle<Written>>,
+    child: Option<Child>,
+}
+
+impl EarlyLoad {
+    /// Starts `docker load`, its input fed from a thread of its own (a layer is sent
+    /// without waiting for Docker to take it).
+    pub fn start() -> Result<EarlyLoad> {
+        let mut child = start_docker_load()?;
+        let stdin = child.stdin.take().expect("piped");
+        let (parts, arriving) = mpsc::channel::<Part>();
+        let writer = std::thread::Builder::new()
+            .name("early-docker-load".into())
+            .spawn(move || -> Written {
+                // The archive's own bytes are not kept: the entries' mtime does not matter.
+                let mut archive = ArchiveWriter::new(BufWriter::with_capacity(1 << 20, stdin), 0);
+                let mut sent = BTreeSet::new();
+                for (diff_id, mut file, size) in arriving {
+                    archive.layer(&diff_id, size, &mut file)?;
+                    sent.insert(diff_id);
+                }
+                Ok((archive, sent))
+            });
+        let writer = match writer {
+            Ok(writer) => writer,
+            Err(err) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err).context("cannot start a thread");
+            }
+        };
+        Ok(EarlyLoad {
+            parts: Some(parts),
+            writer: Some(writer),
+            child: Some(child),
+        })
+    }
+
+    /// Sends the layer tar of `diff_id` at `path` (whole, its sha256 checked) into the
+    /// load. The file is opened now: it may be moved into its step directory meanwhile.
+    pub fn layer(&self, diff_id: &str, path: &Path) -> Result<()> {
+        let file = File::open(path)
+            .with_context(|| format!("cannot read the layer {}", path.display()))?;
+        let size = file.metadata()?.len();
+        // A writer that stopped (Docker failed) is reported by `finish`.
+        if let Some(parts) = &self.parts {
+            let _ = parts.send((diff_id.to_string(), file, size));
+        }
+        Ok(())
+    }
+
+    /// Ends the load as `image`: the layers Docker has neither as a chain nor from this
+    /// load's input, then the config and manifest.json; checks the ID and returns what
+    /// was sent (the early layers among it).
+    pub fn finish(mut self, image: &Image) -> Result<Loaded> {
+        drop(self.parts.take());
+        let (child, writer) = (self.child.take(), self.writer.take());
+        let (child, writer) = (child.expect("not finished"), writer.expect("not finished"));
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let layers = image.layers();
+        let kept = chain_docker_has(&layers);
+        let mut early = BTreeSet::new();
+        let written = written.and_then(|(mut archive, sent)| {
+            early = sent;
+            for layer in layers.iter().skip(kept) {
+                if !early.contains(&layer.diff_id) {
+                    archive.layer_file(layer)?;
+                }
+            }
+            let mut spec = image.manifest.spec.clone();
+            spec.tag.clear();
+            archive.finish(&spec, &layers)
+        });
+        ended(child, written, image.id(), &image.dir)?;
+        Ok(Loaded {
+            id: image.id().to_string(),
+            sent: layers.len() - kept,
+            kept,
+            early: layers[kept..]
+                .iter()
+                .filter(|l| early.contains(&l.diff_id))
+                .count(),
+        })
+    }
+}
+
+impl Drop for EarlyLoad {
+    /// Not finished: Docker is stopped before its input ends, so it registers nothing.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        drop(self.parts.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 /// How many of `layers`, from the bottom, Docker has as a chain already: the longest
@@ -122,13 +271,7 @@ fn load_above(
 ) -> Result<()> {
     let mut spec = spec.clone();
     spec.tag.clear();
-    let mut child = Command::new("docker")
-        .args(["load"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot run `docker load`: is Docker installed and its daemon running?")?;
+    let mut child = start_docker_load()?;
     let stdin = child.stdin.take().expect("piped");
     let written = write_docker_archive_above(
         &spec,
@@ -136,6 +279,22 @@ fn load_above(
         kept,
         BufWriter::with_capacity(1 << 20, stdin),
     );
+    ended(child, written, id, what)
+}
+
+fn start_docker_load() -> Result<Child> {
+    Command::new("docker")
+        .args(["load"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run `docker load`: is Docker installed and its daemon running?")
+}
+
+/// Waits for the `docker load` whose input `written` ended (its stdin closed with it) and
+/// checks that it loaded `id`; an image it loaded under another ID is removed.
+fn ended(child: Child, written: Result<DockerArchive>, id: &str, what: &Path) -> Result<()> {
     let out = child.wait_with_output().context("docker load")?;
     let said = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {

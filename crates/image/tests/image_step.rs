@@ -14,7 +14,8 @@ use commstack_image::assemble::ENV;
 use commstack_image::base::{BaseLayer, BaseManifest, BasePackage};
 use commstack_image::provenance::{Origin, Provenance};
 use commstack_image::{
-    Image, ImageInputs, Tool, assemble_image, docker_load, export_oci, write_layer,
+    EarlyLoad, Image, ImageInputs, Tool, assemble_image, docker_load, docker_load_with, export_oci,
+    write_layer,
 };
 use commstack_store::Store;
 use commstack_wheel::WheelBuilder;
@@ -634,6 +635,83 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
         .trim(),
         two.id()
     );
+    for image in [&one, &two] {
+        rmi(image.tag());
+        rmi(image.id());
+    }
+}
+
+/// The load of a pulled image starts while its layers download: layers go in as they
+/// land, in any order (the top before DeepEP's here, and one Docker has as a chain), and
+/// `finish` sends the rest. A load dropped before `finish` (the pull failed) loads nothing;
+/// one Docker refuses (a wrong tar under a diff_id) gives way to the usual load.
+#[test]
+fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
+    let name = format!("commstack-fixture-early-{}", std::process::id());
+    let a = fixture(&name, 7);
+    let one = assemble_image(&a.store, &a.inputs, false).unwrap();
+    let mut b = fixture(&name, 8);
+    b.store = Store::open(a.store.root()).unwrap();
+    let two = assemble_image(&b.store, &b.inputs, false).unwrap();
+    for image in [&one, &two] {
+        rmi(image.tag());
+        rmi(image.id());
+    }
+    docker_load(&one).unwrap();
+    let layers = two.layers();
+    let kept = diff_ids(&one)
+        .iter()
+        .zip(&layers)
+        .take_while(|(a, b)| **a == b.diff_id)
+        .count();
+    assert_eq!(layers.len() - kept, 2, "DeepEP's layer and the top move");
+    let top = layers.last().unwrap();
+
+    let dropped = EarlyLoad::start().unwrap();
+    dropped.layer(&top.diff_id, &top.path).unwrap();
+    drop(dropped);
+    assert!(
+        !run("docker", &["image", "inspect", two.id()])
+            .status
+            .success(),
+        "a load dropped before its end registered the image"
+    );
+
+    // Other bytes under the top's diff_id: Docker refuses that load, and the image is
+    // loaded again the usual way.
+    let wrong = EarlyLoad::start().unwrap();
+    wrong.layer(&top.diff_id, &layers[kept].path).unwrap();
+    let loaded = docker_load_with(&two, Some(wrong)).unwrap();
+    assert_eq!(
+        (loaded.id.as_str(), loaded.sent, loaded.early),
+        (two.id(), 2, 0),
+        "{loaded:?}"
+    );
+    rmi(two.tag());
+    rmi(two.id());
+
+    let early = EarlyLoad::start().unwrap();
+    early.layer(&top.diff_id, &top.path).unwrap();
+    early.layer(&layers[0].diff_id, &layers[0].path).unwrap();
+    let loaded = docker_load_with(&two, Some(early)).unwrap();
+    assert_eq!(
+        (loaded.id.as_str(), loaded.sent, loaded.kept, loaded.early),
+        (two.id(), 2, kept, 1),
+        "{loaded:?}"
+    );
+    assert_eq!(
+        ok(
+            "docker",
+            &["image", "inspect", "--format", "{{.Id}}", two.tag()]
+        )
+        .trim(),
+        two.id()
+    );
+    // Docker has it now: an early load given then is ended unused, and the tag stays.
+    let unused = EarlyLoad::start().unwrap();
+    unused.layer(&top.diff_id, &top.path).unwrap();
+    let again = docker_load_with(&two, Some(unused)).unwrap();
+    assert_eq!((again.sent, again.early), (0, 0), "{again:?}");
     for image in [&one, &two] {
         rmi(image.tag());
         rmi(image.id());

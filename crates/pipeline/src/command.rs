@@ -288,7 +288,10 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     steps.settings.print_notes();
     let store = commstack_store::Store::open(ctx.store_dir())?;
     let record = Record::open(dir.join("inputs.json"))?;
-    let substituter = substituter(ctx, graph, args, &steps)?;
+    let mut substituter = substituter(ctx, graph, args, &steps)?;
+    if let Some(s) = &mut substituter {
+        s.feed_layers_to(steps.early_load.clone());
+    }
     let engine = Engine {
         store: &store,
         record: &record,
@@ -307,6 +310,9 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     };
     preflight(&steps, graph, selection)?;
     let plan = engine.plan(&steps, selection)?;
+    if pulls_then_loads_the_image(&plan) {
+        steps.early_load.arm();
+    }
     if graph.dry_run {
         print_plan(&plan, graph.json)?;
         return Ok(Built {
@@ -369,6 +375,18 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         exit,
         summary_file,
     })
+}
+
+/// Whether the run pulls the image step from the binary cache and then loads it: then
+/// the load starts while the layers download.
+fn pulls_then_loads_the_image(plan: &crate::graph::Plan) -> bool {
+    let has = |step: StepId, wanted: fn(&Status) -> bool| {
+        plan.steps
+            .iter()
+            .any(|p| p.step == step && p.selected && wanted(&p.status))
+    };
+    has(StepId::Image, |s| matches!(s, Status::Substitute { .. }))
+        && has(StepId::Load, |s| matches!(s, Status::Run { .. }))
 }
 
 /// The binary cache of `--substitute REGISTRY`, else of stack.toml's [cache] registry;

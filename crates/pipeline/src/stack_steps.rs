@@ -39,6 +39,8 @@ pub struct StackSteps<'a> {
     /// [`Steps::built_here`]); fetch downloads only what they read. None: everything.
     /// A Mutex: [`Steps`] is Sync (steps may run at the same time).
     built_here: std::sync::Mutex<Option<std::collections::BTreeSet<StepId>>>,
+    /// The `docker load` the image's pull feeds, when the run pulls and loads it.
+    pub early_load: std::sync::Arc<crate::flow::image::EarlyLoadFeed>,
 }
 
 /// What of this machine a step's output depends on, read once per command.
@@ -117,6 +119,7 @@ impl<'a> StackSteps<'a> {
             image,
             probes,
             built_here: Default::default(),
+            early_load: Default::default(),
         })
     }
 
@@ -498,7 +501,7 @@ impl Steps for StackSteps<'_> {
             }
             StepId::Load => {
                 let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
-                let id = crate::flow::image::load_step(&image)?;
+                let id = crate::flow::image::load_step(&image, self.early_load.take())?;
                 Ok(StepResult {
                     output: None,
                     facts: json!({ "id": id, "tag": image.tag() }),

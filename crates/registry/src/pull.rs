@@ -134,13 +134,21 @@ impl Puller {
     /// Several blobs, `jobs` at a time, each as [`pull_blob`] downloads it; stops at the
     /// first failure (the others keep what they received, for the rerun). One stream at a
     /// time leaves the second core and the disk idle while a multi-GB image comes in.
-    pub fn pull_blobs(&self, blobs: &[Wanted], jobs: usize) -> Result<()> {
+    /// `landed` is told of each blob as soon as it is whole and its sha256 checked.
+    pub fn pull_blobs(
+        &self,
+        blobs: &[Wanted],
+        jobs: usize,
+        landed: &dyn Fn(&Wanted),
+    ) -> Result<()> {
         // One bar per blob would interleave: the caller says what is coming instead.
         self.block_on(async {
             futures::stream::iter(blobs.iter().map(|w| async {
                 self.pull_blob_resuming(false, &w.digest, w.size, &w.part)
                     .await
-                    .with_context(|| w.name.clone())
+                    .with_context(|| w.name.clone())?;
+                landed(w);
+                Ok(())
             }))
             .buffer_unordered(jobs.max(1))
             .collect::<Vec<Result<()>>>()

@@ -226,7 +226,26 @@ fn a_pulling_session_asks_the_token_service_once() {
             name: b.role.clone(),
         })
         .collect();
-    puller.pull_blobs(&wanted, 3).unwrap();
+    // Each blob is announced once, when its file is whole: what an early docker load
+    // reads at that moment is the blob.
+    let landed = std::sync::Mutex::new(Vec::new());
+    puller
+        .pull_blobs(&wanted, 3, &|w: &Wanted| {
+            let bytes = std::fs::read(&w.part).unwrap();
+            assert_eq!(
+                format!("sha256:{}", commstack_digest::sha256_hex(&bytes)),
+                w.digest,
+                "{} announced before it was whole",
+                w.name
+            );
+            landed.lock().unwrap().push(w.digest.clone());
+        })
+        .unwrap();
+    let mut landed = landed.into_inner().unwrap();
+    landed.sort();
+    let mut all: Vec<String> = wanted.iter().map(|w| w.digest.clone()).collect();
+    all.sort();
+    assert_eq!(landed, all);
     for (w, b) in wanted.iter().zip(&layout.blobs[1..]) {
         assert_eq!(
             std::fs::read(&w.part).unwrap(),

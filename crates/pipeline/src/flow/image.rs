@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use commstack_image::{Image, ImageInputs, Tool};
+use commstack_image::{EarlyLoad, Image, ImageInputs, Tool};
 use commstack_stack::{Lock, Stack};
 use commstack_store::{StepKey, Store};
 use xshell::{Shell, cmd};
@@ -199,14 +199,19 @@ pub fn image_step(
     Ok(image)
 }
 
-/// The image in Docker under its tag (loaded unless Docker has it).
-pub fn load_step(image: &Image) -> Result<String> {
+/// The image in Docker under its tag (loaded unless Docker has it), finishing the load
+/// `early` started while the image was pulled, where there is one.
+pub fn load_step(image: &Image, early: Option<EarlyLoad>) -> Result<String> {
     let t = Instant::now();
-    let loaded = commstack_image::docker_load(image)?;
+    let loaded = commstack_image::docker_load_with(image, early)?;
+    let early = match loaded.early {
+        0 => String::new(),
+        n => format!(", {n} of them while they downloaded"),
+    };
     let sent = match (loaded.sent, loaded.kept) {
         (0, 0) => "Docker had it".to_string(),
-        (sent, 0) => format!("{sent} layers sent"),
-        (sent, kept) => format!("{sent} layers sent, {kept} Docker had"),
+        (sent, 0) => format!("{sent} layers sent{early}"),
+        (sent, kept) => format!("{sent} layers sent{early}, {kept} Docker had"),
     };
     crate::out!(
         "loaded: {} as {} ({sent}; {:.1} s)",
@@ -215,6 +220,53 @@ pub fn load_step(image: &Image) -> Result<String> {
         t.elapsed().as_secs_f64()
     );
     Ok(loaded.id)
+}
+
+/// The image's layer tars, as the binary cache lands them, into a `docker load` started
+/// then ([`EarlyLoad`]): Docker unpacks them while the rest of the image downloads, and
+/// the load step finishes that load instead of starting one after the pull. Armed only
+/// for a run that pulls the image step and then loads it.
+#[derive(Default)]
+pub struct EarlyLoadFeed {
+    armed: std::sync::atomic::AtomicBool,
+    load: std::sync::Mutex<Option<EarlyLoad>>,
+}
+
+impl EarlyLoadFeed {
+    pub fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The layer tar of `diff_id` is whole at `path`: into the load (started by the first
+    /// one). A load that cannot start or take it is dropped, said, and the load step loads
+    /// the usual way.
+    pub fn landed(&self, diff_id: &str, path: &Path, say: &dyn Fn(&str)) {
+        if !self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = match &*load {
+            Some(early) => early.layer(diff_id, path),
+            None => EarlyLoad::start().and_then(|early| {
+                say("docker load started: the layers go into it as they arrive");
+                early.layer(diff_id, path)?;
+                *load = Some(early);
+                Ok(())
+            }),
+        };
+        if let Err(err) = sent {
+            say(&format!(
+                "the early docker load stopped ({err:#}): the load step loads the image after the pull"
+            ));
+            *load = None;
+            self.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// The load started, for the load step to finish.
+    pub fn take(&self) -> Option<EarlyLoad> {
+        self.load.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 /// Whether Docker has the image `id` under `tag` (`docker image inspect`).

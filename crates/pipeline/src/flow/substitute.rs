@@ -26,8 +26,9 @@ use commstack_registry::{PushOptions, Target, VerifyingKey};
 use commstack_store::{StepKey, StepMeta, Store};
 use serde::Deserialize;
 
-use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedStep, STEP_ARTIFACT_TYPE};
+use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedFile, CarriedStep, STEP_ARTIFACT_TYPE};
 use crate::graph::{StepId, StoredResult, Substitute};
+use commstack_image::assemble::LAYER_FILE;
 
 /// Where to substitute from, and whom to trust.
 #[derive(Clone, Debug)]
@@ -53,6 +54,8 @@ pub struct Substituter {
     /// One session for every look-up and download (made on first use): its connections
     /// are reused and a bearer registry's token is fetched once.
     puller: std::cell::OnceCell<Puller>,
+    /// Where an image's layer tars go as they land (a `docker load` started early).
+    early_load: Option<std::sync::Arc<crate::flow::image::EarlyLoadFeed>>,
 }
 
 /// The config of a step artifact (crate::flow::cache_push), as far as a pull reads it.
@@ -137,6 +140,7 @@ impl Substituter {
             allow_unsigned: request.allow_unsigned,
             found: RefCell::new(BTreeMap::new()),
             puller: std::cell::OnceCell::new(),
+            early_load: None,
         })
     }
 
@@ -150,6 +154,11 @@ impl Substituter {
     pub fn set_credentials(&mut self, credentials: commstack_registry::Credentials) {
         self.options.credentials = Some(credentials);
         self.puller = std::cell::OnceCell::new();
+    }
+
+    /// Tell `feed` of each image layer tar as soon as it is downloaded and checked.
+    pub fn feed_layers_to(&mut self, feed: std::sync::Arc<crate::flow::image::EarlyLoadFeed>) {
+        self.early_load = Some(feed);
     }
 
     fn puller(&self) -> Result<&Puller> {
@@ -292,16 +301,31 @@ impl Substitute for Substituter {
                 Some((c, layers))
             })
             .collect();
+        let in_store = |c: &CarriedStep| {
+            store.lookup(&StepKey {
+                step: c.meta.step.clone(),
+                hash: c.meta.hash.clone(),
+            })
+        };
+        let is_layer_tar = |f: &CarriedFile| f.path == Path::new(LAYER_FILE);
+        // Layer steps this store has, above the first it lacks: their chain moved with the
+        // one below, so Docker needs their tars too, and they go into an early load now,
+        // while the rest downloads.
+        if let Some(feed) = &self.early_load
+            && let Some(first) = carried.iter().position(|(c, _)| in_store(c).is_none())
+        {
+            for (c, layers) in &carried[first..] {
+                let Some(dir) = in_store(c) else { continue };
+                for (f, l) in c.files.iter().zip(layers.iter()) {
+                    if is_layer_tar(f) {
+                        feed.landed(&l.digest, &dir.join(&f.path), say);
+                    }
+                }
+            }
+        }
         let wanted: Vec<commstack_registry::pull::Wanted> = carried
             .iter()
-            .filter(|(c, _)| {
-                store
-                    .lookup(&StepKey {
-                        step: c.meta.step.clone(),
-                        hash: c.meta.hash.clone(),
-                    })
-                    .is_none()
-            })
+            .filter(|(c, _)| in_store(c).is_none())
             .flat_map(|(c, layers)| {
                 c.files
                     .iter()
@@ -329,8 +353,22 @@ impl Substitute for Substituter {
                 carried.len(),
                 bytes as f64 / 1e9
             ));
+            // The layer tars (their sha256 the diff_ids) go on into an early docker load.
+            let layer_tars: std::collections::BTreeSet<&str> = carried
+                .iter()
+                .flat_map(|(c, layers)| c.files.iter().zip(layers.iter()))
+                .filter(|(f, _)| is_layer_tar(f))
+                .map(|(_, l)| l.digest.as_str())
+                .collect();
+            let landed = |w: &commstack_registry::pull::Wanted| {
+                if let Some(feed) = &self.early_load
+                    && layer_tars.contains(w.digest.as_str())
+                {
+                    feed.landed(&w.digest, &w.part, say);
+                }
+            };
             self.puller()?
-                .pull_blobs(&wanted, PULL_JOBS)
+                .pull_blobs(&wanted, PULL_JOBS, &landed)
                 .with_context(|| format!("{what}: the layers it carries"))?;
         }
         let downloaded: std::collections::BTreeSet<&str> =
