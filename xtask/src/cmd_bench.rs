@@ -70,7 +70,8 @@ enum Which {
     /// (signed), then times `docker pull` of the image against `build --substitute` in an
     /// empty home (to the loaded, statically verified image; target <= 1.2x docker pull),
     /// and checks both give the image ID that was pushed and that nothing was compiled;
-    /// `--then STACK` times an update to STACK's image the same way.
+    /// `--then STACK` times an update to STACK's image the same way; `--trials N` runs each
+    /// part N times and judges the medians.
     Substitute(substitute::Args),
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
@@ -94,6 +95,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 keep: a.keep,
                 pushed: a.pushed,
                 then: a.then.as_deref(),
+                trials: usize::from(a.trials),
             },
         ),
         Which::Lock {
