@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use oci_spec::image::{
     Arch, ConfigBuilder, HistoryBuilder, ImageConfigurationBuilder, Os, RootFsBuilder,
 };
@@ -187,9 +187,29 @@ impl<W: Write> ArchiveWriter<W> {
         h.set_mtime(self.epoch);
         h.set_size(size);
         h.set_entry_type(tar::EntryType::Regular);
+        // tar pads what it reads to the header's size without comparing the two: a file
+        // that is not `size` bytes (changed since it was measured) would shift every
+        // entry after it.
+        let mut counted = Counted {
+            inner: data.take(size),
+            read: 0,
+        };
         self.tar
-            .append_data(&mut h, name, data)
-            .with_context(|| format!("writing {name} into the docker-archive"))
+            .append_data(&mut h, name, &mut counted)
+            .with_context(|| format!("writing {name} into the docker-archive"))?;
+        if counted.read != size {
+            bail!(
+                "{name}: {} bytes read where {size} were expected: the file changed while it was written into the docker-archive; run the command again",
+                counted.read
+            );
+        }
+        Ok(())
+    }
+
+    /// Hands on what is buffered (the writer keeps its place).
+    pub fn flush(&mut self) -> Result<()> {
+        self.tar.get_mut().flush()?;
+        Ok(())
     }
 
     /// The layer tar of `diff_id` (`size` bytes of `data`), as `<hex>/layer.tar`.
@@ -229,6 +249,20 @@ impl<W: Write> ArchiveWriter<W> {
     }
 }
 
+/// A reader that counts what it gave.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
 /// `epoch` seconds since 1970 as RFC 3339 in UTC (`2025-12-01T00:00:00Z`).
 pub(crate) fn rfc3339(epoch: u64) -> String {
     let seconds = i64::try_from(epoch).unwrap_or(i64::MAX);
@@ -240,6 +274,20 @@ pub(crate) fn rfc3339(epoch: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_shorter_than_its_size_is_an_error_not_a_shifted_archive() {
+        let mut archive = ArchiveWriter::new(Vec::new(), 0);
+        let err = archive
+            .layer("sha256:ab", 10, &mut &b"short"[..])
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("ab/layer.tar: 5 bytes read where 10 were expected"),
+            "{err:#}"
+        );
+        let mut archive = ArchiveWriter::new(Vec::new(), 0);
+        archive.layer("sha256:ab", 5, &mut &b"short"[..]).unwrap();
+    }
 
     #[test]
     fn epochs_render_as_rfc3339() {

@@ -37,9 +37,10 @@ pub struct Loaded {
     pub sent: usize,
     /// Bottom layers Docker had already (another image starts with them): not sent.
     pub kept: usize,
-    /// Of those sent, the layers that went in while they were downloading (an
-    /// [`EarlyLoad`]).
+    /// Of those sent, the layers that went in during the pull (an [`EarlyLoad`]).
     pub early: usize,
+    /// Why the early load was given up for the usual one (its error), if it was.
+    pub fallback: Option<String>,
 }
 
 /// Loads `image` into Docker and tags it; returns the image ID and what was sent (nothing
@@ -60,17 +61,12 @@ pub fn docker_load_with(image: &Image, early: Option<EarlyLoad>) -> Result<Loade
     if have.status.success() && String::from_utf8_lossy(&have.stdout).trim() == id {
         // `early` is dropped unfinished: that load ends and registers nothing.
     } else {
-        let finished = early.map(|early| early.finish(image));
-        match finished {
+        match early.map(|early| early.finish(image)) {
             Some(Ok(early)) => loaded = early,
             // What failed may be the early input alone (Docker dropped the chain it
             // counted on): the usual load says what is wrong if it fails too.
-            Some(Err(err)) => {
-                eprintln!("the early docker load failed ({err:#}); loading again");
-                (loaded.sent, loaded.kept) =
-                    load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
-            }
-            None => {
+            failed => {
+                loaded.fallback = failed.and_then(Result::err).map(|e| format!("{e:#}"));
                 (loaded.sent, loaded.kept) =
                     load(&image.manifest.spec, &image.layers(), id, &image.dir)?;
             }
@@ -121,9 +117,21 @@ impl EarlyLoad {
             .name("early-docker-load".into())
             .spawn(move || -> Written {
                 // The archive's own bytes are not kept: the entries' mtime does not matter.
-                let mut archive = ArchiveWriter::new(BufWriter::with_capacity(1 << 20, stdin), 0);
+                let mut archive = ArchiveWriter::new(buffered(stdin), 0);
                 let mut sent = BTreeSet::new();
-                for (diff_id, mut file, size) in arriving {
+                loop {
+                    let (diff_id, mut file, size) = match arriving.try_recv() {
+                        Ok(part) => part,
+                        // Nothing waiting: Docker gets the end of the last layer now.
+                        Err(mpsc::TryRecvError::Empty) => {
+                            archive.flush()?;
+                            match arriving.recv() {
+                                Ok(part) => part,
+                                Err(_) => break,
+                            }
+                        }
+                        Err(mpsc::TryRecvError::Disconnected) => break,
+                    };
                     archive.layer(&diff_id, size, &mut file)?;
                     sent.insert(diff_id);
                 }
@@ -177,9 +185,7 @@ impl EarlyLoad {
                     archive.layer_file(layer)?;
                 }
             }
-            let mut spec = image.manifest.spec.clone();
-            spec.tag.clear();
-            archive.finish(&spec, &layers)
+            archive.finish(&untagged(&image.manifest.spec), &layers)
         });
         ended(child, written, image.id(), &image.dir)?;
         Ok(Loaded {
@@ -190,6 +196,7 @@ impl EarlyLoad {
                 .iter()
                 .filter(|l| early.contains(&l.diff_id))
                 .count(),
+            fallback: None,
         })
     }
 }
@@ -269,17 +276,23 @@ fn load_above(
     id: &str,
     what: &Path,
 ) -> Result<()> {
-    let mut spec = spec.clone();
-    spec.tag.clear();
     let mut child = start_docker_load()?;
     let stdin = child.stdin.take().expect("piped");
-    let written = write_docker_archive_above(
-        &spec,
-        layers,
-        kept,
-        BufWriter::with_capacity(1 << 20, stdin),
-    );
+    let written = write_docker_archive_above(&untagged(spec), layers, kept, buffered(stdin));
     ended(child, written, id, what)
+}
+
+/// `spec` with no tag: an image is tagged only after its ID is checked.
+fn untagged(spec: &ImageSpec) -> ImageSpec {
+    ImageSpec {
+        tag: String::new(),
+        ..spec.clone()
+    }
+}
+
+/// `docker load`'s input, written in large pieces.
+fn buffered(stdin: ChildStdin) -> BufWriter<ChildStdin> {
+    BufWriter::with_capacity(1 << 20, stdin)
 }
 
 fn start_docker_load() -> Result<Child> {
@@ -308,6 +321,14 @@ fn ended(child: Child, written: Result<DockerArchive>, id: &str, what: &Path) ->
                 .unwrap_or_default()
         );
     }
+    let loaded = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Loaded image ID: "))
+        .map(str::to_string);
+    // Untagged, so nothing would name it: an image loaded under another ID goes.
+    if let Some(other) = loaded.as_deref().filter(|other| *other != id) {
+        let _ = docker(&["rmi", other]);
+    }
     let written =
         written.with_context(|| format!("streaming {} into docker load", what.display()))?;
     if written.image_id != id {
@@ -317,15 +338,7 @@ fn ended(child: Child, written: Result<DockerArchive>, id: &str, what: &Path) ->
             written.image_id
         );
     }
-    let loaded = said
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Loaded image ID: "))
-        .map(str::to_string);
     if loaded.as_deref() != Some(id) {
-        // Untagged, so nothing names it: remove what was loaded.
-        if let Some(other) = &loaded {
-            let _ = docker(&["rmi", other]);
-        }
         bail!("docker load reported {said:?}, expected the image ID {id}");
     }
     Ok(())

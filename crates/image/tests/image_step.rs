@@ -396,6 +396,26 @@ fn rmi(reference: &str) {
     let _ = run("docker", &["rmi", "-f", reference]);
 }
 
+/// Removes `images` from Docker, by tag and by ID.
+fn forget(images: &[&Image]) {
+    for image in images {
+        rmi(image.tag());
+        rmi(image.id());
+    }
+}
+
+/// Docker holds `image` under its tag.
+fn assert_tagged(image: &Image) {
+    assert_eq!(
+        ok(
+            "docker",
+            &["image", "inspect", "--format", "{{.Id}}", image.tag()]
+        )
+        .trim(),
+        image.id()
+    );
+}
+
 fn not_in_docker(tag: &str) {
     let out = run("docker", &["image", "inspect", tag]);
     assert!(
@@ -586,9 +606,7 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
     let name = format!("commstack-fixture-layers-{}", std::process::id());
     let a = fixture(&name, 7);
     let one = assemble_image(&a.store, &a.inputs, false).unwrap();
-    let mut b = fixture(&name, 8);
-    // The second DeepEP build lands in the first fixture's store: only new layer steps appear.
-    b.store = Store::open(a.store.root()).unwrap();
+    let b = with_other_deepep(&a, &name);
     let steps_before = layer_steps(&a.store);
     let two = assemble_image(&b.store, &b.inputs, false).unwrap();
     let (x, y) = (diff_ids(&one), diff_ids(&two));
@@ -611,10 +629,7 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
 
     // Loaded after the first, the second sends Docker only the layers from DeepEP's up:
     // the chain below is Docker's already (the image's ID is still checked).
-    for image in [&one, &two] {
-        rmi(image.tag());
-        rmi(image.id());
-    }
+    forget(&[&one, &two]);
     // (Other tests' images may share the fixture's base layer: the first load's split
     // depends on them, the second's does not.)
     let first = docker_load(&one).unwrap();
@@ -627,18 +642,8 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
         (x.len() - deepep, deepep),
         "{second:?}"
     );
-    assert_eq!(
-        ok(
-            "docker",
-            &["image", "inspect", "--format", "{{.Id}}", two.tag()]
-        )
-        .trim(),
-        two.id()
-    );
-    for image in [&one, &two] {
-        rmi(image.tag());
-        rmi(image.id());
-    }
+    assert_tagged(&two);
+    forget(&[&one, &two]);
 }
 
 /// The load of a pulled image starts while its layers download: layers go in as they
@@ -650,13 +655,9 @@ fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
     let name = format!("commstack-fixture-early-{}", std::process::id());
     let a = fixture(&name, 7);
     let one = assemble_image(&a.store, &a.inputs, false).unwrap();
-    let mut b = fixture(&name, 8);
-    b.store = Store::open(a.store.root()).unwrap();
+    let b = with_other_deepep(&a, &name);
     let two = assemble_image(&b.store, &b.inputs, false).unwrap();
-    for image in [&one, &two] {
-        rmi(image.tag());
-        rmi(image.id());
-    }
+    forget(&[&one, &two]);
     docker_load(&one).unwrap();
     let layers = two.layers();
     let kept = diff_ids(&one)
@@ -687,6 +688,13 @@ fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
         (two.id(), 2, 0),
         "{loaded:?}"
     );
+    assert!(
+        loaded
+            .fallback
+            .as_deref()
+            .is_some_and(|why| why.contains("docker load")),
+        "the early load's failure is kept for the step to say: {loaded:?}"
+    );
     rmi(two.tag());
     rmi(two.id());
 
@@ -699,23 +707,22 @@ fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
         (two.id(), 2, kept, 1),
         "{loaded:?}"
     );
-    assert_eq!(
-        ok(
-            "docker",
-            &["image", "inspect", "--format", "{{.Id}}", two.tag()]
-        )
-        .trim(),
-        two.id()
-    );
+    assert_eq!(loaded.fallback, None);
+    assert_tagged(&two);
     // Docker has it now: an early load given then is ended unused, and the tag stays.
     let unused = EarlyLoad::start().unwrap();
     unused.layer(&top.diff_id, &top.path).unwrap();
     let again = docker_load_with(&two, Some(unused)).unwrap();
     assert_eq!((again.sent, again.early), (0, 0), "{again:?}");
-    for image in [&one, &two] {
-        rmi(image.tag());
-        rmi(image.id());
-    }
+    forget(&[&one, &two]);
+}
+
+/// Fixture `a` again with another DeepEP wheel, building in `a`'s store: only the new
+/// layer steps appear there.
+fn with_other_deepep(a: &Fixture, name: &str) -> Fixture {
+    let mut b = fixture(name, 8);
+    b.store = Store::open(a.store.root()).unwrap();
+    b
 }
 
 fn layer_steps(store: &Store) -> usize {

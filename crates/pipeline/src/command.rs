@@ -310,7 +310,8 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
     };
     preflight(&steps, graph, selection)?;
     let plan = engine.plan(&steps, selection)?;
-    if pulls_then_loads_the_image(&plan) {
+    // The image pulled and then loaded: the load begins during the pull.
+    if plan.substitutes_then_runs(StepId::Image, StepId::Load) {
         steps.early_load.arm();
     }
     if graph.dry_run {
@@ -375,18 +376,6 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         exit,
         summary_file,
     })
-}
-
-/// Whether the run pulls the image step from the binary cache and then loads it: then
-/// the load starts while the layers download.
-fn pulls_then_loads_the_image(plan: &crate::graph::Plan) -> bool {
-    let has = |step: StepId, wanted: fn(&Status) -> bool| {
-        plan.steps
-            .iter()
-            .any(|p| p.step == step && p.selected && wanted(&p.status))
-    };
-    has(StepId::Image, |s| matches!(s, Status::Substitute { .. }))
-        && has(StepId::Load, |s| matches!(s, Status::Run { .. }))
 }
 
 /// The binary cache of `--substitute REGISTRY`, else of stack.toml's [cache] registry;

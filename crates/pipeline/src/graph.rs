@@ -350,6 +350,20 @@ pub struct Plan {
     only: Option<StepId>,
 }
 
+impl Plan {
+    /// Whether this run takes `pulled` from the binary cache and then builds `then` here
+    /// (both selected): the image and its load, which may then begin during the pull.
+    pub fn substitutes_then_runs(&self, pulled: StepId, then: StepId) -> bool {
+        let has = |step: StepId, wanted: fn(&Status) -> bool| {
+            self.steps
+                .iter()
+                .any(|p| p.step == step && p.selected && wanted(&p.status))
+        };
+        has(pulled, |s| matches!(s, Status::Substitute { .. }))
+            && has(then, |s| matches!(s, Status::Run { .. }))
+    }
+}
+
 /// The store, the record of past inputs, and where step logs go.
 pub struct Engine<'a> {
     pub store: &'a Store,
@@ -1022,4 +1036,60 @@ fn explain(changed: &[Change], upstream_runs: &[StepId], recorded: bool) -> Stri
         });
     }
     parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(steps: &[(StepId, Status, bool)]) -> Plan {
+        Plan {
+            steps: steps
+                .iter()
+                .map(|(step, status, selected)| Planned {
+                    step: *step,
+                    key: None,
+                    status: status.clone(),
+                    selected: *selected,
+                    inputs: None,
+                    store_key: None,
+                })
+                .collect(),
+            done: Done::new(),
+            only: None,
+        }
+    }
+
+    #[test]
+    fn a_load_begins_during_the_pull_only_when_the_image_is_pulled_and_then_loaded() {
+        let pulled = || Status::Substitute {
+            from: "reg/repo:image-1@sha256:ab".into(),
+        };
+        let runs = || Status::Run {
+            reason: "not loaded".into(),
+            changed: Vec::new(),
+        };
+        let (image, load) = (StepId::Image, StepId::Load);
+        let yes = plan(&[(image, pulled(), true), (load, runs(), true)]);
+        assert!(yes.substitutes_then_runs(image, load));
+        for no in [
+            plan(&[(image, Status::Reused, true), (load, runs(), true)]),
+            plan(&[(image, runs(), true), (load, runs(), true)]),
+            plan(&[(image, pulled(), true), (load, Status::Reused, true)]),
+            plan(&[(image, pulled(), true)]),
+            plan(&[(image, pulled(), false), (load, runs(), true)]),
+            plan(&[
+                (image, pulled(), true),
+                (
+                    load,
+                    Status::Skipped {
+                        reason: "no image".into(),
+                    },
+                    true,
+                ),
+            ]),
+        ] {
+            assert!(!no.substitutes_then_runs(image, load), "{no:?}");
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use oci_client::client::BlobResponse;
 use oci_client::{Client, Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
@@ -151,10 +151,10 @@ impl Puller {
                 Ok(())
             }))
             .buffer_unordered(jobs.max(1))
-            .collect::<Vec<Result<()>>>()
+            // The first failure drops the downloads under way (their part files stay).
+            .try_collect::<Vec<()>>()
             .await
-            .into_iter()
-            .collect::<Result<()>>()
+            .map(drop)
         })
     }
 

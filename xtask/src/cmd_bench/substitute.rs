@@ -89,7 +89,7 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     let home = bench.scratch.join("home");
     let mut trials = Vec::new();
     for _ in 0..req.trials.max(1) {
-        remove_image(&first.id);
+        remove_image(&first.id)?;
         let pull = time_pull(&first)?;
         // A new machine has none of the image's layers: another image holding some would
         // have let the pull (and the load) skip them.
@@ -102,7 +102,7 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
                 others.join(" ")
             );
         }
-        remove_image(&first.id);
+        remove_image(&first.id)?;
         let _ = std::fs::remove_dir_all(&home);
         std::fs::create_dir_all(&home)?;
         trials.push((pull, bench.time_substitute(ctx, &home)?));
@@ -132,12 +132,12 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
         let mut trials = Vec::new();
         let mut moved = String::new();
         for _ in 0..req.trials.max(1) {
-            remove_image(&next.id);
+            remove_image(&next.id)?;
             let pull = time_pull(&next)?;
             moved = layers_moved(&first.id, &next.id)?;
             // The update's own layers go; the first image keeps the ones they share. The
             // steps the last trial made go too: each substitutes the same.
-            remove_image(&next.id);
+            remove_image(&next.id)?;
             for name in step_names(&steps)?.difference(&before) {
                 std::fs::remove_dir_all(steps.join(name))
                     .with_context(|| format!("cannot remove {}", steps.join(name).display()))?;
@@ -499,12 +499,23 @@ fn run(what: &str, cmd: &mut Command) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// Removes the image and what only it used, so the next way to it starts from nothing.
-fn remove_image(id: &str) {
+/// Removes the image and what only it used, so the next way to it starts from nothing;
+/// an image Docker still holds afterwards (a container uses it) ends the bench.
+fn remove_image(id: &str) -> Result<()> {
     let _ = Command::new("docker").args(["rmi", "--force", id]).output();
     let _ = Command::new("docker")
         .args(["image", "prune", "--force"])
         .output();
+    let held = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", id])
+        .output()
+        .context("cannot run docker image inspect")?;
+    if held.status.success() {
+        bail!(
+            "Docker still holds {id} after `docker rmi --force`: the next way to it would not start from nothing. Remove what uses it (`docker ps -a --filter ancestor={id}`) and run the bench again"
+        );
+    }
+    Ok(())
 }
 
 /// The images Docker holds, other than `id`, that share a layer with it.

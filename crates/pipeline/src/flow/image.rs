@@ -204,9 +204,12 @@ pub fn image_step(
 pub fn load_step(image: &Image, early: Option<EarlyLoad>) -> Result<String> {
     let t = Instant::now();
     let loaded = commstack_image::docker_load_with(image, early)?;
+    if let Some(why) = &loaded.fallback {
+        crate::out!("the load begun during the pull failed ({why}); loaded again from the store");
+    }
     let early = match loaded.early {
         0 => String::new(),
-        n => format!(", {n} of them while they downloaded"),
+        n => format!(", {n} of them during the pull"),
     };
     let sent = match (loaded.sent, loaded.kept) {
         (0, 0) => "Docker had it".to_string(),

@@ -26,7 +26,7 @@ use commstack_registry::{PushOptions, Target, VerifyingKey};
 use commstack_store::{StepKey, StepMeta, Store};
 use serde::Deserialize;
 
-use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedFile, CarriedStep, STEP_ARTIFACT_TYPE};
+use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedStep, STEP_ARTIFACT_TYPE};
 use crate::graph::{StepId, StoredResult, Substitute};
 use commstack_image::assemble::LAYER_FILE;
 
@@ -301,13 +301,22 @@ impl Substitute for Substituter {
                 Some((c, layers))
             })
             .collect();
+        for (c, layers) in &carried {
+            check_carried(c, layers, &what)?;
+        }
         let in_store = |c: &CarriedStep| {
             store.lookup(&StepKey {
                 step: c.meta.step.clone(),
                 hash: c.meta.hash.clone(),
             })
         };
-        let is_layer_tar = |f: &CarriedFile| f.path == Path::new(LAYER_FILE);
+        // The layer tars (their sha256 the diff_ids), which go on into an early docker load.
+        let layer_tars: std::collections::BTreeSet<&str> = carried
+            .iter()
+            .flat_map(|(c, layers)| c.files.iter().zip(layers.iter()))
+            .filter(|(f, _)| f.path == Path::new(LAYER_FILE))
+            .map(|(_, l)| l.digest.as_str())
+            .collect();
         // Layer steps this store has, above the first it lacks: their chain moved with the
         // one below, so Docker needs their tars too, and they go into an early load now,
         // while the rest downloads.
@@ -317,7 +326,7 @@ impl Substitute for Substituter {
             for (c, layers) in &carried[first..] {
                 let Some(dir) = in_store(c) else { continue };
                 for (f, l) in c.files.iter().zip(layers.iter()) {
-                    if is_layer_tar(f) {
+                    if layer_tars.contains(l.digest.as_str()) {
                         feed.landed(&l.digest, &dir.join(&f.path), say);
                     }
                 }
@@ -353,13 +362,6 @@ impl Substitute for Substituter {
                 carried.len(),
                 bytes as f64 / 1e9
             ));
-            // The layer tars (their sha256 the diff_ids) go on into an early docker load.
-            let layer_tars: std::collections::BTreeSet<&str> = carried
-                .iter()
-                .flat_map(|(c, layers)| c.files.iter().zip(layers.iter()))
-                .filter(|(f, _)| is_layer_tar(f))
-                .map(|(_, l)| l.digest.as_str())
-                .collect();
             let landed = |w: &commstack_registry::pull::Wanted| {
                 if let Some(feed) = &self.early_load
                     && layer_tars.contains(w.digest.as_str())
@@ -483,8 +485,8 @@ impl Substitute for Substituter {
 }
 
 impl Substituter {
-    /// One carried store step (an image layer's `image-layer-<hash>`), made in this store
-    /// as `Store::run` makes a step: each file's blob downloaded (its sha256 the one the
+    /// One carried store step (an image layer's `image-layer-<hash>`, checked by
+    /// [`check_carried`]), made in this store as `Store::run` makes a step: each file's blob downloaded (its sha256 the one the
     /// signed config records), moved into the step directory, sealed. A step the store
     /// has already is not downloaded.
     fn pull_carried(
@@ -500,29 +502,6 @@ impl Substituter {
             step: carried.meta.step.clone(),
             hash: carried.meta.hash.clone(),
         };
-        if StepKey::new(&key.step, &carried.meta.inputs) != key
-            || key.step != commstack_image::assemble::LAYER_STEP
-            || key.dir_name() != carried.name
-            || !carried.files.iter().all(|f| safe_relative(&f.path))
-        {
-            bail!(
-                "{what}: the store step {} it carries is not described by its own inputs (or names a path outside it): refusing it",
-                carried.name
-            );
-        }
-        for (file, layer) in carried.files.iter().zip(layers) {
-            if layer.digest != format!("sha256:{}", file.sha256) || layer.size != file.size {
-                bail!(
-                    "{what}: the layer for {}/{} is {} ({} bytes), its config records sha256:{} ({} bytes): refusing it",
-                    carried.name,
-                    file.path.display(),
-                    layer.digest,
-                    layer.size,
-                    file.sha256,
-                    file.size
-                );
-            }
-        }
         let outcome = store.run(&key, &carried.meta.inputs, false, |out| {
             use std::os::unix::fs::PermissionsExt;
             for (file, layer) in carried.files.iter().zip(layers) {
@@ -563,6 +542,40 @@ impl Substituter {
         }
         Ok(())
     }
+}
+
+/// A carried store step must be an image layer step described by its own inputs, with
+/// paths inside it, each file's blob the one its config records: checked for every step
+/// before any of them is fed to Docker or downloaded.
+fn check_carried(carried: &CarriedStep, layers: &[Descriptor], what: &str) -> Result<()> {
+    let key = StepKey {
+        step: carried.meta.step.clone(),
+        hash: carried.meta.hash.clone(),
+    };
+    if StepKey::new(&key.step, &carried.meta.inputs) != key
+        || key.step != commstack_image::assemble::LAYER_STEP
+        || key.dir_name() != carried.name
+        || !carried.files.iter().all(|f| safe_relative(&f.path))
+    {
+        bail!(
+            "{what}: the store step {} it carries is not described by its own inputs (or names a path outside it): refusing it",
+            carried.name
+        );
+    }
+    for (file, layer) in carried.files.iter().zip(layers) {
+        if layer.digest != format!("sha256:{}", file.sha256) || layer.size != file.size {
+            bail!(
+                "{what}: the layer for {}/{} is {} ({} bytes), its config records sha256:{} ({} bytes): refusing it",
+                carried.name,
+                file.path.display(),
+                layer.digest,
+                layer.size,
+                file.sha256,
+                file.size
+            );
+        }
+    }
+    Ok(())
 }
 
 /// How many blobs of an image's layers download at once.
