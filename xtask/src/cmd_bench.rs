@@ -71,7 +71,7 @@ enum Which {
     /// empty home (to the loaded, statically verified image; target <= 1.2x docker pull),
     /// and checks both give the image ID that was pushed and that nothing was compiled;
     /// `--then STACK` times an update to STACK's image the same way; `--trials N` runs each
-    /// part N times and judges the medians.
+    /// part N times and judges the median of the trials' ratios.
     Substitute(substitute::Args),
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
