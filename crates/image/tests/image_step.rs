@@ -606,7 +606,7 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
     let name = format!("commstack-fixture-layers-{}", std::process::id());
     let a = fixture(&name, 7);
     let one = assemble_image(&a.store, &a.inputs, false).unwrap();
-    let b = with_other_deepep(&a, &name);
+    let b = with_other_deepep(&a, &name, 8);
     let steps_before = layer_steps(&a.store);
     let two = assemble_image(&b.store, &b.inputs, false).unwrap();
     let (x, y) = (diff_ids(&one), diff_ids(&two));
@@ -653,9 +653,11 @@ fn a_deepep_change_rebuilds_only_its_layer_and_the_top() {
 #[test]
 fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
     let name = format!("commstack-fixture-early-{}", std::process::id());
-    let a = fixture(&name, 7);
+    // DeepEP seeds of this test's own: the other tests' images (seed 7 and 8) have the
+    // same IDs whatever their name, and they remove theirs by ID while this one runs.
+    let a = fixture(&name, 41);
     let one = assemble_image(&a.store, &a.inputs, false).unwrap();
-    let b = with_other_deepep(&a, &name);
+    let b = with_other_deepep(&a, &name, 42);
     let two = assemble_image(&b.store, &b.inputs, false).unwrap();
     forget(&[&one, &two]);
     docker_load(&one).unwrap();
@@ -717,10 +719,10 @@ fn an_early_load_takes_layers_as_they_land_and_one_dropped_loads_nothing() {
     forget(&[&one, &two]);
 }
 
-/// Fixture `a` again with another DeepEP wheel, building in `a`'s store: only the new
-/// layer steps appear there.
-fn with_other_deepep(a: &Fixture, name: &str) -> Fixture {
-    let mut b = fixture(name, 8);
+/// Fixture `a` again with the DeepEP wheel of `seed`, building in `a`'s store: only the
+/// new layer steps appear there.
+fn with_other_deepep(a: &Fixture, name: &str, seed: u8) -> Fixture {
+    let mut b = fixture(name, seed);
     b.store = Store::open(a.store.root()).unwrap();
     b
 }
