@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use commstack_elf::{ElfFile, NvshmemHostInfo};
 use commstack_nvshmem::{Built, INSTALL_DIR, load_report};
 use commstack_stack::CudaArch;
-use commstack_store::{META_FILE, Outcome, StepKey, StepMeta, Store};
+use commstack_store::{META_FILE, Outcome, StepMeta, Store};
 use serde::Serialize;
 
 /// The NVSHMEM DeepEP is built against.
@@ -69,10 +69,7 @@ impl NvshmemInput {
         let prefix = dir.join(INSTALL_DIR);
         let (host_lib, host) = read_host(&prefix)?;
         let built = Built {
-            key: StepKey {
-                step: meta.step.clone(),
-                hash: meta.hash.clone(),
-            },
+            key: meta.key(),
             outcome: Outcome::Cached {
                 path: dir.to_path_buf(),
             },

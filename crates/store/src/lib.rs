@@ -82,6 +82,16 @@ pub struct StepMeta {
     pub build_seconds: f64,
 }
 
+impl StepMeta {
+    /// The key this record names.
+    pub fn key(&self) -> StepKey {
+        StepKey {
+            step: self.step.clone(),
+            hash: self.hash.clone(),
+        }
+    }
+}
+
 /// The outcome of [`Store::run`].
 #[derive(Debug)]
 pub enum Outcome {

@@ -27,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use commstack_digest::manifest::Entry;
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
 use commstack_registry::{PushOptions, PushedSigned, Target};
-use commstack_store::{StepKey, Store};
+use commstack_store::Store;
 use serde::Serialize;
 use serde_json::json;
 
@@ -94,10 +94,7 @@ pub fn cache_push(
         if !request.steps.is_empty() && !request.steps.contains(&id) {
             continue;
         }
-        let step_key = StepKey {
-            step: meta.step.clone(),
-            hash: meta.hash.clone(),
-        };
+        let step_key = meta.key();
         let Some(stored) = stored_result(&store, &step_key)? else {
             continue;
         };

@@ -264,10 +264,7 @@ impl Substitute for Substituter {
             .as_ref()
             .with_context(|| format!("{what}: its result ships nothing"))?;
         let dir = &config.step_dir;
-        let crate_key = StepKey {
-            step: dir.meta.step.clone(),
-            hash: dir.meta.hash.clone(),
-        };
+        let crate_key = dir.meta.key();
         if StepKey::new(&crate_key.step, &dir.meta.inputs) != crate_key
             || crate_key.dir_name() != dir.name
             || !safe_relative(&dir.shipped)
@@ -304,12 +301,11 @@ impl Substitute for Substituter {
         for (c, layers) in &carried {
             check_carried(c, layers, &what)?;
         }
-        let in_store = |c: &CarriedStep| {
-            store.lookup(&StepKey {
-                step: c.meta.step.clone(),
-                hash: c.meta.hash.clone(),
-            })
-        };
+        // Where each carried step is in this store already (None: it is to be pulled).
+        let in_store: Vec<Option<PathBuf>> = carried
+            .iter()
+            .map(|(c, _)| store.lookup(&c.meta.key()))
+            .collect();
         // The layer tars (their sha256 the diff_ids), which go on into an early docker load.
         let layer_tars: std::collections::BTreeSet<&str> = carried
             .iter()
@@ -321,10 +317,10 @@ impl Substitute for Substituter {
         // one below, so Docker needs their tars too, and they go into an early load now,
         // while the rest downloads.
         if let Some(feed) = &self.early_load
-            && let Some(first) = carried.iter().position(|(c, _)| in_store(c).is_none())
+            && let Some(first) = in_store.iter().position(Option::is_none)
         {
-            for (c, layers) in &carried[first..] {
-                let Some(dir) = in_store(c) else { continue };
+            for ((c, layers), dir) in carried.iter().zip(&in_store).skip(first) {
+                let Some(dir) = dir else { continue };
                 for (f, l) in c.files.iter().zip(layers.iter()) {
                     if layer_tars.contains(l.digest.as_str()) {
                         feed.landed(&l.digest, &dir.join(&f.path), say);
@@ -334,8 +330,9 @@ impl Substitute for Substituter {
         }
         let wanted: Vec<commstack_registry::pull::Wanted> = carried
             .iter()
-            .filter(|(c, _)| in_store(c).is_none())
-            .flat_map(|(c, layers)| {
+            .zip(&in_store)
+            .filter(|(_, dir)| dir.is_none())
+            .flat_map(|((c, layers), _)| {
                 c.files
                     .iter()
                     .zip(layers.iter())
@@ -486,9 +483,9 @@ impl Substitute for Substituter {
 
 impl Substituter {
     /// One carried store step (an image layer's `image-layer-<hash>`, checked by
-    /// [`check_carried`]), made in this store as `Store::run` makes a step: each file's blob downloaded (its sha256 the one the
-    /// signed config records), moved into the step directory, sealed. A step the store
-    /// has already is not downloaded.
+    /// [`check_carried`]), made in this store as `Store::run` makes a step: each file's
+    /// blob downloaded (its sha256 the one the signed config records), moved into the step
+    /// directory, sealed. A step the store has already is not downloaded.
     fn pull_carried(
         &self,
         store: &Store,
@@ -498,10 +495,7 @@ impl Substituter {
         what: &str,
         say: &dyn Fn(&str),
     ) -> Result<()> {
-        let key = StepKey {
-            step: carried.meta.step.clone(),
-            hash: carried.meta.hash.clone(),
-        };
+        let key = carried.meta.key();
         let outcome = store.run(&key, &carried.meta.inputs, false, |out| {
             use std::os::unix::fs::PermissionsExt;
             for (file, layer) in carried.files.iter().zip(layers) {
@@ -548,10 +542,7 @@ impl Substituter {
 /// paths inside it, each file's blob the one its config records: checked for every step
 /// before any of them is fed to Docker or downloaded.
 fn check_carried(carried: &CarriedStep, layers: &[Descriptor], what: &str) -> Result<()> {
-    let key = StepKey {
-        step: carried.meta.step.clone(),
-        hash: carried.meta.hash.clone(),
-    };
+    let key = carried.meta.key();
     if StepKey::new(&key.step, &carried.meta.inputs) != key
         || key.step != commstack_image::assemble::LAYER_STEP
         || key.dir_name() != carried.name

@@ -144,20 +144,29 @@ pub fn layer_indexes(
     Ok((indexes, seen))
 }
 
-/// Nice 10 for the calling thread (Linux: the priority is per thread). Best effort: a
-/// failure leaves it as it was.
-fn lower_priority() {
-    // Safety: plain system calls on the calling thread's own id.
-    unsafe {
-        let tid = libc::gettid();
-        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
-    }
+/// Runs `work` on a thread of its own at nice 10 (Linux: the priority is per thread;
+/// best effort: a failure leaves it as it was), for work that runs beside something the
+/// build waits on longer.
+fn at_lower_priority<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // Safety: plain system calls on the calling thread's own id.
+                unsafe {
+                    let tid = libc::gettid();
+                    let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+                }
+                work()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// Runs the static level over `image`'s layers and writes its report where the image's
-/// reports go (`verify-static.json`, which `push` attaches). At a lower CPU priority, on a
-/// thread of its own: it runs beside `docker load` (dockerd and its storage driver), which
-/// the build waits on longer.
+/// reports go (`verify-static.json`, which `push` attaches). At a lower CPU priority: it
+/// runs beside `docker load` (dockerd and its storage driver), which the build waits on
+/// longer.
 pub fn verify_image_static(
     ctx: &Ctx,
     stack: &Stack,
@@ -166,67 +175,51 @@ pub fn verify_image_static(
     python_full: &str,
     verify_sources: &str,
 ) -> Result<StaticVerdict> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                lower_priority();
-                verify_here(ctx, stack, lock, image, python_full, verify_sources)
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
-}
-
-fn verify_here(
-    ctx: &Ctx,
-    stack: &Stack,
-    lock: &Lock,
-    image: &Image,
-    python_full: &str,
-    verify_sources: &str,
-) -> Result<StaticVerdict> {
-    let site = image_site_packages(python_full);
-    let expect = image_expectations(stack, lock, &site)?;
-    let store = Store::open(ctx.store_dir())?;
-    let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id(), verify_sources)?;
-    let layers_read = seen.iter().filter(|l| l.read).count();
-    let layers_reused = seen.len() - layers_read;
-    crate::out!(
-        "verify (static, from the image's {} layers): {layers_read} read, {layers_reused} known from an earlier verify",
-        seen.len()
-    );
-    let files = ImageFiles::new(indexes);
-    let python = format!("{IMAGE_VENV}/bin/python");
-    let report = commstack_verify::verify_image_static(
-        &files,
-        PythonEnv {
-            python: python.clone().into(),
-            executable: python.into(),
-            version: python_full.to_string(),
-            prefix: IMAGE_VENV.into(),
-            site_packages: vec![site],
-        },
-        ImageEnvironment {
-            id: image.id().to_string(),
-            layers: seen,
-        },
-        &expect,
-    );
-    let dir = report_dir(ctx, image);
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let file = dir.join("verify-static.json");
-    let text = report.to_json();
-    crate::util::write_all_atomically(&[(&file, &text)])?;
-    let value: serde_json::Value = serde_json::from_str(&text)?;
-    let levels = print_verdicts(&value);
-    let exit = report.exit_code();
-    crate::out!("verify report: {} (exit {exit})", file.display());
-    Ok(StaticVerdict {
-        exit,
-        report: file,
-        levels,
-        layers_read,
-        layers_reused,
+    at_lower_priority(|| {
+        let site = image_site_packages(python_full);
+        let expect = image_expectations(stack, lock, &site)?;
+        let store = Store::open(ctx.store_dir())?;
+        let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id(), verify_sources)?;
+        let layers_read = seen.iter().filter(|l| l.read).count();
+        let layers_reused = seen.len() - layers_read;
+        crate::out!(
+            "verify (static, from the image's {} layers): {layers_read} read, {layers_reused} known from an earlier verify",
+            seen.len()
+        );
+        let files = ImageFiles::new(indexes);
+        let python = format!("{IMAGE_VENV}/bin/python");
+        let report = commstack_verify::verify_image_static(
+            &files,
+            PythonEnv {
+                python: python.clone().into(),
+                executable: python.into(),
+                version: python_full.to_string(),
+                prefix: IMAGE_VENV.into(),
+                site_packages: vec![site],
+            },
+            ImageEnvironment {
+                id: image.id().to_string(),
+                layers: seen,
+            },
+            &expect,
+        );
+        let dir = report_dir(ctx, image);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let file = dir.join("verify-static.json");
+        let text = report.to_json();
+        crate::util::write_all_atomically(&[(&file, &text)])?;
+        let value: serde_json::Value = serde_json::from_str(&text)?;
+        let levels = print_verdicts(&value);
+        let exit = report.exit_code();
+        crate::out!("verify report: {} (exit {exit})", file.display());
+        Ok(StaticVerdict {
+            exit,
+            report: file,
+            levels,
+            layers_read,
+            layers_reused,
+        })
     })
 }
 
