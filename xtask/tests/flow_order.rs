@@ -22,8 +22,12 @@ const LAYERS: &[(u32, &[&str])] = &[
             "commstack-logscan",
         ],
     ),
-    // The manifest and lock model; wheels (read, written, installed through archives).
-    (2, &["commstack-stack", "commstack-wheel"]),
+    // The manifest and lock model; wheels (read, written, installed through archives);
+    // the build graph engine (steps keyed through the store; it knows no stack).
+    (
+        2,
+        &["commstack-stack", "commstack-wheel", "commstack-graph"],
+    ),
     // Locking: the indexes (PyPI, Debian), the resolver, manifest -> lock.
     (3, &["commstack-pypi", "commstack-debian"]),
     (4, &["commstack-resolve"]),

@@ -19,14 +19,15 @@ use std::time::Duration;
 use StepId::*;
 use anyhow::{Context, Result, bail};
 use commstack_digest::{canonical_json, sha256_hex};
+use commstack_graph::Substitute;
 use commstack_pipeline::ctx::{Ctx, GlobalArgs};
 use commstack_pipeline::flow::build::Args;
 use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
 use commstack_pipeline::flow::substitute::{SubstituteRequest, Substituter};
+use commstack_pipeline::graph::Record;
 use commstack_pipeline::graph::{
-    Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps, StoredResult, Substitute,
+    Decision, Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps, StoredResult,
 };
-use commstack_pipeline::record::Record;
 use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
 use commstack_store::{META_FILE, StepKey, Store};
@@ -44,6 +45,12 @@ fn write_stack(dir: &Path) -> PathBuf {
         std::fs::copy(root.join(file), dir.join(file)).unwrap();
     }
     dir.join("stack.toml")
+}
+
+/// As the stack's own steps: each keyed step's output is in a store step of its kind
+/// (`<kind>-<step>-<hash>` for the recipes of `kind`).
+fn fixture_kind(kind: &str, step: StepId) -> Option<String> {
+    step.keyed().then(|| format!("{kind}-{}", step.name()))
 }
 
 fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
@@ -197,7 +204,7 @@ impl Recipes<'_> {
     }
 }
 
-impl Steps for Recipes<'_> {
+impl Steps<StepId> for Recipes<'_> {
     fn skipped(&self, step: StepId) -> Option<String> {
         self.stack.skipped(step)
     }
@@ -246,12 +253,6 @@ impl Steps for Recipes<'_> {
         shipped_root(step, result)
     }
 
-    /// As the stack's own steps: each keyed step's output is in a store step of its kind.
-    fn store_step_kind(&self, step: StepId) -> Option<String> {
-        step.keyed()
-            .then(|| format!("{}-{}", self.kind, step.name()))
-    }
-
     /// As the stack's own steps: a substituted image still reads the base.
     fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {
         match step {
@@ -290,14 +291,14 @@ impl Built {
     }
 }
 
-fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute>) -> Result<Built> {
+fn build(stack: &Path, home: &Path, cache: Option<&dyn Substitute<StepId>>) -> Result<Built> {
     build_until(stack, home, cache, Selection::All)
 }
 
 fn build_until(
     stack: &Path,
     home: &Path,
-    cache: Option<&dyn Substitute>,
+    cache: Option<&dyn Substitute<StepId>>,
     selection: Selection,
 ) -> Result<Built> {
     build_of_kind(stack, home, cache, selection, "fixture")
@@ -307,7 +308,7 @@ fn build_until(
 fn build_of_kind(
     stack: &Path,
     home: &Path,
-    cache: Option<&dyn Substitute>,
+    cache: Option<&dyn Substitute<StepId>>,
     selection: Selection,
     kind: &'static str,
 ) -> Result<Built> {
@@ -328,7 +329,7 @@ fn build_of_kind(
         log_dir: home.join("pipeline/logs"),
         quiet: true,
         force: false,
-        stack_flag: String::new(),
+        until_command: "cargo xtask build --until".into(),
         substitute: cache,
     };
     let plan = engine.plan(&recipes, selection)?;
@@ -506,6 +507,7 @@ impl Setup {
         )?;
         s.set_credentials(credentials(REGISTRY_PASSWORD));
         s.set_retry(fast_retry());
+        s.set_step_kinds(|step| fixture_kind("fixture", step));
         Ok(s)
     }
 
@@ -755,13 +757,9 @@ fn an_artifact_carrying_a_store_step_of_another_kind_is_refused() -> Result<()> 
     }
     let s = setup(&[])?;
     let home = s.home("b");
-    let b = build_of_kind(
-        &s.stack,
-        &home,
-        Some(&s.trusted()?),
-        Selection::All,
-        "other",
-    )?;
+    let mut cache = s.trusted()?;
+    cache.set_step_kinds(|step| fixture_kind("other", step));
+    let b = build_of_kind(&s.stack, &home, Some(&cache), Selection::All, "other")?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
     assert_eq!(step, Base, "the first substituted step: {err}");
@@ -1067,25 +1065,24 @@ fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
         registry: &'a RefCell<TestRegistry>,
         at: StepId,
     }
-    impl Substitute for KillAt<'_> {
+    impl Substitute<StepId> for KillAt<'_> {
         fn source(&self) -> String {
             self.inner.source()
         }
-        fn lookup(&self, step: StepId, key: &StepKey) -> Result<Option<String>> {
-            self.inner.lookup(step, key)
+        fn decide(&self, step: StepId, key: &StepKey) -> Result<Decision> {
+            self.inner.decide(step, key)
         }
         fn pull(
             &self,
             store: &Store,
             step: StepId,
             key: &StepKey,
-            kind: Option<&str>,
             say: &dyn Fn(&str),
         ) -> Result<StoredResult> {
             if step == self.at {
                 self.registry.borrow_mut().stop();
             }
-            self.inner.pull(store, step, key, kind, say)
+            self.inner.pull(store, step, key, say)
         }
     }
     let s = setup(&[])?;

@@ -177,7 +177,7 @@ fn read_result(store_root: &Path, key: &str) -> Result<StoredResult> {
 /// Compares what each keyed step of `first` ships with the same step of `second`. Steps
 /// that ship nothing are left out. Reports of diffoscope go under `report_dir`.
 pub fn compare(
-    steps: &dyn Steps,
+    steps: &dyn Steps<StepId>,
     first: &[BuiltStep],
     first_store: &Path,
     second: &[BuiltStep],

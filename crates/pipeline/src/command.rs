@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::ctx::Ctx;
 use crate::flow::build::Args;
+use crate::graph::Record;
 use crate::graph::{Engine, Plan, Ran, Selection, Status, StepId};
-use crate::record::Record;
 use crate::stack_steps::{ImageOptions, StackSteps};
 
 /// The whole graph's own flags.
@@ -298,10 +298,10 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
         log_dir: dir.join("logs"),
         quiet: ctx.quiet,
         force: args.force,
-        stack_flag: ctx.stack_flag(),
+        until_command: format!("cargo xtask{} build --until", ctx.stack_flag()),
         substitute: substituter
             .as_ref()
-            .map(|s| s as &dyn crate::graph::Substitute),
+            .map(|s| s as &dyn commstack_graph::Substitute<StepId>),
     };
     let selection = match (graph.until, graph.only) {
         (Some(s), _) => Selection::Until(s),

@@ -10,7 +10,6 @@ pub mod command;
 pub mod ctx;
 pub mod flow;
 pub mod graph;
-pub mod record;
 pub mod settings;
 pub mod stack_steps;
 pub mod util;

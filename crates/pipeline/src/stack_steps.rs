@@ -231,7 +231,7 @@ fn facts<T: for<'de> Deserialize<'de>>(done: &Done, step: StepId) -> Result<T> {
     serde_json::from_value(value).with_context(|| format!("the result of step {step}"))
 }
 
-impl Steps for StackSteps<'_> {
+impl Steps<StepId> for StackSteps<'_> {
     fn skipped(&self, step: StepId) -> Option<String> {
         let image_step = matches!(
             step,
@@ -572,45 +572,6 @@ impl Steps for StackSteps<'_> {
             }
         }
     }
-    /// What `cache push` pushes (the steps that ship). The image's artifact carries its
-    /// layer steps (`image-layer-<hash>`) beside the image step's files; its base layer
-    /// comes with the substituted base: no layer is written and no compiler (cargo's for
-    /// the verify tool included) runs for it.
-    fn substitutable(&self, step: StepId) -> bool {
-        matches!(
-            step,
-            StepId::Nvshmem
-                | StepId::Dropin
-                | StepId::Kernels
-                | StepId::Deepep
-                | StepId::Wheelhouse
-                | StepId::Base
-                | StepId::Image
-        )
-    }
-
-    fn store_step_kind(&self, step: StepId) -> Option<String> {
-        Some(
-            match step {
-                StepId::Nvshmem => commstack_nvshmem::BUILD_STEP,
-                StepId::Dropin => commstack_nvshmem::DROPIN_STEP,
-                StepId::Kernels => crate::flow::image::TOOL_STEP,
-                StepId::Deepep => commstack_deepep::build::STEP,
-                StepId::Wheelhouse => commstack_deepep::wheelhouse::STEP,
-                StepId::Base => commstack_base::STEP,
-                StepId::Image => commstack_image::assemble::IMAGE_STEP,
-                StepId::Lock
-                | StepId::Fetch
-                | StepId::Toolchain
-                | StepId::NvshmemSource
-                | StepId::Verify
-                | StepId::Load
-                | StepId::Runtime => return None,
-            }
-            .to_string(),
-        )
-    }
-
     /// A substituted image's first layer is the base's (the image artifact carries the
     /// layers after it).
     fn reads_when_substituted(&self, step: StepId) -> &'static [StepId] {
@@ -727,4 +688,32 @@ pub fn sources_hash(root: &Path, dir: &str) -> Result<String> {
         }
     }
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// The steps a binary cache may hold (what `cache push` pushes: the steps that ship),
+/// each with the kind of store step (`<kind>-<hash>`) its output lives in: a pulled
+/// artifact must carry that kind and no other. None: built here, never pulled. The
+/// image's artifact carries its layer steps (`image-layer-<hash>`) beside the image
+/// step's files; its base layer comes with the substituted base: no layer is written and
+/// no compiler (cargo's for the verify tool included) runs for it.
+pub fn store_step_kind(step: StepId) -> Option<String> {
+    Some(
+        match step {
+            StepId::Nvshmem => commstack_nvshmem::BUILD_STEP,
+            StepId::Dropin => commstack_nvshmem::DROPIN_STEP,
+            StepId::Kernels => crate::flow::image::TOOL_STEP,
+            StepId::Deepep => commstack_deepep::build::STEP,
+            StepId::Wheelhouse => commstack_deepep::wheelhouse::STEP,
+            StepId::Base => commstack_base::STEP,
+            StepId::Image => commstack_image::assemble::IMAGE_STEP,
+            StepId::Lock
+            | StepId::Fetch
+            | StepId::Toolchain
+            | StepId::NvshmemSource
+            | StepId::Verify
+            | StepId::Load
+            | StepId::Runtime => return None,
+        }
+        .to_string(),
+    )
 }

@@ -20,10 +20,10 @@ use commstack_digest::{canonical_json, sha256_hex};
 use commstack_pipeline::check::{BuiltStep, StepCheck, Variations, compare, scratch_home};
 use commstack_pipeline::ctx::{Ctx, GlobalArgs};
 use commstack_pipeline::flow::build::Args;
+use commstack_pipeline::graph::Record;
 use commstack_pipeline::graph::{
     Done, Engine, Planned, RunReport, Selection, Status, StepId, StepResult, Steps,
 };
-use commstack_pipeline::record::Record;
 use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
 use commstack_stack::{Lock as LockFile, Stack};
 use commstack_store::{META_FILE, StepKey, Store};
@@ -279,7 +279,7 @@ impl Fixture<'_> {
     }
 }
 
-impl Steps for Fixture<'_> {
+impl Steps<StepId> for Fixture<'_> {
     fn skipped(&self, step: StepId) -> Option<String> {
         self.stack.skipped(step)
     }
@@ -488,7 +488,7 @@ fn plan_and_run(
         log_dir: home.join("pipeline/logs"),
         quiet: true,
         force,
-        stack_flag: String::new(),
+        until_command: "cargo xtask build --until".into(),
         substitute: None,
     };
     let plan = engine.plan(fixture, Selection::All)?;
@@ -1115,7 +1115,7 @@ fn sigkill_during_nvshmem_leaves_nothing_done_and_the_rerun_resumes() -> Result<
 /// shortened value is cut on a character boundary, not in the middle of one.
 #[test]
 fn changed_inputs_are_shortened_on_character_boundaries() {
-    use commstack_pipeline::record::Change;
+    use commstack_pipeline::graph::Change;
     // 'é' is two bytes: cutting by bytes at 12 or 57 would fall inside one.
     let string = json!(format!("/home/x{}", "é".repeat(20)));
     let object = json!({ "prefix": format!("/home/{}", "é".repeat(60)) });

@@ -17,6 +17,7 @@
 //! locks/<step>-<hash32>.lock
 //! ```
 
+mod atomic;
 mod fixed;
 mod gc;
 
@@ -29,6 +30,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use atomic::write_all_atomically;
 use commstack_digest::canonical_json;
 pub use fixed::{FIXED_BUILD_ROOT, FixedDir};
 pub use gc::{GcOptions, GcReport};

