@@ -64,7 +64,7 @@ enum Which {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         runs: u64,
         #[command(flatten)]
-        fetch: commstack_pipeline::flow::build::SourceFetchArgs,
+        fetch: crate::args::SourceFetchArgs,
     },
     /// A new machine with a warm registry: pushes this home's image and step outputs
     /// (signed), then times `docker pull` of the image against `build --substitute` in an
@@ -84,14 +84,14 @@ enum Which {
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     match args.which {
-        Which::Build { runs, fetch } => build::bench_build(ctx, runs as usize, fetch),
+        Which::Build { runs, fetch } => build::bench_build(ctx, runs as usize, fetch.into()),
         Which::Substitute(a) => substitute::bench_substitute(
             ctx,
             &substitute::Request {
                 registry: &a.registry,
                 key: &a.key,
                 ca_file: a.ca_file.as_deref(),
-                fetch: &a.fetch,
+                fetch: &a.fetch.clone().into(),
                 keep: a.keep,
                 pushed: a.pushed,
                 then: a.then.as_deref(),

@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_pipeline::command::{GraphArgs, ImageTarget};
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::build::{self, DeepepTarget, KernelsTarget, NvshmemTarget};
+
+use crate::args::{BuildArgs, DeepepTarget, GraphArgs, ImageTarget, KernelsTarget, NvshmemTarget};
 
 /// With no target: every step of the graph, in order, each reused when its inputs are
 /// unchanged: lock, fetch, toolchain, nvshmem-source, nvshmem, dropin, kernels, deepep,
@@ -43,7 +43,7 @@ pub struct Args {
     #[command(flatten)]
     graph: GraphArgs,
     #[command(flatten)]
-    build: build::Args,
+    build: BuildArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -61,12 +61,13 @@ enum Target {
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     use commstack_pipeline::flow;
     match args.target {
-        None => commstack_pipeline::command::build(ctx, &args.graph, &args.build).map(|b| b.exit),
+        None => commstack_pipeline::command::build(ctx, &args.graph.into(), &args.build.into())
+            .map(|b| b.exit),
         Some(Target::Nvshmem(t)) => {
-            flow::nvshmem::nvshmem_build(ctx, &t.into_args()).map(|(code, _)| code)
+            flow::nvshmem::nvshmem_build(ctx, &t.into_options()).map(|(code, _)| code)
         }
-        Some(Target::Kernels(t)) => flow::kernels::run(ctx, &t.into_args()),
-        Some(Target::Deepep(t)) => flow::deepep::run(ctx, &t.into_args()),
+        Some(Target::Kernels(t)) => flow::kernels::run(ctx, &t.into_options()),
+        Some(Target::Deepep(t)) => flow::deepep::run(ctx, &t.into_options()),
         Some(Target::Image(t)) => {
             let (graph, build) = t.into_graph();
             commstack_pipeline::command::build(ctx, &graph, &build).map(|b| b.exit)

@@ -60,7 +60,7 @@ retries as for `cargo xtask push`.")]
         #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
         key: std::path::PathBuf,
         /// Only this step's outputs (repeatable; default: every step that ships).
-        #[arg(long = "step", value_enum, value_name = "STEP")]
+        #[arg(long = "step", value_parser = crate::args::step_parser(), value_name = "STEP")]
         steps: Vec<commstack_pipeline::graph::StepId>,
         /// PEM file of CA certificates to trust besides the system's.
         #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]

@@ -7,8 +7,10 @@ use anyhow::Result;
 use commstack_fetch::{Fetched, Origin, SourceOverride, Summary};
 
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
+use commstack_pipeline::flow::fetch::{artifacts_for, fetch_options};
 use commstack_pipeline::util::human;
+
+use crate::args::FetchFlags;
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -34,8 +36,9 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    let artifacts = artifacts_for(ctx, &args.flags)?;
-    let mut options = fetch_options(ctx, &args.flags)?;
+    let request = args.flags.into();
+    let artifacts = artifacts_for(ctx, &request)?;
+    let mut options = fetch_options(ctx, &request)?;
     options.overrides = args.sources;
     let start = Instant::now();
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;

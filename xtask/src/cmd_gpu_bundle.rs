@@ -12,7 +12,9 @@ use commstack_pipeline::ctx::Ctx;
 use commstack_pipeline::flow::fetch::base_options;
 use commstack_pipeline::flow::kernels::{build_selftest, nvshmem_prefix};
 use commstack_pipeline::flow::lock::{Part, artifacts_of_parts, read_lock};
-use commstack_pipeline::flow::toolchain::{ToolchainArgs, resolve};
+use commstack_pipeline::flow::toolchain::resolve;
+
+use crate::args::ToolchainArgs;
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
 const LIMIT: u64 = 60 * 1024 * 1024;
@@ -74,7 +76,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         true => None,
         false => {
             let stack = commstack_pipeline::util::read_stack(&ctx.stack_path)?;
-            let tc = resolve(ctx, &args.toolchain, false)?;
+            let tc = resolve(ctx, &args.toolchain.clone().into(), false)?;
             let nvshmem = nvshmem_prefix(ctx, args.nvshmem.as_deref())?;
             Some((stack, tc, nvshmem))
         }

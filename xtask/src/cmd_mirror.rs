@@ -7,7 +7,9 @@ use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all, preflight};
 
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::fetch::{FetchFlags, artifacts_for, fetch_options};
+use commstack_pipeline::flow::fetch::{artifacts_for, fetch_options};
+
+use crate::args::FetchFlags;
 use commstack_pipeline::util::human;
 
 #[derive(clap::Subcommand)]
@@ -33,8 +35,9 @@ Example:
 pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
     match cmd {
         Command::Export { dir, flags } => {
-            let artifacts = artifacts_for(ctx, &flags)?;
-            let options = fetch_options(ctx, &flags)?;
+            let request = flags.into();
+            let artifacts = artifacts_for(ctx, &request)?;
+            let options = fetch_options(ctx, &request)?;
             // Every artifact must be reachable before gigabytes of the others are fetched.
             preflight(&artifacts, &options)?;
             let fetched = fetch_all(&artifacts, &options)?;

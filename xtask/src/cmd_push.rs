@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_pipeline::command::CacheArgs;
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::build;
 use commstack_pipeline::flow::push::{PushRequest, push};
 use commstack_pipeline::util::human;
+
+use crate::args::{BuildArgs, CacheArgs};
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -78,7 +78,7 @@ pub struct Args {
     /// --offline, --cuda-archs, --jobs for compiles, ...): they make the image when no
     /// --oci is given.
     #[command(flatten)]
-    pub build: build::Args,
+    pub build: BuildArgs,
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
@@ -92,8 +92,8 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             locked: args.locked,
             key: args.key,
             dry_run: args.dry_run,
-            cache: args.cache,
-            build: args.build,
+            cache: args.cache.into(),
+            build: args.build.into(),
         },
     )?;
     let Some(pushed) = pushed else {

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::toolchain::{ToolchainArgs, resolve};
+use commstack_pipeline::flow::toolchain::resolve;
+
+use crate::args::ToolchainArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    let tc = resolve(ctx, &args.toolchain, args.force)?;
+    let tc = resolve(ctx, &args.toolchain.into(), args.force)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&tc)?);
     } else {

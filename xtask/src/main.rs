@@ -2,6 +2,7 @@
 //! calls the crates under `crates/`, and prints. Each command lives in its own module
 //! (`cmd_*`); what several commands share lives in `flow`, never in another command.
 
+mod args;
 mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
@@ -34,7 +35,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     #[command(flatten)]
-    global: commstack_pipeline::ctx::GlobalArgs,
+    global: args::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,7 +83,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ctx = match commstack_pipeline::ctx::Ctx::new(cli.global) {
+    let ctx = match commstack_pipeline::ctx::Ctx::new(cli.global.into()) {
         Ok(ctx) => ctx,
         Err(err) => return report(err),
     };

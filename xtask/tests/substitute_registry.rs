@@ -20,14 +20,15 @@ use StepId::*;
 use anyhow::{Context, Result, bail};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_graph::Substitute;
-use commstack_pipeline::ctx::{Ctx, GlobalArgs};
-use commstack_pipeline::flow::build::Args;
+use commstack_pipeline::ctx::Ctx;
 use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
 use commstack_pipeline::flow::substitute::{SubstituteRequest, Substituter};
 use commstack_pipeline::graph::Record;
 use commstack_pipeline::graph::{
     Decision, Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps, StoredResult,
 };
+use commstack_pipeline::options::BuildOptions;
+use commstack_pipeline::options::GlobalOptions;
 use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
 use commstack_store::{META_FILE, StepKey, Store};
@@ -54,7 +55,7 @@ fn fixture_kind(kind: &str, step: StepId) -> Option<String> {
 }
 
 fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
-    Ctx::new(GlobalArgs {
+    Ctx::new(GlobalOptions {
         stack: Some(stack.to_path_buf()),
         home: Some(home.to_path_buf()),
         quiet: true,
@@ -314,7 +315,7 @@ fn build_of_kind(
 ) -> Result<Built> {
     let ctx = ctx_for(stack, home)?;
     let recipes = Recipes {
-        stack: StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?,
+        stack: StackSteps::new(&ctx, BuildOptions::default(), ImageOptions { gpus: false })?,
         kind,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
@@ -1132,7 +1133,7 @@ fn fetch_downloads_only_what_the_steps_built_here_read() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let stack = write_stack(&dir.path().join("stack"));
     let ctx = ctx_for(&stack, &dir.path().join("home"))?;
-    let steps = StackSteps::new(&ctx, Args::default(), ImageOptions { gpus: false })?;
+    let steps = StackSteps::new(&ctx, BuildOptions::default(), ImageOptions { gpus: false })?;
     let missing = |steps: &StackSteps| -> Result<usize> {
         Ok(match steps.pending(Fetch, &Done::new())? {
             None => 0,

@@ -10,149 +10,10 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::ctx::Ctx;
-use crate::flow::build::Args;
 use crate::graph::Record;
 use crate::graph::{Engine, Plan, Ran, Selection, Status, StepId};
+use crate::options::{BuildOptions, GraphOptions};
 use crate::stack_steps::{ImageOptions, StackSteps};
-
-/// The whole graph's own flags.
-#[derive(clap::Args, Clone, Debug, Default)]
-#[group(skip)]
-pub struct GraphArgs {
-    /// Refuse to change stack.lock: a lock that does not match stack.toml is an error
-    /// (CI), not resolved again.
-    #[arg(long)]
-    pub locked: bool,
-    /// Print the plan and run nothing: every step, its key, and whether it is reused or
-    /// runs and why (the input that changed, named).
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Stop after STEP: run it and the steps it depends on.
-    #[arg(long, value_enum, value_name = "STEP", conflicts_with = "only")]
-    pub until: Option<StepId>,
-    /// Run only STEP; the steps it depends on must be done already.
-    #[arg(long, value_enum, value_name = "STEP")]
-    pub only: Option<StepId>,
-    /// Print the summary (or with --dry-run the plan) as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// The runtime step also runs verify's runtime and selftest levels in a container
-    /// with the GPUs (`docker run --gpus all`: NVIDIA GPUs and the NVIDIA container
-    /// runtime).
-    #[arg(long)]
-    pub gpus: bool,
-    /// Also write the image as an OCI image layout (gzip layers) into DIR, which must not
-    /// exist.
-    #[arg(long, value_name = "DIR")]
-    pub oci: Option<PathBuf>,
-    /// Also write the build context of docker/Dockerfile into DIR, which must not exist.
-    #[arg(long, value_name = "DIR")]
-    pub context: Option<PathBuf>,
-    /// After the build, build the selected steps again in a fresh home with the time
-    /// zone, locale, umask, job count, hostname and process ids varied (`--force` in a
-    /// child process), and compare what each step ships byte for byte; a file that
-    /// differs is named (with diffoscope's report when it is installed) and the exit
-    /// status is 1. With --only STEP, only that step is built again.
-    #[arg(long, conflicts_with = "dry_run")]
-    pub check: bool,
-    /// The binary cache (`--substitute` and its trust and TLS).
-    #[command(flatten)]
-    pub cache: CacheArgs,
-}
-
-/// The binary cache's flags, shared by `build` (the whole graph) and `push` (which runs the
-/// graph until the image).
-#[derive(clap::Args, Clone, Debug, Default)]
-#[group(skip)]
-pub struct CacheArgs {
-    /// Take step outputs from this binary cache (what `cargo xtask cache push` filled)
-    /// instead of building them: each keyed step that would run is looked up by its key
-    /// (`<step>-<key>`), its signature verified under stack.toml's [cache] trusted-keys,
-    /// its layers' sha256 checked as they stream, and it is sealed in the store as a local
-    /// build is; a step the cache lacks is built here. Default: stack.toml's [cache]
-    /// registry. Not with --force (which builds again).
-    #[arg(long, value_name = "HOST[:PORT]/REPO")]
-    pub substitute: Option<String>,
-    /// Build every step here, even when stack.toml's [cache] names a registry.
-    #[arg(long, conflicts_with = "substitute")]
-    pub no_substitute: bool,
-    /// Accept pulled outputs that are unsigned or not signed by a trusted key (a warning
-    /// for each); without it they are refused.
-    #[arg(long)]
-    pub allow_unsigned: bool,
-    /// PEM CA certificates to trust besides the system's, for the binary cache's registry
-    /// (and for `push`, the registry pushed to).
-    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
-    pub ca_file: Option<PathBuf>,
-}
-
-/// `build image`: the graph until the image is loaded (and verified, and run, with
-/// --verify).
-#[derive(clap::Args)]
-#[command(after_help = "\
-The stack must have an [image] section (the default stack.toml has one) and a lock with its
-[base]; every step the image needs is made first when missing (see `cargo xtask build --help`).
-
-Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
-the same ID), the tag (<name>:<first 12 hex of the lock's sha256>), the size, the layers and
-where the image step's files are (config, SBOM, provenance, image.json); the verify reports
-are kept under <home>/reports/image-<id>/.")]
-pub struct ImageTarget {
-    /// Verify the image (the graph until its runtime step): verify's static level on this
-    /// machine over the image's layers, while Docker loads it (ELF closure, one
-    /// libnvshmem_host (ours, NCCL off), one libnccl at the lock's version, DeepEP's
-    /// device code of the host library's build); then `import torch` in the loaded image
-    /// with no GPU and no network.
-    #[arg(long, conflicts_with = "no_load")]
-    pub verify: bool,
-    /// Make the image step but do not load it into Docker.
-    #[arg(long)]
-    pub no_load: bool,
-    /// Refuse to change stack.lock (see `build --help`).
-    #[arg(long)]
-    pub locked: bool,
-    /// Print the plan and run nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print the summary as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// With --verify: also verify's runtime and selftest levels in the loaded image
-    /// (`docker run --gpus all`).
-    #[arg(long, requires = "verify")]
-    pub gpus: bool,
-    /// Also write the image as an OCI image layout into DIR, which must not exist.
-    #[arg(long, value_name = "DIR")]
-    pub oci: Option<PathBuf>,
-    /// Write the build context of docker/Dockerfile into DIR, which must not exist.
-    #[arg(long, value_name = "DIR")]
-    pub context: Option<PathBuf>,
-    #[command(flatten)]
-    pub build: Args,
-}
-
-impl ImageTarget {
-    /// The graph's flags this asks for.
-    pub fn into_graph(self) -> (GraphArgs, Args) {
-        let until = match (self.verify, self.no_load) {
-            (true, _) => StepId::Runtime,
-            (false, true) => StepId::Image,
-            (false, false) => StepId::Load,
-        };
-        let graph = GraphArgs {
-            locked: self.locked,
-            dry_run: self.dry_run,
-            until: Some(until),
-            only: None,
-            json: self.json,
-            gpus: self.gpus,
-            oci: self.oci,
-            context: self.context,
-            ..GraphArgs::default()
-        };
-        (graph, self.build)
-    }
-}
 
 /// What a build run left, for the summary and for benchmarks.
 pub struct Built {
@@ -205,7 +66,7 @@ fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
 /// The lock first: fresh, resolved again (unless --locked), or, in a dry run, what would
 /// change. Returns None when a dry run stops here, else why the lock was resolved again
 /// (None inside: it was fresh).
-fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<Option<Option<String>>> {
+fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>> {
     let stack = crate::util::read_stack(&ctx.stack_path)?;
     let path = ctx.lock_path();
     let (previous, stale) = crate::flow::lock::lock_problems(ctx, &stack)?;
@@ -236,7 +97,7 @@ fn ensure_lock(ctx: &Ctx, graph: &GraphArgs) -> Result<Option<Option<String>>> {
 /// Refuses, before anything runs, what the selection cannot give: an image target of a
 /// stack without [image], `--oci`/`--context` without the image step or into an existing
 /// directory.
-fn preflight(steps: &StackSteps, graph: &GraphArgs, selection: Selection) -> Result<()> {
+fn preflight(steps: &StackSteps, graph: &GraphOptions, selection: Selection) -> Result<()> {
     use crate::graph::Steps;
     let target = match selection {
         Selection::Until(s) | Selection::Only(s) => Some(s),
@@ -266,7 +127,7 @@ fn preflight(steps: &StackSteps, graph: &GraphArgs, selection: Selection) -> Res
 /// `cargo xtask build`: the lock, then the graph's steps of the selection, then the
 /// summary (a table, and JSON in `<home>/pipeline/<stack>/summary.json`); with --check,
 /// the second build and the comparison.
-pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
+pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Built> {
     if graph.check {
         return check(ctx, graph, args);
     }
@@ -382,8 +243,8 @@ pub fn build(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
 /// none with `--no-substitute` or `--force` (which builds every selected step again).
 fn substituter(
     ctx: &Ctx,
-    graph: &GraphArgs,
-    args: &Args,
+    graph: &GraphOptions,
+    args: &BuildOptions,
     steps: &StackSteps,
 ) -> Result<Option<crate::flow::substitute::Substituter>> {
     let cache = &steps.settings.stack.cache;
@@ -532,9 +393,9 @@ fn print_summary(summary: &Summary, file: &std::path::Path) {
 
 /// `build --check`: the build, then the same selection built again by a child process in
 /// a fresh home with the variations, then the comparison of what each step ships.
-fn check(ctx: &Ctx, graph: &GraphArgs, args: &Args) -> Result<Built> {
+fn check(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Built> {
     use crate::check::{BuiltStep, Variations};
-    let first_graph = GraphArgs {
+    let first_graph = GraphOptions {
         check: false,
         ..graph.clone()
     };

@@ -4,21 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-#[derive(clap::Args)]
-pub struct GlobalArgs {
-    /// The stack manifest to use; its lock is the file beside it with the `.lock` extension.
-    /// Default: stack.toml in the current directory or the nearest parent that has one
-    /// (the way cargo finds Cargo.toml), so commands work from any subdirectory.
-    #[arg(long, global = true, env = "COMMSTACK_STACK")]
-    pub stack: Option<PathBuf>,
-    /// Where commstack keeps its download cache and step store.
-    /// Default: $XDG_CACHE_HOME/commstack (usually ~/.cache/commstack).
-    #[arg(long, global = true, env = "COMMSTACK_HOME")]
-    pub home: Option<PathBuf>,
-    /// Print less: no progress bars, only results and errors.
-    #[arg(long, short, global = true)]
-    pub quiet: bool,
-}
+use crate::options::GlobalOptions;
 
 pub struct Ctx {
     pub stack_path: PathBuf,
@@ -29,7 +15,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(args: GlobalArgs) -> Result<Ctx> {
+    pub fn new(args: GlobalOptions) -> Result<Ctx> {
         let home = match args.home {
             Some(home) => home,
             None => dirs::cache_dir()

@@ -23,50 +23,24 @@ pub type Selection = commstack_graph::Selection<StepId>;
 pub type Engine<'a> = commstack_graph::Engine<'a, StepId>;
 pub use commstack_graph::Steps;
 
-/// The steps, in an order where each comes after those it depends on.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+/// The steps, in an order where each comes after those it depends on ([`StepId::about`]
+/// says what each does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StepId {
-    /// stack.toml resolved into stack.lock (resolved again when stale, unless --locked).
     Lock,
-    /// Every locked artifact in the download cache.
     Fetch,
-    /// The locked CUDA toolchain, cmake and ninja, provisioned into the store.
     Toolchain,
-    /// NVSHMEM's locked source, unpacked and checked against its tree hash.
     NvshmemSource,
-    /// NVSHMEM built with NVSHMEM_USE_NCCL=OFF, proven.
     Nvshmem,
-    /// The drop-in NVSHMEM wheel (replaces NVIDIA's under torch's pinned version).
     Dropin,
-    /// The self-test (commstack-selftest) compiled against the stack's NVSHMEM.
     Kernels,
-    /// DeepEP built into a wheel against the stack's NVSHMEM and torch.
     Deepep,
-    /// The wheelhouse: every wheel the image installs.
     Wheelhouse,
-    /// The image's base from the locked Debian packages (mmdebstrap).
     Base,
-    /// The image: base, venv, wheels, drop-in, DeepEP, tools, SBOM, provenance.
     Image,
-    /// verify's static level on this machine, over the image's layer tars (no Docker).
     Verify,
-    /// The image loaded into Docker under its tag.
     Load,
-    /// What runs in the loaded image: `import torch` without GPUs; with --gpus, verify's
-    /// runtime and selftest levels.
     Runtime,
 }
 
@@ -105,6 +79,47 @@ impl StepId {
             StepId::Load => "load",
             StepId::Runtime => "runtime",
         }
+    }
+
+    /// What the step does, in a line (`--help` lists the steps with it).
+    pub fn about(self) -> &'static str {
+        match self {
+            StepId::Lock => {
+                "stack.toml resolved into stack.lock (resolved again when stale, unless --locked)"
+            }
+            StepId::Fetch => "Every locked artifact in the download cache",
+            StepId::Toolchain => {
+                "The locked CUDA toolchain, cmake and ninja, provisioned into the store"
+            }
+            StepId::NvshmemSource => {
+                "NVSHMEM's locked source, unpacked and checked against its tree hash"
+            }
+            StepId::Nvshmem => "NVSHMEM built with NVSHMEM_USE_NCCL=OFF, proven",
+            StepId::Dropin => {
+                "The drop-in NVSHMEM wheel (replaces NVIDIA's under torch's pinned version)"
+            }
+            StepId::Kernels => {
+                "The self-test (commstack-selftest) compiled against the stack's NVSHMEM"
+            }
+            StepId::Deepep => "DeepEP built into a wheel against the stack's NVSHMEM and torch",
+            StepId::Wheelhouse => "The wheelhouse: every wheel the image installs",
+            StepId::Base => "The image's base from the locked Debian packages (mmdebstrap)",
+            StepId::Image => {
+                "The image: base, venv, wheels, drop-in, DeepEP, tools, SBOM, provenance"
+            }
+            StepId::Verify => {
+                "verify's static level on this machine, over the image's layer tars (no Docker)"
+            }
+            StepId::Load => "The image loaded into Docker under its tag",
+            StepId::Runtime => {
+                "What runs in the loaded image: `import torch` without GPUs; with --gpus, verify's runtime and selftest levels"
+            }
+        }
+    }
+
+    /// The step of this name (`nvshmem-source`), as [`StepId::name`] gives it.
+    pub fn from_name(name: &str) -> Option<StepId> {
+        StepId::ALL.into_iter().find(|s| s.name() == name)
     }
 
     /// The steps this one reads the outputs of.

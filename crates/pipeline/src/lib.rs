@@ -10,6 +10,7 @@ pub mod command;
 pub mod ctx;
 pub mod flow;
 pub mod graph;
+pub mod options;
 pub mod settings;
 pub mod stack_steps;
 pub mod util;

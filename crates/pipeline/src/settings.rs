@@ -9,7 +9,7 @@ use commstack_stack::rules::RuleId;
 use commstack_stack::{CudaArch, Lock, Stack};
 
 use crate::ctx::Ctx;
-use crate::flow::build::Args;
+use crate::options::BuildOptions;
 
 /// What a build is asked to do, resolved.
 pub struct Settings {
@@ -40,7 +40,7 @@ pub struct Settings {
 impl Settings {
     /// Reads stack.toml and its lock (a stale lock is an error naming what changed) and
     /// applies the command line's overrides.
-    pub fn resolve(ctx: &Ctx, args: &Args) -> Result<Settings> {
+    pub fn resolve(ctx: &Ctx, args: &BuildOptions) -> Result<Settings> {
         let stack = crate::util::read_stack(&ctx.stack_path)?;
         let lock = crate::flow::lock::read_lock(ctx)?;
         let lock_path = ctx.lock_path();
@@ -102,7 +102,7 @@ impl Settings {
     }
 
     /// The Python interpreter NVSHMEM's CMake needs: `--python3`, else python3 on PATH.
-    pub fn python3(args: &Args) -> Result<PathBuf> {
+    pub fn python3(args: &BuildOptions) -> Result<PathBuf> {
         match &args.python3 {
             Some(p) => Ok(p.clone()),
             None => commstack_toolchain::find_in_path("python3", None).context(

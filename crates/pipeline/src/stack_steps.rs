@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::flow::build::Args;
 use crate::flow::lock::{Part, artifacts_of_parts};
 use crate::graph::{Done, StepId, StepResult, Steps};
+use crate::options::BuildOptions;
 use crate::settings::Settings;
 
 /// Bumped when a step's recipe here changes what it makes from the same inputs.
@@ -32,7 +32,7 @@ pub struct StackSteps<'a> {
     pub settings: Settings,
     /// Why stack.lock was resolved again before the graph (None: it was fresh).
     pub lock_resolved: Option<String>,
-    args: Args,
+    args: BuildOptions,
     image: ImageOptions,
     probes: Probes,
     /// With a binary cache: the keyed steps built here (the graph tells, see
@@ -70,7 +70,7 @@ struct DeepepFacts {
 
 impl<'a> StackSteps<'a> {
     /// Resolves the settings (the lock must be fresh) and probes this machine.
-    pub fn new(ctx: &'a Ctx, args: Args, image: ImageOptions) -> Result<StackSteps<'a>> {
+    pub fn new(ctx: &'a Ctx, args: BuildOptions, image: ImageOptions) -> Result<StackSteps<'a>> {
         let settings = Settings::resolve(ctx, &args)?;
         let root = crate::util::workspace_root();
         let needs_image = settings.stack.image.is_some();

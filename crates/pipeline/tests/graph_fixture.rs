@@ -18,12 +18,13 @@ use StepId::*;
 use anyhow::{Context, Result, anyhow, bail};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_pipeline::check::{BuiltStep, StepCheck, Variations, compare, scratch_home};
-use commstack_pipeline::ctx::{Ctx, GlobalArgs};
-use commstack_pipeline::flow::build::Args;
+use commstack_pipeline::ctx::Ctx;
 use commstack_pipeline::graph::Record;
 use commstack_pipeline::graph::{
     Done, Engine, Planned, RunReport, Selection, Status, StepId, StepResult, Steps,
 };
+use commstack_pipeline::options::BuildOptions;
+use commstack_pipeline::options::GlobalOptions;
 use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
 use commstack_stack::{Lock as LockFile, Stack};
 use commstack_store::{META_FILE, StepKey, Store};
@@ -398,7 +399,7 @@ fn build(stack: &Path, home: &Path, hang: Option<PathBuf>) -> Result<Built> {
 }
 
 fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
-    Ctx::new(GlobalArgs {
+    Ctx::new(GlobalOptions {
         stack: Some(stack.to_path_buf()),
         home: Some(home.to_path_buf()),
         quiet: true,
@@ -407,7 +408,7 @@ fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
 
 fn fixture<'a>(ctx: &'a Ctx, home: &Path, inject_time: Option<StepId>) -> Result<Fixture<'a>> {
     Ok(Fixture {
-        stack: StackSteps::new(ctx, Args::default(), ImageOptions { gpus: false })?,
+        stack: StackSteps::new(ctx, BuildOptions::default(), ImageOptions { gpus: false })?,
         store: Store::open(ctx.store_dir())?,
         markers: home.join("fixture"),
         ran: Mutex::new(Vec::new()),

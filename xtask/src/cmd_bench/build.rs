@@ -12,16 +12,16 @@ use anyhow::{Context, Result, bail};
 use commstack_deepep::wheelhouse::Wheelhouse;
 
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::build::SourceFetchArgs;
 use commstack_pipeline::graph::StepId;
+use commstack_pipeline::options::{BuildOptions, GraphOptions, SourceFetch};
 use commstack_pipeline::util::human;
 
-pub fn bench_build(ctx: &Ctx, runs: usize, fetch: SourceFetchArgs) -> Result<ExitCode> {
-    let args = commstack_pipeline::flow::build::Args {
+pub fn bench_build(ctx: &Ctx, runs: usize, fetch: SourceFetch) -> Result<ExitCode> {
+    let args = BuildOptions {
         fetch: fetch.clone(),
         ..Default::default()
     };
-    let graph = commstack_pipeline::command::GraphArgs {
+    let graph = GraphOptions {
         locked: true,
         ..Default::default()
     };

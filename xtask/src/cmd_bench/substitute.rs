@@ -16,14 +16,16 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::build::SourceFetchArgs;
+use commstack_pipeline::options::{GlobalOptions, SourceFetch};
+
+use crate::args::SourceFetchArgs;
 
 /// What the bench needs to know.
 pub struct Request<'a> {
     pub registry: &'a str,
     pub key: &'a Path,
     pub ca_file: Option<&'a Path>,
-    pub fetch: &'a SourceFetchArgs,
+    pub fetch: &'a SourceFetch,
     /// Keep the substituting home afterwards (it holds a whole store, gigabytes).
     pub keep: bool,
     /// The registry holds this home's image and step outputs already (an earlier run):
@@ -118,7 +120,7 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     //    home, then reached from the machine of 2 and 3 (its home, its Docker holding the
     //    first image) both ways, each trial from that same state.
     if let Some(then) = req.then {
-        let next_ctx = Ctx::new(commstack_pipeline::ctx::GlobalArgs {
+        let next_ctx = Ctx::new(GlobalOptions {
             stack: Some(then.to_path_buf()),
             home: Some(ctx.home.clone()),
             quiet: ctx.quiet,

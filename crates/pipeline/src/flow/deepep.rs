@@ -22,35 +22,9 @@ use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::ctx::Ctx;
-use crate::flow::build::Args;
 use crate::flow::toolchain::resolve;
+use crate::options::BuildOptions;
 use crate::settings::Settings;
-
-/// The options only `build deepep` reads (flattened into `build`'s arguments).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct DeepepArgs {
-    /// deepep: build in this existing Python environment and its torch (adopt mode)
-    /// instead of a venv made from the lock (managed mode).
-    #[arg(long, value_name = "PATH")]
-    pub python: Option<PathBuf>,
-    /// deepep, managed mode: the interpreter the build venv is made from (default:
-    /// python3.X on PATH, X.Y the lock's target).
-    #[arg(long, value_name = "PATH", conflicts_with = "python")]
-    pub base_python: Option<PathBuf>,
-    /// deepep: the NVSHMEM to build against: an NVSHMEM build step (`<store>/steps/nvshmem-*`
-    /// or a copy of one) or an install prefix. Default: the store's build of the stack's NVSHMEM.
-    #[arg(long, value_name = "DIR")]
-    pub nvshmem: Option<PathBuf>,
-    /// deepep: the drop-in NVSHMEM wheel (default: made from the --nvshmem build step).
-    #[arg(long, value_name = "WHEEL")]
-    pub nvshmem_wheel: Option<PathBuf>,
-    /// deepep V2: an NCCL root to build against instead of the environment's own.
-    #[arg(long, value_name = "DIR")]
-    pub nccl_dir: Option<PathBuf>,
-    /// deepep V2: accept --nccl-dir although the process then holds a second libnccl.
-    #[arg(long)]
-    pub allow_second_nccl: bool,
-}
 
 /// What `build deepep --python P` leaves for `adopt --python P`:
 /// `<home>/adopt/<env-id>/build.json`.
@@ -65,13 +39,13 @@ pub struct AdoptPointer {
 
 pub const POINTER_FILE: &str = "build.json";
 
-pub fn run(ctx: &Ctx, args: &Args) -> Result<ExitCode> {
+pub fn run(ctx: &Ctx, args: &BuildOptions) -> Result<ExitCode> {
     build_deepep(ctx, args).map(|_| ExitCode::SUCCESS)
 }
 
 /// `build deepep`: DeepEP and the wheelhouse (and in adopt mode the pointer `adopt`
 /// reads); returns the wheelhouse's step directory.
-pub fn build_deepep(ctx: &Ctx, args: &Args) -> Result<PathBuf> {
+pub fn build_deepep(ctx: &Ctx, args: &BuildOptions) -> Result<PathBuf> {
     let started = Instant::now();
     let say = |line: &str| ctx.say(line);
     let settings = Settings::resolve(ctx, args)?;
@@ -126,7 +100,7 @@ pub struct DeepepMade {
 pub fn deepep_step(
     ctx: &Ctx,
     settings: &Settings,
-    args: &Args,
+    args: &BuildOptions,
     say: &dyn Fn(&str),
 ) -> Result<DeepepMade> {
     let d = &args.deepep;

@@ -86,7 +86,7 @@ pub fn base_step(
 pub fn selftest_tool(
     ctx: &Ctx,
     settings: &Settings,
-    toolchain: &crate::flow::toolchain::ToolchainArgs,
+    toolchain: &crate::options::ToolchainChoice,
     nvshmem_prefix: PathBuf,
 ) -> Result<Tool> {
     selftest_tool_forced(ctx, settings, toolchain, nvshmem_prefix, false)
@@ -97,7 +97,7 @@ pub fn selftest_tool(
 pub fn selftest_tool_forced(
     ctx: &Ctx,
     settings: &Settings,
-    toolchain: &crate::flow::toolchain::ToolchainArgs,
+    toolchain: &crate::options::ToolchainChoice,
     nvshmem_prefix: PathBuf,
     force: bool,
 ) -> Result<Tool> {

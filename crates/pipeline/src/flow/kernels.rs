@@ -292,7 +292,7 @@ pub fn nvshmem_identity(prefix: &Path) -> Result<String> {
 }
 
 /// `cargo xtask build kernels [--nvshmem-from stack|nvidia-wheel|PREFIX] [--test]`.
-pub fn run(ctx: &Ctx, args: &crate::flow::build::Args) -> Result<std::process::ExitCode> {
+pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::process::ExitCode> {
     let settings = crate::settings::Settings::resolve(ctx, args)?;
     settings.print_notes();
     let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;

@@ -35,7 +35,7 @@ pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
 }
 
 /// A part of the lock, by the role its artifacts play.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     Sources,
     Toolchain,
@@ -46,6 +46,33 @@ pub enum Part {
 }
 
 impl Part {
+    pub const ALL: [Part; 5] = [
+        Part::Sources,
+        Part::Toolchain,
+        Part::Wheels,
+        Part::Replaced,
+        Part::Debs,
+    ];
+
+    /// The name on the command line (`sources`, `toolchain`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Sources => "sources",
+            Part::Toolchain => "toolchain",
+            Part::Wheels => "wheels",
+            Part::Replaced => "replaced",
+            Part::Debs => "debs",
+        }
+    }
+
+    /// What the part holds, where its name does not say it (`--help`).
+    pub fn about(self) -> Option<&'static str> {
+        match self {
+            Part::Debs => Some("The Debian packages of the image's base"),
+            _ => None,
+        }
+    }
+
     fn of(role: commstack_stack::lock::Role) -> Part {
         use commstack_stack::lock::Role;
         match role {

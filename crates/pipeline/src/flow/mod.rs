@@ -2,7 +2,6 @@
 //! which parse arguments and print) and the crates under `crates/`. It never names a
 //! command module (tests/tidy.rs checks), so it can move into a crate of its own.
 
-pub mod build;
 pub mod cache_push;
 pub mod deepep;
 pub mod fetch;

@@ -12,16 +12,16 @@ use commstack_nvshmem::{
 use commstack_store::{Outcome, Store};
 
 use crate::ctx::Ctx;
-use crate::flow::build::{Args, SourceFetchArgs};
 use crate::flow::fetch::base_options;
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 use crate::flow::toolchain::resolve;
+use crate::options::{BuildOptions, SourceFetch};
 use crate::settings::Settings;
 
 /// `cargo xtask build nvshmem`: NVSHMEM and its drop-in wheel (and on request the CMake
 /// configure alone, or a comparison with NVIDIA's wheel). Returns the exit code and the
 /// install prefix.
-pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
+pub fn nvshmem_build(ctx: &Ctx, args: &BuildOptions) -> Result<(ExitCode, PathBuf)> {
     let started = Instant::now();
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
@@ -62,7 +62,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &Args) -> Result<(ExitCode, PathBuf)> {
 }
 
 /// The source to build: `--source DIR` (an override, hashed here) or the locked one.
-fn nvshmem_source(ctx: &Ctx, args: &Args) -> Result<(PathBuf, String)> {
+fn nvshmem_source(ctx: &Ctx, args: &BuildOptions) -> Result<(PathBuf, String)> {
     match &args.source {
         Some(dir) => {
             let dir = dir
@@ -104,7 +104,7 @@ fn request<'a>(
 pub fn nvshmem_step(
     ctx: &Ctx,
     settings: &Settings,
-    args: &Args,
+    args: &BuildOptions,
     say: &dyn Fn(&str),
 ) -> Result<Built> {
     let (source, tree) = nvshmem_source(ctx, args)?;
@@ -155,7 +155,12 @@ pub fn nvshmem_step(
 }
 
 /// The drop-in wheel made (or found) from an NVSHMEM build, its notes printed.
-pub fn dropin_step(ctx: &Ctx, settings: &Settings, args: &Args, built: &Built) -> Result<DropIn> {
+pub fn dropin_step(
+    ctx: &Ctx,
+    settings: &Settings,
+    args: &BuildOptions,
+    built: &Built,
+) -> Result<DropIn> {
     let store = Store::open(ctx.store_dir())?;
     let spec = DropInSpec {
         cuda_major: settings.stack.torch.cuda_major as u32,
@@ -183,7 +188,7 @@ pub fn dropin_step(ctx: &Ctx, settings: &Settings, args: &Args, built: &Built) -
 
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into
 /// a store step keyed by its tree hash. Returns the source directory and its tree hash.
-pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(PathBuf, String)> {
+pub fn locked_source(ctx: &Ctx, fetch: &SourceFetch, name: &str) -> Result<(PathBuf, String)> {
     let lock = read_lock(ctx)?;
     let artifacts: Vec<_> = artifacts_of_parts(&lock, &[Part::Sources])?
         .into_iter()

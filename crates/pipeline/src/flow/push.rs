@@ -9,9 +9,9 @@ use anyhow::{Context, Result, bail};
 use commstack_registry::{PushOptions, Pushed, Target};
 use serde::Serialize;
 
-use crate::command::{CacheArgs, GraphArgs};
 use crate::ctx::Ctx;
 use crate::graph::StepId;
+use crate::options::{CacheOptions, GraphOptions};
 
 /// What to push where.
 #[derive(Clone, Debug)]
@@ -29,10 +29,10 @@ pub struct PushRequest {
     pub dry_run: bool,
     /// The binary cache the graph substitutes from; its `ca_file` is also the CA trusted
     /// for the registry pushed to.
-    pub cache: CacheArgs,
+    pub cache: CacheOptions,
     /// The build settings and fetch flags the graph takes, as `build`'s (`--mirror`,
     /// `--accept-tree-match`, `--offline`, `--cuda-archs`, ...).
-    pub build: crate::flow::build::Args,
+    pub build: crate::options::BuildOptions,
     /// Sign the pushed manifest with this ed25519 key (PKCS#8 PEM).
     pub key: Option<PathBuf>,
 }
@@ -171,12 +171,12 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
         }
         Some(dir) => send(dir).map(Some),
         None if request.dry_run => {
-            let graph = GraphArgs {
+            let graph = GraphOptions {
                 until: Some(StepId::Image),
                 locked: request.locked,
                 dry_run: true,
                 cache: request.cache.clone(),
-                ..GraphArgs::default()
+                ..GraphOptions::default()
             };
             crate::command::build(ctx, &graph, &request.build)?;
             Ok(None)
@@ -192,12 +192,12 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
                 .tempdir_in(&parent)
                 .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
             let dir = temp.path().join("oci");
-            let graph = GraphArgs {
+            let graph = GraphOptions {
                 until: Some(StepId::Image),
                 oci: Some(dir.clone()),
                 locked: request.locked,
                 cache: request.cache.clone(),
-                ..GraphArgs::default()
+                ..GraphOptions::default()
             };
             let built = crate::command::build(ctx, &graph, &request.build)?;
             if built.exit != ExitCode::SUCCESS {

@@ -2,7 +2,7 @@
 //! directory, or the lock's toolchain wheels from the cache, provisioned into the store.
 //! Shared by `toolchain`, `build` and `gpu-bundle`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use commstack_store::Store;
@@ -10,27 +10,11 @@ use commstack_toolchain::{SystemOptions, Toolchain, WheelInput, provision_wheels
 
 use crate::ctx::Ctx;
 use crate::flow::lock::read_lock;
-
-/// Where the build toolchain comes from (shared by `toolchain` and `build`).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct ToolchainArgs {
-    /// Use the CUDA toolkit installed here and cmake/ninja from PATH (no wheels, no
-    /// network; e.g. the GPU machine). Recorded as "system" in every report.
-    #[arg(long, conflicts_with = "wheels")]
-    pub system: bool,
-    /// The installed CUDA toolkit for --system.
-    #[arg(long, default_value = "/usr/local/cuda", requires = "system")]
-    pub cuda_home: PathBuf,
-    /// Provision from the toolchain wheels in DIR (nvidia-cuda-nvcc, -runtime, -crt,
-    /// nvidia-nvvm, nvidia-cuda-cccl, nvidia-nvtx, nvidia-nvml-dev, cmake, ninja) instead of
-    /// stack.lock + cache.
-    #[arg(long, value_name = "DIR")]
-    pub wheels: Option<PathBuf>,
-}
+use crate::options::ToolchainChoice;
 
 /// The toolchain the arguments name: system, a wheel directory, or stack.lock's
 /// toolchain wheels from the download cache.
-pub fn resolve(ctx: &Ctx, args: &ToolchainArgs, force: bool) -> Result<Toolchain> {
+pub fn resolve(ctx: &Ctx, args: &ToolchainChoice, force: bool) -> Result<Toolchain> {
     if args.system {
         return system(&SystemOptions {
             cuda_home: args.cuda_home.clone(),
