@@ -51,6 +51,13 @@ export COMMSTACK_HOME="$work/home"
 # Shared multi-GPU hosts must keep NVLink multicast off; harmless on one GPU.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 X="$bundle/bin/xtask"
+# The settings gpu-bundle resolved (the stack, with its overrides such as --cuda-archs or
+# --no-ibgda): what `build nvshmem` builds and what `verify` expects.
+for f in build-flags verify-flags; do
+    [ -f "$bundle/$f" ] || { echo "$bundle has no $f: make the bundle again with this checkout's \`cargo xtask gpu-bundle\`"; exit 2; }
+done
+mapfile -t build_flags <"$bundle/build-flags"
+mapfile -t verify_flags <"$bundle/verify-flags"
 PY="${PYTHON:-python3}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 JOBS="${JOBS:-$(nproc)}"
@@ -123,12 +130,12 @@ nvshmem_build() { # nvshmem_build NAME [xtask build flags]: cold build, then the
     [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
     [[ " $* " == *" --static-lib "* ]] && static=true
     t0=$(date +%s.%N)
-    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" \
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "${build_flags[@]}" "$@" \
         || { mkdir -p "$work/$name-failed" && find "$COMMSTACK_HOME/store/failed" -path '*/logs/*' -exec cp {} "$work/$name-failed/" \; ; return 1; }
     t1=$(date +%s.%N)
     echo "COLD BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
     t0=$(date +%s.%N)
-    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "$@" || return
+    "$X" build nvshmem --source "$src" --system --cuda-home "$CUDA_HOME" --jobs "$JOBS" "${rdma[@]}" --python3 "$(command -v python3)" "${build_flags[@]}" "$@" || return
     t1=$(date +%s.%N)
     echo "NO-OP BUILD SECONDS $(awk -v a="$t1" -v b="$t0" 'BEGIN{print a-b}')"
     # This build's step: the one whose report records the static_lib asked for.
@@ -157,22 +164,34 @@ step_nvshmem() {
 
 step_nvshmem_static() { # the same build with the static library (A/B), and what differs
     nvshmem_build nvshmem-static --static-lib || return
-    [ -f "$work/nvshmem.step" ] || { echo "run the nvshmem step first to compare"; return; }
-    local a b
+    [ -f "$work/nvshmem.step" ] || { echo "run the nvshmem step first to compare"; return 1; }
+    local a b f differs
     a="$(cat "$work/nvshmem.step")nvshmem" b="$(cat "$work/nvshmem-static.step")nvshmem"
     echo "== files of the default install that differ from the static-lib install (none expected):"
-    (cd "$a" && find lib include -type f -o -type l | sort | while read -r f; do
-        if [ -L "$f" ]; then [ "$(readlink "$f")" = "$(readlink "$b/$f")" ] || echo "DIFFERS $f"
-        else cmp -s "$f" "$b/$f" || echo "DIFFERS $f"; fi
-    done) | tee "$work/static-vs-default.txt"
+    while read -r f; do
+        if [ -L "$a/$f" ]; then [ "$(readlink "$a/$f")" = "$(readlink "$b/$f")" ] && continue
+        else cmp -s "$a/$f" "$b/$f" && continue; fi
+        echo "DIFFERS $f"
+        # What differs: the embedded build variables, the dynamic section, the members.
+        case "$f" in
+            *.so*) diff <(strings "$a/$f" | grep -m1 NVSHMEM_USE_NCCL | tr ' ' '\n') \
+                        <(strings "$b/$f" | grep -m1 NVSHMEM_USE_NCCL | tr ' ' '\n') | sed -n '1,20p'
+                   diff <(readelf -dW "$a/$f") <(readelf -dW "$b/$f") | sed -n '1,20p' ;;
+            *.a) diff <(ar t "$a/$f") <(ar t "$b/$f") | sed -n '1,20p'
+                 cmp "$a/$f" "$b/$f" | sed -n '1p' ;;
+        esac
+    done < <(cd "$a" && find lib include \( -type f -o -type l \) | sort) | tee "$work/static-vs-default.txt"
+    differs="$(grep -c '^DIFFERS' "$work/static-vs-default.txt")"
     echo "== only in the static-lib install:"
-    { diff <(cd "$a" && find . | sort) <(cd "$b" && find . | sort) || true; } | grep '^>' | head -50
+    # sed, not head: head closing the pipe early would fail the step (SIGPIPE, status 141).
+    { diff <(cd "$a" && find . | sort) <(cd "$b" && find . | sort) || true; } | grep '^>' | sed -n '1,50p'
+    # The verdict: the static-lib build adds files and changes none of the default's.
+    [ "$differs" = 0 ] || { echo "$differs files of the default install differ"; return 1; }
 }
 
 verify_env() { # verify_env NAME [extra args]
     local name="$1"; shift
-    "$X" verify --python "$PY" --level static,runtime --expect-nccl 2.28.9 --expect-nvshmem 3.4.5 \
-        --nvshmem-option NVSHMEM_IBGDA_SUPPORT=ON --cuda-arch 90 --target-glibc 2.39 --target-glibcxx 3.4.33 \
+    "$X" verify --python "$PY" --level static,runtime "${verify_flags[@]}" \
         --report "$work/$name" "$@"
 }
 

@@ -512,8 +512,7 @@ impl Steps<StepId> for StackSteps<'_> {
                 let base: BaseFacts = facts(done, StepId::Base)?;
                 let verdict = crate::flow::verify_static::verify_image_static(
                     ctx,
-                    &s.stack,
-                    &s.lock,
+                    s,
                     &image,
                     &base.python,
                     &self.probes.verify_sources,
@@ -536,8 +535,7 @@ impl Steps<StepId> for StackSteps<'_> {
                 let base: BaseFacts = facts(done, StepId::Base)?;
                 let verdict = crate::flow::image::runtime_in_container(
                     ctx,
-                    &s.stack,
-                    &s.lock,
+                    s,
                     &image,
                     &base.python,
                     self.image.gpus,

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use commstack_image::{EarlyLoad, Image, ImageInputs, Tool};
-use commstack_stack::{Lock, Stack};
 use commstack_store::{StepKey, Store};
 use xshell::{Shell, cmd};
 
@@ -792,8 +791,7 @@ pub fn report_dir(ctx: &Ctx, image: &Image) -> PathBuf {
 /// layers on this machine. Reports under [`report_dir`].
 pub fn runtime_in_container(
     ctx: &Ctx,
-    stack: &Stack,
-    lock: &Lock,
+    settings: &Settings,
     image: &Image,
     python_full: &str,
     gpus: bool,
@@ -806,8 +804,7 @@ pub fn runtime_in_container(
     let gpu_levels = match gpus {
         true => Some(verify_gpu_levels(
             ctx,
-            stack,
-            lock,
+            settings,
             image,
             python_full,
             &report_dir,
@@ -852,15 +849,14 @@ struct GpuLevels {
 /// network; its report is `verify-gpus.json` in `report_dir`.
 fn verify_gpu_levels(
     ctx: &Ctx,
-    stack: &Stack,
-    lock: &Lock,
+    settings: &Settings,
     image: &Image,
     python_full: &str,
     report_dir: &Path,
 ) -> Result<GpuLevels> {
     let site = crate::flow::verify_static::image_site_packages(python_full);
     // The same expectations as the static level's, as the verify tool's flags.
-    let expect = crate::flow::verify_static::image_expectations(stack, lock, &site)?;
+    let expect = crate::flow::verify_static::image_expectations(settings, &site)?;
     let mut argv: Vec<String> = vec![
         "run".into(),
         "--rm".into(),

@@ -5,6 +5,7 @@
 pub mod cache_push;
 pub mod deepep;
 pub mod fetch;
+pub mod gpu_bundle;
 pub mod image;
 pub mod kernels;
 pub mod lock;

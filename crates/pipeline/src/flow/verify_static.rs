@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use commstack_image::Image;
 use commstack_image::layer::Layer;
-use commstack_stack::{Lock, Stack};
 use commstack_store::{StepKey, Store};
 use commstack_verify::Expectations;
 use commstack_verify::environment::PythonEnv;
@@ -21,6 +20,7 @@ use serde_json::json;
 
 use crate::ctx::Ctx;
 use crate::flow::image::{IMAGE_VENV, print_verdicts, report_dir};
+use crate::settings::Settings;
 
 /// The store step of one layer's index.
 pub const LAYER_INDEX_STEP: &str = "verify-layer";
@@ -45,9 +45,12 @@ pub fn image_site_packages(python_full: &str) -> PathBuf {
     PathBuf::from(format!("{IMAGE_VENV}/lib/python{minor}/site-packages"))
 }
 
-/// What the image must hold, from the stack and its lock: one place for the static level
-/// here and the levels run in the container (`commstack_verify::cli::expect_args`).
-pub fn image_expectations(stack: &Stack, lock: &Lock, site: &Path) -> Result<Expectations> {
+/// What the image must hold, from the resolved settings (the stack, its lock and the
+/// command line's overrides: `--no-ibgda` and `--cuda-archs` change what is built, so
+/// they change what is expected): one place for the static level here and the levels run
+/// in the container (`commstack_verify::cli::expect_args`).
+pub fn image_expectations(settings: &Settings, site: &Path) -> Result<Expectations> {
+    let (stack, lock) = (&settings.stack, &settings.lock);
     let mut e = Expectations::new();
     e.nccl_version = Some(
         lock.resolved
@@ -64,14 +67,14 @@ pub fn image_expectations(stack: &Stack, lock: &Lock, site: &Path) -> Result<Exp
             .map_err(|e: String| anyhow::anyhow!("the lock's NVSHMEM version: {e}"))?,
     );
     e.nvshmem_prefix = Some(site.join("nvidia/nvshmem"));
-    for (switch, on) in stack.nvshmem.transports.iter() {
+    for switch in commstack_stack::switches::in_stack() {
+        let on = settings.nvshmem.switches.is_on(switch.key);
         e.nvshmem_build_vars.insert(
             switch.cmake.to_string(),
             if on { "ON" } else { "OFF" }.to_string(),
         );
     }
-    let sms: std::collections::BTreeSet<u32> = stack
-        .nvshmem
+    let sms: std::collections::BTreeSet<u32> = settings
         .cuda_archs
         .iter()
         .filter(|a| a.has_sass())
@@ -169,15 +172,14 @@ fn at_lower_priority<T: Send>(work: impl FnOnce() -> T + Send) -> T {
 /// longer.
 pub fn verify_image_static(
     ctx: &Ctx,
-    stack: &Stack,
-    lock: &Lock,
+    settings: &Settings,
     image: &Image,
     python_full: &str,
     verify_sources: &str,
 ) -> Result<StaticVerdict> {
     at_lower_priority(|| {
         let site = image_site_packages(python_full);
-        let expect = image_expectations(stack, lock, &site)?;
+        let expect = image_expectations(settings, &site)?;
         let store = Store::open(ctx.store_dir())?;
         let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id(), verify_sources)?;
         let layers_read = seen.iter().filter(|l| l.read).count();
