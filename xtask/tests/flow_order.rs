@@ -36,7 +36,11 @@ const LAYERS: &[(u32, &[&str])] = &[
     (6, &["commstack-fetch"]),
     // Building: the toolchain, NVSHMEM, then what is built against it.
     (7, &["commstack-toolchain"]),
-    (8, &["commstack-nvshmem", "commstack-base"]),
+    // Our own tools (self-test, verify tool) built reproducibly with the toolchain.
+    (
+        8,
+        &["commstack-nvshmem", "commstack-base", "commstack-tools"],
+    ),
     (9, &["commstack-deepep", "commstack-kernels"]),
     // Images and shipping them.
     (10, &["commstack-image"]),

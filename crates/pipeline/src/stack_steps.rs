@@ -72,7 +72,7 @@ impl<'a> StackSteps<'a> {
     /// Resolves the settings (the lock must be fresh) and probes this machine.
     pub fn new(ctx: &'a Ctx, args: BuildOptions, image: ImageOptions) -> Result<StackSteps<'a>> {
         let settings = Settings::resolve(ctx, &args)?;
-        let root = crate::util::workspace_root();
+        let root = commstack_tools::workspace_root();
         let needs_image = settings.stack.image.is_some();
         let probes = Probes {
             rdma_core: match settings.nvshmem.needs_rdma_core() {
@@ -100,9 +100,9 @@ impl<'a> StackSteps<'a> {
                 Err(e) => json!({ "missing": format!("{e:#}") }),
             },
             rustc: output_of(Path::new("rustc"), &["--version"]),
-            kernels_sources: sources_hash(&root, "kernels")?,
-            verify_sources: sources_hash(&root, "crates/verify")?,
-            git: json!(crate::flow::image::git_identity()),
+            kernels_sources: commstack_tools::sources_hash(&root, "kernels")?,
+            verify_sources: commstack_tools::sources_hash(&root, "crates/verify")?,
+            git: json!(commstack_tools::git_identity()),
             mmdebstrap: match needs_image {
                 true => match commstack_toolchain::find_in_path("mmdebstrap", None) {
                     Some(p) => file_identity(&p),
@@ -629,65 +629,6 @@ fn output_of(program: &Path, args: &[&str]) -> String {
     }
 }
 
-/// sha256 over the sources of the crate in `dir` and of the workspace crates it depends
-/// on (normal and build dependencies), with the workspace's Cargo.toml and Cargo.lock:
-/// what a cargo build of it reads. Tests and benches are left out.
-pub fn sources_hash(root: &Path, dir: &str) -> Result<String> {
-    let mut dirs = std::collections::BTreeSet::new();
-    let mut todo = vec![dir.to_string()];
-    while let Some(d) = todo.pop() {
-        if !dirs.insert(d.clone()) {
-            continue;
-        }
-        let manifest = root.join(&d).join("Cargo.toml");
-        let text = std::fs::read_to_string(&manifest)
-            .with_context(|| format!("cannot read {}", manifest.display()))?;
-        let toml: toml::Table =
-            toml::from_str(&text).with_context(|| format!("{} is not TOML", manifest.display()))?;
-        for table in ["dependencies", "build-dependencies"] {
-            let Some(deps) = toml.get(table).and_then(|t| t.as_table()) else {
-                continue;
-            };
-            for name in deps.keys().filter_map(|n| n.strip_prefix("commstack-")) {
-                todo.push(format!("crates/{name}"));
-            }
-        }
-    }
-    use sha2::Digest;
-    let mut hasher = sha2::Sha256::new();
-    // Each file as its path, its length and its bytes: no two trees hash alike.
-    let mut add = |rel: &Path, bytes: &[u8]| {
-        hasher.update(rel.to_string_lossy().as_bytes());
-        hasher.update([0]);
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
-    };
-    for file in ["Cargo.toml", "Cargo.lock"] {
-        add(Path::new(file), &std::fs::read(root.join(file))?);
-    }
-    for d in &dirs {
-        let mut files: Vec<PathBuf> = Vec::new();
-        for entry in walkdir::WalkDir::new(root.join(d))
-            .sort_by_file_name()
-            .into_iter()
-            .filter_entry(|e| {
-                !matches!(e.file_name().to_str(), Some("tests" | "benches" | "target"))
-            })
-        {
-            let entry = entry?;
-            if entry.file_type().is_file() {
-                files.push(entry.into_path());
-            }
-        }
-        for f in files {
-            let bytes =
-                std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?;
-            add(f.strip_prefix(root).unwrap_or(&f), &bytes);
-        }
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
 /// The steps a binary cache may hold (what `cache push` pushes: the steps that ship),
 /// each with the kind of store step (`<kind>-<hash>`) its output lives in: a pulled
 /// artifact must carry that kind and no other. None: built here, never pulled. The
@@ -699,7 +640,7 @@ pub fn store_step_kind(step: StepId) -> Option<String> {
         match step {
             StepId::Nvshmem => commstack_nvshmem::BUILD_STEP,
             StepId::Dropin => commstack_nvshmem::DROPIN_STEP,
-            StepId::Kernels => crate::flow::image::TOOL_STEP,
+            StepId::Kernels => commstack_tools::TOOL_STEP,
             StepId::Deepep => commstack_deepep::build::STEP,
             StepId::Wheelhouse => commstack_deepep::wheelhouse::STEP,
             StepId::Base => commstack_base::STEP,

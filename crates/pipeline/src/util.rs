@@ -52,24 +52,6 @@ pub fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
-/// The repository root (this crate lives at crates/pipeline).
-pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crates/pipeline has a grandparent")
-        .to_path_buf()
-}
-
-/// Where cargo puts what it builds for this workspace: CARGO_TARGET_DIR when set (relative
-/// to the workspace root, as cargo reads it), else `<workspace>/target`.
-pub fn cargo_target_dir() -> std::path::PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => workspace_root().join(dir),
-        None => workspace_root().join("target"),
-    }
-}
-
 static RESULTS_ON_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// From now on the flows print their result lines on stderr: stdout carries only the
@@ -127,7 +109,7 @@ pub fn builder() -> serde_json::Value {
     };
     serde_json::json!({
         "commstack": env!("CARGO_PKG_VERSION"),
-        "commit": crate::flow::image::git_identity().1,
+        "commit": commstack_tools::git_identity().1,
         "host": read("/proc/sys/kernel/hostname"),
         "kernel": read("/proc/sys/kernel/osrelease"),
         "arch": std::env::consts::ARCH,

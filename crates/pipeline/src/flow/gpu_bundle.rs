@@ -11,11 +11,12 @@ use xshell::{Shell, cmd};
 
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
-use crate::flow::kernels::{NvshmemForKernels, build_selftest, nvshmem_prefix};
+use crate::flow::kernels::nvshmem_prefix;
 use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
 use crate::flow::toolchain::resolve;
 use crate::options::BuildOptions;
 use crate::settings::Settings;
+use commstack_tools::{NvshmemForKernels, build_selftest};
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
 const LIMIT: u64 = 60 * 1024 * 1024;
@@ -132,7 +133,7 @@ impl Bundle<'_> {
         let dir = self.dir;
         std::fs::create_dir_all(dir.join("bin"))?;
         let sh = Shell::new()?;
-        sh.change_dir(crate::util::workspace_root());
+        sh.change_dir(commstack_tools::workspace_root());
         let mut manifest = serde_json::Map::new();
 
         crate::out!("building xtask (release)");
@@ -141,11 +142,18 @@ impl Bundle<'_> {
             .context("building xtask")?;
         copy_stripped(
             &sh,
-            &crate::util::cargo_target_dir().join("release/xtask"),
+            &commstack_tools::cargo_target_dir().join("release/xtask"),
             &dir.join("bin/xtask"),
         )?;
         if let Some((tc, nvshmem)) = selftest {
-            let bin = build_selftest(self.ctx, &tc.nvcc, &nvshmem, &self.settings.cuda_archs)?;
+            let store = commstack_store::Store::open(self.ctx.store_dir())?;
+            let bin = build_selftest(
+                &store,
+                self.ctx.quiet,
+                &tc.nvcc,
+                &nvshmem,
+                &self.settings.cuda_archs,
+            )?;
             copy_stripped(&sh, &bin, &dir.join("bin/commstack-selftest"))?;
             manifest.insert("selftest-nvshmem".into(), nvshmem.describe.clone().into());
             manifest.insert("toolchain".into(), tc.describe().into());
