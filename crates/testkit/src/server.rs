@@ -140,7 +140,8 @@ struct Shared {
     /// Clones of the open connections (by connection number), shut down when the server
     /// is dropped.
     open: Mutex<HashMap<usize, TcpStream>>,
-    /// Body bytes written, by path (what reached the socket, not what a client read).
+    /// Bytes written, heads included, by path (what reached the socket, not what a client
+    /// read).
     sent: Mutex<HashMap<String, u64>>,
 }
 
@@ -234,8 +235,9 @@ impl TestServer {
             .collect()
     }
 
-    /// Body bytes the server wrote for `path`, over every request: with [`Behavior::Huge`]
-    /// it shows where a client stopped reading (plus what the socket buffers took).
+    /// Bytes the server wrote for `path`, over every request (each answer's head
+    /// included: a few hundred bytes): with [`Behavior::Huge`] it shows where a client
+    /// stopped reading (plus what the socket buffers took).
     pub fn body_bytes_sent(&self, path: &str) -> u64 {
         self.shared
             .sent
