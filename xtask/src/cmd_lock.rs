@@ -40,7 +40,8 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     if args.check {
         if args.online && problems.is_empty() {
             let lock = Lock::parse(&lock_path, previous.as_deref().unwrap_or_default())?;
-            problems.extend(online_differences(ctx, &stack, &lock)?);
+            let text = previous.as_deref().unwrap_or_default();
+            problems.extend(online_differences(ctx, &stack, &lock, text)?);
             if !problems.is_empty() {
                 eprintln!("{} does not match the index:", lock_path.display());
                 for p in problems {
@@ -92,6 +93,7 @@ fn online_differences(
     ctx: &Ctx,
     stack: &commstack_stack::Stack,
     lock: &Lock,
+    lock_text: &str,
 ) -> Result<Vec<String>> {
     let quiet = ctx.quiet;
     let progress = move |m: &str| {
@@ -100,8 +102,19 @@ fn online_differences(
         }
     };
     let cache = ctx.cache_dir().join("pypi-metadata");
+    // The lock checked is the previous one: a mirror serving an older index is refused.
+    let lock_path = ctx.lock_path();
+    let previous = commstack_lock::PreviousLock {
+        path: &lock_path,
+        text: lock_text,
+    };
     let fresh = util::runtime()?
-        .block_on(commstack_lock::lock(stack, Some(cache), &progress))?
+        .block_on(commstack_lock::lock(
+            stack,
+            Some(cache),
+            Some(previous),
+            &progress,
+        ))?
         .lock;
     let pins = |l: &Lock| -> Result<std::collections::BTreeMap<(String, String), String>> {
         Ok(commstack_pipeline::flow::lock::artifacts_of_lock(l)?

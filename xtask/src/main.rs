@@ -43,6 +43,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Resolve stack.toml into stack.lock (every artifact with URL and sha256).
+    ///
+    /// With `[image]`, the mirror's signed Debian index must be current: not expired
+    /// (Valid-Until), not dated more than 5 minutes in the future, not older than
+    /// `image.index-max-age-days` when it has no Valid-Until, and not older than the index
+    /// the existing lock records for the same mirror and suite (docs/bounds.md).
     Lock(cmd_lock::Args),
     /// Download every artifact of stack.lock into the verified cache.
     Fetch(cmd_fetch::Args),

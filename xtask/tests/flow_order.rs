@@ -12,10 +12,12 @@ use std::path::Path;
 const LAYERS: &[(u32, &[&str])] = &[
     // Naming bytes, and real parts for tests: below everything.
     (0, &["commstack-digest", "commstack-testkit"]),
-    // Formats and the store: archives, ELF, the step store, the log knowledge base.
+    // Formats and the store: archives, ELF, the step store, the log knowledge base; the one
+    // HTTP client builder (bounded reads, retries) of the index, the mirror and fetch.
     (
         1,
         &[
+            "commstack-http",
             "commstack-archive",
             "commstack-elf",
             "commstack-store",

@@ -261,3 +261,70 @@ fn a_consistently_edited_hash_is_caught_online_and_repaired_by_force() {
         text(&out)
     );
 }
+
+/// The Debian fixture's Packages.gz (commstack-debian's tests).
+fn packages_gz() -> Vec<u8> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/debian/tests/fixtures/Packages.gz");
+    std::fs::read(path).unwrap()
+}
+
+/// The noble InRelease signed by `key`, dated `days_ago` days before now.
+fn inrelease(key: &commstack_testkit::debian::ArchiveKey, days_ago: i64) -> Vec<u8> {
+    let date = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24 * days_ago);
+    let text = commstack_testkit::debian::release_text(
+        "noble",
+        "noble",
+        &date.strftime("%a, %d %b %Y %H:%M:%S UTC").to_string(),
+        None,
+        &[("main/binary-amd64/Packages.gz", &packages_gz())],
+    );
+    key.clearsign(&text)
+}
+
+/// `lock --force` with a stack.lock in place: the mirror's index must not be older than the
+/// one that lock records (the flow passes the old lock to the resolver).
+#[test]
+fn relocking_refuses_a_mirror_index_older_than_the_lock_records() {
+    let server = TestServer::start();
+    let url = index().serve(&server);
+    let key = commstack_testkit::debian::ArchiveKey::new();
+    let inrelease_path = "/ubuntu/dists/noble/InRelease";
+    server.route(
+        "/ubuntu/dists/noble/main/binary-amd64/Packages.gz",
+        commstack_testkit::Route::ok(packages_gz()),
+    );
+    server.route(
+        inrelease_path,
+        commstack_testkit::Route::ok(inrelease(&key, 1)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let stack = manifest(&url)
+        + &format!(
+            "\n[image]\nmirror = \"{}\"\nkeyring = \"{}\"\ninclude = [\"app\"]\n",
+            server.url("/ubuntu"),
+            key.keyring().display()
+        );
+    std::fs::write(dir.path().join("stack.toml"), stack).unwrap();
+    let out = xtask(dir.path(), &["lock"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock_path = dir.path().join("stack.lock");
+    let lock = std::fs::read_to_string(&lock_path).unwrap();
+    assert!(lock.contains("suite = \"noble\""), "{lock}");
+
+    // The mirror now serves an index older than the one locked: a rollback.
+    server.route(
+        inrelease_path,
+        commstack_testkit::Route::ok(inrelease(&key, 5)),
+    );
+    let out = xtask(dir.path(), &["lock", "--force"]);
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains(
+            "older than the index stack.lock already records for this mirror and suite ([base] release-date = "
+        ) && said.contains("delete stack.lock and run `cargo xtask lock`"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock_path).unwrap(), lock);
+}

@@ -2,12 +2,15 @@
 //! does, trusting nothing unsigned: the suite's `InRelease` is checked with gpgv against
 //! the archive keyring ([`release`]), the Packages index must have the size and sha256
 //! the signed text lists ([`mirror`]), and only then are its paragraphs read
-//! ([`deb822`], [`packages`]). [`resolve`] computes the package set of an mmdebstrap
+//! ([`deb822`], [`packages`]). A signed index must also be current ([`freshness`]): not
+//! expired, not from the future, not older than a stated age or than the one the lock
+//! already recorded. Every download is bounded in bytes and time ([`mirror::IndexBounds`]). [`resolve`] computes the package set of an mmdebstrap
 //! `essential` base with extra packages, with Debian's version order ([`version`]).
 //!
 //! The result ([`LockedBase`]) is what `lock` writes as `[base]` and `[[deb]]`.
 
 pub mod deb822;
+pub mod freshness;
 pub mod mirror;
 pub mod packages;
 pub mod release;
@@ -31,6 +34,9 @@ pub struct BaseRequest {
     pub keyring: PathBuf,
     /// Packages on top of the `essential` set.
     pub include: Vec<String>,
+    /// What the signed index's dates are judged against.
+    pub freshness: freshness::Freshness,
+    pub bounds: mirror::IndexBounds,
 }
 
 /// A base's locked package set and where it was read from.
@@ -53,13 +59,14 @@ impl LockedBase {
 
 /// Read the mirror's signed index and resolve the base's package set.
 pub async fn lock_base(request: &BaseRequest) -> Result<LockedBase> {
-    let client = mirror::Mirror::new(&request.mirror)?;
+    let client = mirror::Mirror::new(&request.mirror, request.bounds.clone())?;
     let index = client
         .index(
             &request.suite,
             "main",
             &request.architecture,
             &request.keyring,
+            &request.freshness,
         )
         .await?;
     let universe = resolve::Universe::new(&index.packages, &request.architecture);

@@ -17,6 +17,9 @@ use crate::deb822;
 pub struct Release {
     /// `Date:`, as a time.
     pub date: jiff::Timestamp,
+    /// `Valid-Until:`, when the archive sets one (Debian's testing, unstable and security
+    /// suites do; stable releases and Ubuntu do not).
+    pub valid_until: Option<jiff::Timestamp>,
     pub suite: Option<String>,
     pub codename: Option<String>,
     pub architectures: Vec<String>,
@@ -111,6 +114,13 @@ impl Release {
             .ok_or_else(|| anyhow!("{url}: no Date field"))?;
         let date = parse_date(date_text)
             .ok_or_else(|| anyhow!("{url}: Date {date_text:?} is not an RFC 2822 time"))?;
+        let valid_until =
+            match p.get("Valid-Until") {
+                None => None,
+                Some(text) => Some(parse_date(text).ok_or_else(|| {
+                    anyhow!("{url}: Valid-Until {text:?} is not an RFC 2822 time")
+                })?),
+            };
         let words = |f: &str| -> Vec<String> {
             p.get(f)
                 .unwrap_or_default()
@@ -140,6 +150,7 @@ impl Release {
         }
         Ok(Release {
             date,
+            valid_until,
             suite: p.get("Suite").map(str::to_string),
             codename: p.get("Codename").map(str::to_string),
             architectures: words("Architectures"),

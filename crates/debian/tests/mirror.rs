@@ -6,6 +6,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use commstack_debian::freshness::Freshness;
+use commstack_debian::mirror::IndexBounds;
 use commstack_debian::{BaseRequest, lock_base};
 use commstack_testkit::{Route, TestServer};
 
@@ -32,12 +34,18 @@ fn mirror(inrelease: Vec<u8>, packages_gz: Vec<u8>) -> TestServer {
 }
 
 fn request(server: &TestServer, include: &[&str]) -> BaseRequest {
+    // The fixture index is dated 2026-12-01 and never changes: judged a day later, so
+    // these tests do not age (tests/freshness_and_bounds.rs judges dates).
+    let mut freshness = Freshness::now(730);
+    freshness.now = "2026-12-02T00:00:00Z".parse().unwrap();
     BaseRequest {
         mirror: server.url("/debian"),
         suite: "bookworm".into(),
         architecture: "amd64".into(),
         keyring: fixture("keyring.gpg"),
         include: include.iter().map(|s| s.to_string()).collect(),
+        freshness,
+        bounds: IndexBounds::default(),
     }
 }
 

@@ -5,9 +5,11 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use commstack_http::RetryPolicy;
+use commstack_http::retry;
 use indicatif::ProgressBar;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_RANGE, RANGE, RETRY_AFTER};
+use reqwest::header::{CONTENT_RANGE, RANGE};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -22,16 +24,6 @@ pub(crate) struct Downloaded {
     pub transferred: u64,
     /// Bytes already in the partial file when the first request went out.
     pub resumed_from: u64,
-}
-
-/// How hard to try one URL.
-#[derive(Clone, Debug)]
-pub(crate) struct RetryPolicy {
-    /// Failed attempts that got the file no further, after which the URL is given up.
-    pub retries: u32,
-    pub backoff: Duration,
-    pub max_backoff: Duration,
-    pub max_retry_after: Duration,
 }
 
 /// Attempts that got the file further (a flaky connection that keeps dropping) are not
@@ -115,9 +107,7 @@ pub(crate) async fn download_http(
                 if failures > policy.retries || attempts >= MAX_ATTEMPTS {
                     return Err(failure.into_error(attempts));
                 }
-                let delay = wait
-                    .map(|w| w.min(policy.max_retry_after))
-                    .unwrap_or_else(|| policy.backoff_for(failures));
+                let delay = policy.delay(failures, wait);
                 bar.set_message(format!(
                     "retrying in {:.1}s: {}",
                     delay.as_secs_f32(),
@@ -126,13 +116,6 @@ pub(crate) async fn download_http(
                 tokio::time::sleep(delay).await;
             }
         }
-    }
-}
-
-impl RetryPolicy {
-    fn backoff_for(&self, failures: u32) -> Duration {
-        let factor = 1u32 << failures.saturating_sub(1).min(16);
-        self.backoff.saturating_mul(factor).min(self.max_backoff)
     }
 }
 
@@ -231,13 +214,8 @@ async fn receive(
             truncate(part)?;
             return Ok(Attempt::Restart);
         }
-        status if is_transient(status) => {
-            let wait = response
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+        status if retry::is_transient(status) => {
+            let wait = retry::retry_after(response.headers());
             return Ok(Attempt::Failed(
                 Failure {
                     kind: FailureKind::Status(status.as_u16()),
@@ -310,16 +288,10 @@ async fn receive(
     })
 }
 
-fn is_transient(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
-}
-
 /// Builder and redirect errors will not get better by retrying; the rest might.
 fn transport_error(err: &reqwest::Error) -> Attempt {
-    let message = error_chain(err);
-    if err.is_builder() || err.is_redirect() {
+    let message = retry::error_chain(err);
+    if retry::is_permanent(err) {
         Attempt::Permanent(SourceError::Transport {
             message,
             attempts: 1,
@@ -333,21 +305,6 @@ fn transport_error(err: &reqwest::Error) -> Attempt {
             None,
         )
     }
-}
-
-/// reqwest's own message is terse ("error decoding response body"): add the causes.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 /// `bytes 100-199/1000` -> (100, Some(1000)); `bytes 100-199/*` -> (100, None).
@@ -452,17 +409,5 @@ mod tests {
         );
         assert_eq!(parse_content_range("bytes 100-199/*"), Some((100, None)));
         assert_eq!(parse_content_range("bytes */1000"), None);
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let policy = RetryPolicy {
-            retries: 5,
-            backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(350),
-            max_retry_after: Duration::from_secs(1),
-        };
-        let delays: Vec<_> = (1..=4).map(|n| policy.backoff_for(n).as_millis()).collect();
-        assert_eq!(delays, [100, 200, 350, 350]);
     }
 }

@@ -12,12 +12,13 @@ use serde::Serialize;
 
 use crate::artifact::Artifact;
 use crate::cache::{Cache, TreeMatchRecord, TreeRecord};
-use crate::download::{self, Downloaded, RetryPolicy};
+use crate::download::{self, Downloaded};
 use crate::error::{ArtifactFailure, FetchError, SourceError, SourceFailure, TreeCheck};
 use crate::progress::Progress;
 use crate::source::{Mirror, Source, sources_for};
 use crate::tree;
 use commstack_digest::sha256_file;
+use commstack_http::RetryPolicy;
 
 /// How to fetch. `FetchOptions::new(cache_dir)` gives the defaults.
 #[derive(Clone, Debug)]
@@ -445,13 +446,12 @@ impl Run<'_> {
 }
 
 fn http_client(options: &FetchOptions) -> Result<reqwest::Client, FetchError> {
-    reqwest::Client::builder()
-        .user_agent(concat!("commstack-fetch/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(options.connect_timeout)
-        .read_timeout(options.read_timeout)
-        .redirect(reqwest::redirect::Policy::limited(10))
-        .build()
-        .map_err(|e| FetchError::Setup(format!("building the HTTP client: {e}")))
+    let settings = commstack_http::ClientSettings {
+        connect_timeout: options.connect_timeout,
+        read_timeout: options.read_timeout,
+        max_redirects: 10,
+    };
+    commstack_http::client(&settings).map_err(|e| FetchError::Setup(e.to_string()))
 }
 
 /// Overrides by artifact index, after checking every name and path.

@@ -10,16 +10,21 @@
 //!    resolved for the build host.
 //! 7. NVIDIA's NVSHMEM wheel is marked as replaced by the stack's own build.
 //! 8. With `[image]`: the base's Debian packages, from the mirror's signed index
-//!    (commstack-debian), as `[base]` and `[[deb]]`.
+//!    (commstack-debian), as `[base]` and `[[deb]]`. The index must be current: not
+//!    expired, not from the future, not older than `image.index-max-age-days`, and not
+//!    older than the one the previous lock recorded for the same mirror and suite.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
+use commstack_debian::freshness::{Freshness, Recorded};
+use commstack_debian::mirror::IndexBounds;
 use commstack_pypi::{IndexClient, TargetPlatform};
 use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{
-    BaseLock, Deb, Inputs, LOCK_VERSION, Resolved, RuleRecord, Source, Wheel,
+    BaseLock, Deb, Inputs, LOCK_VERSION, RecordedIndex, Resolved, RuleRecord, Source, Wheel,
 };
 use commstack_stack::manifest::NvshmemVersion;
 use commstack_stack::rules::{self, Facts, Status};
@@ -47,16 +52,26 @@ pub struct Locked {
     pub requests: u64,
 }
 
-/// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash.
+/// The lock that is there before `lock` writes a new one: the base's index must not go
+/// back from what it recorded.
+#[derive(Clone, Copy, Debug)]
+pub struct PreviousLock<'a> {
+    pub path: &'a Path,
+    pub text: &'a str,
+}
+
+/// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash;
+/// `previous` is the lock being replaced, if any.
 pub async fn lock(
     stack: &Stack,
     metadata_cache: Option<std::path::PathBuf>,
+    previous: Option<PreviousLock<'_>>,
     progress: &dyn Progress,
 ) -> Result<Locked> {
     let started = Instant::now();
     fail_on_violations(&rules::check_manifest(stack))?;
     // Before any network: a stack that cannot name its base's mirror fails at once.
-    let base_request = base_request(stack)?;
+    let base_request = base_request(stack, previous)?;
 
     let client = IndexClient::new(&stack.resolve.index_url, metadata_cache)?;
     let target = TargetPlatform {
@@ -216,8 +231,13 @@ pub async fn lock(
     })
 }
 
-/// What to ask the Debian mirror for, or None for a stack without `[image]`.
-pub fn base_request(stack: &Stack) -> Result<Option<commstack_debian::BaseRequest>> {
+/// What to ask the Debian mirror for, or None for a stack without `[image]`. The index is
+/// judged now, with the stack's `image.index-max-age-days`, and must not be older than
+/// what `previous` recorded for the same mirror and suite.
+pub fn base_request(
+    stack: &Stack,
+    previous: Option<PreviousLock<'_>>,
+) -> Result<Option<commstack_debian::BaseRequest>> {
     let Some(image) = &stack.image else {
         return Ok(None);
     };
@@ -237,13 +257,33 @@ pub fn base_request(stack: &Stack) -> Result<Option<commstack_debian::BaseReques
             base.suite
         );
     };
+    let suite = base.suite.to_string();
+    let mut freshness = Freshness::now(image.index_max_age_days);
+    freshness.recorded = previous.and_then(|p| recorded_index(p, mirror, &suite));
     Ok(Some(commstack_debian::BaseRequest {
         mirror: mirror.clone(),
-        suite: base.suite.to_string(),
+        suite,
         architecture: debian_arch(stack.target.arch).to_string(),
         keyring: image.keyring.clone().into(),
         include: image.include.clone(),
+        freshness,
+        bounds: IndexBounds::default(),
     }))
+}
+
+/// The index date `previous` recorded when it was read from `mirror`'s `suite`. Another
+/// mirror or suite sets no floor (its dates are its own); a date that does not read as a
+/// time is no floor either, but it cannot come from `lock`, which writes RFC 3339.
+fn recorded_index(previous: PreviousLock<'_>, mirror: &str, suite: &str) -> Option<Recorded> {
+    let recorded = RecordedIndex::of_lock_text(previous.text)?;
+    let same_mirror = recorded.mirror.trim_end_matches('/') == mirror.trim_end_matches('/');
+    if !same_mirror || recorded.suite != suite {
+        return None;
+    }
+    Some(Recorded {
+        date: recorded.release_date.parse().ok()?,
+        lock: previous.path.display().to_string(),
+    })
 }
 
 /// Debian's name of an architecture.

@@ -130,7 +130,9 @@ exclude-newer = "2026-12-01T00:00:00Z"
 }
 
 async fn lock(stack: &Stack) -> anyhow::Result<commstack_stack::Lock> {
-    Ok(commstack_lock::lock(stack, None, &|_: &str| {}).await?.lock)
+    Ok(commstack_lock::lock(stack, None, None, &|_: &str| {})
+        .await?
+        .lock)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -509,12 +511,20 @@ fn serve_debian(server: &TestServer) -> String {
 }
 
 fn image_stack(url: &str, mirror: &str, include: &str) -> Stack {
+    image_stack_aged(url, mirror, include, 36_500)
+}
+
+/// The fixture index is dated 2026-12-01 and never re-signed: the image stacks of these
+/// tests accept it for a century (`max_age_days`), so that they do not age; the tests of
+/// the age itself set their own.
+fn image_stack_aged(url: &str, mirror: &str, include: &str, max_age_days: u32) -> Stack {
     let keyring = debian_fixture("keyring.gpg");
     stack(url, |t| {
         t.replace("python = \"3.12\"", "python = \"3.11\"")
             .replace("ubuntu-24.04", "debian-12")
             + &format!(
-                "\n[image]\nmirror = \"{mirror}\"\nkeyring = \"{}\"\ninclude = [{include}]\n",
+                "\n[image]\nmirror = \"{mirror}\"\nkeyring = \"{}\"\ninclude = [{include}]\n\
+                 index-max-age-days = {max_age_days}\n",
                 keyring.display()
             )
     })
@@ -630,4 +640,71 @@ async fn an_unsatisfiable_include_stops_the_lock() {
         err.contains("broken 1.0 depends on `nothere (>= 1) | alsonot`"),
         "{err}"
     );
+}
+
+/// `image.index-max-age-days` reaches the check: the fixture index, dated 2026-12-01 with no
+/// Valid-Until, is older than one day on any clock that is past 2026-12-02.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_index_older_than_the_stacks_maximum_age_is_refused() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let mirror = serve_debian(&server);
+    let s = image_stack_aged(&url, &mirror, "\"app\"", 1);
+    let err = format!("{:#}", lock(&s).await.unwrap_err());
+    assert!(
+        err.contains("locking the base of stack.toml ([image])")
+            && err.contains("InRelease is dated 2026-12-01T00:00:00Z")
+            && err.contains("has no Valid-Until: older than image.index-max-age-days = 1 allows"),
+        "{err}"
+    );
+    assert_eq!(
+        server.hits("/debian/dists/bookworm/main/binary-amd64/Packages.gz"),
+        0
+    );
+}
+
+/// A lock that recorded a newer index of the same mirror and suite refuses an older one
+/// (a rollback); another mirror's record sets no floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_index_older_than_the_previous_lock_records_is_refused() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let mirror = serve_debian(&server);
+    let s = image_stack(&url, &mirror, "\"app\"");
+    let first = lock(&s).await.unwrap();
+    let text = first.render(None);
+    let path = Path::new("/work/stacks/stack.lock");
+    let relock = |text: String| {
+        let s = s.clone();
+        async move {
+            let previous = commstack_lock::PreviousLock { path, text: &text };
+            commstack_lock::lock(&s, None, Some(previous), &|_: &str| {})
+                .await
+                .map(|l| l.lock)
+        }
+    };
+    // The same index again: no rollback.
+    let again = relock(text.clone()).await.unwrap();
+    assert_eq!(again.base, first.base);
+    // The lock saw a newer index there before.
+    let newer = text.replace(
+        "release-date = \"2026-12-01T00:00:00Z\"",
+        "release-date = \"2026-12-03T00:00:00Z\"",
+    );
+    assert_ne!(newer, text);
+    let err = format!("{:#}", relock(newer.clone()).await.unwrap_err());
+    assert!(
+        err.contains(
+            "InRelease is dated 2026-12-01T00:00:00Z, older than the index /work/stacks/stack.lock already \
+             records for this mirror and suite ([base] release-date = 2026-12-03T00:00:00Z)"
+        ) && err.contains("delete /work/stacks/stack.lock and run `cargo xtask lock`"),
+        "{err}"
+    );
+    // Recorded from another mirror: its dates are its own.
+    let elsewhere = newer.replace(
+        &format!("mirror = \"{mirror}\""),
+        "mirror = \"http://deb.debian.org/debian\"",
+    );
+    assert_ne!(elsewhere, newer);
+    relock(elsewhere).await.unwrap();
 }

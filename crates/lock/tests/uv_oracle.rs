@@ -16,7 +16,7 @@ fn oracle(stack_file: &str) {
     let stack = Stack::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let ours = rt
-        .block_on(commstack_lock::lock(&stack, None, &|_: &str| {}))
+        .block_on(commstack_lock::lock(&stack, None, None, &|_: &str| {}))
         .unwrap()
         .lock;
     let ours: BTreeSet<String> = ours

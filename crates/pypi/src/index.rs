@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use commstack_http::{Answer, Bound, Get, HttpError, RetryPolicy};
 use commstack_wheel::WheelFilename;
 use pep440_rs::VersionSpecifiers;
 use pep508_rs::PackageName;
@@ -17,7 +18,27 @@ use sha2::{Digest, Sha256};
 use crate::metadata::CoreMetadata;
 
 const ACCEPT_JSON: &str = "application/vnd.pypi.simple.v1+json";
-const ATTEMPTS: u32 = 4;
+
+/// A project page: PyPI's largest are a few MiB (thousands of files); 64 MiB is far
+/// above any, and low enough that a hostile index cannot fill the memory with one.
+pub const PAGE_BOUND: Bound = Bound {
+    max_bytes: 64 << 20,
+    time: Duration::from_secs(300),
+};
+
+/// A wheel's PEP 658 metadata: kilobytes, a long description at most a few MiB.
+pub const METADATA_BOUND: Bound = Bound {
+    max_bytes: 16 << 20,
+    time: Duration::from_secs(120),
+};
+
+/// Four attempts, 0.2 s, 0.4 s, 0.8 s apart (or the index's `Retry-After`, up to 30 s).
+const RETRY: RetryPolicy = RetryPolicy {
+    retries: 3,
+    backoff: Duration::from_millis(200),
+    max_backoff: Duration::from_secs(10),
+    max_retry_after: Duration::from_secs(30),
+};
 
 #[derive(Deserialize)]
 struct RawPage {
@@ -95,12 +116,7 @@ pub struct IndexClient {
 impl IndexClient {
     /// `base` is the simple index root, e.g. `https://pypi.org/simple`.
     pub fn new(base: &str, metadata_cache: Option<PathBuf>) -> Result<IndexClient> {
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("commstack/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(60))
-            .build()
-            .context("cannot build the HTTP client")?;
+        let client = commstack_http::client(&commstack_http::ClientSettings::default())?;
         Ok(IndexClient {
             client,
             base: base.trim_end_matches('/').to_string(),
@@ -135,20 +151,20 @@ impl IndexClient {
 
     async fn fetch_project(&self, name: &PackageName) -> Result<Option<ProjectPage>> {
         let url = self.page_url(name);
-        let Some(resp) = self.get(&url, Some(ACCEPT_JSON)).await? else {
+        let Some(answer) = self
+            .get(&url, Some(ACCEPT_JSON), "the project page", PAGE_BOUND)
+            .await?
+        else {
             return Ok(None);
         };
-        let final_url = resp.url().clone();
-        let ctype = resp
-            .headers()
+        let final_url = answer.url;
+        let ctype = answer
+            .headers
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body = resp
-            .bytes()
-            .await
-            .with_context(|| format!("reading {url}"))?;
+        let body = answer.body;
         self.stats.pages.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes
@@ -209,13 +225,12 @@ impl IndexClient {
             return CoreMetadata::parse(&bytes, &file.url);
         }
         let meta_url = format!("{}.metadata", file.url);
-        let bytes = match self.get(&meta_url, None).await? {
-            Some(resp) => {
-                let bytes = resp
-                    .bytes()
-                    .await
-                    .with_context(|| format!("reading {meta_url}"))?
-                    .to_vec();
+        let bytes = match self
+            .get(&meta_url, None, "the metadata file", METADATA_BOUND)
+            .await?
+        {
+            Some(answer) => {
+                let bytes = answer.body;
                 self.stats.metadata_files.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .bytes
@@ -283,67 +298,37 @@ impl IndexClient {
         }
     }
 
-    /// GET with retries on transient failures. `Ok(None)` on 404/410.
-    async fn get(&self, url: &str, accept: Option<&str>) -> Result<Option<reqwest::Response>> {
-        let mut last_err = None;
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(attempt, last_err.as_ref())).await;
+    /// A bounded GET with retries on transient failures. `Ok(None)` on 404/410.
+    async fn get(
+        &self,
+        url: &str,
+        accept: Option<&str>,
+        what: &str,
+        bound: Bound,
+    ) -> Result<Option<Answer>> {
+        let request = Get {
+            url,
+            accept,
+            what,
+            bound,
+        };
+        let answer = match commstack_http::get(&self.client, &request, &RETRY).await {
+            Ok(answer) => answer,
+            Err(e @ HttpError::GaveUp { .. }) => {
+                bail!("{e}; is the index reachable? use a mirror with resolve.index-url")
             }
-            let mut req = self.client.get(url);
-            if let Some(a) = accept {
-                req = req.header(reqwest::header::ACCEPT, a);
-            }
-            match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    if status.is_success() {
-                        return Ok(Some(resp));
-                    }
-                    if status == reqwest::StatusCode::NOT_FOUND
-                        || status == reqwest::StatusCode::GONE
-                    {
-                        return Ok(None);
-                    }
-                    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
-                    {
-                        let retry_after = resp
-                            .headers()
-                            .get(reqwest::header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.parse::<u64>().ok());
-                        last_err = Some(Transient {
-                            what: format!("{url} answered {status}"),
-                            retry_after,
-                        });
-                        continue;
-                    }
-                    bail!("{url} answered {status}");
-                }
-                Err(err) if err.is_timeout() || err.is_connect() || err.is_request() => {
-                    last_err = Some(Transient {
-                        what: format!("{url}: {err}"),
-                        retry_after: None,
-                    });
-                }
-                Err(err) => return Err(anyhow!(err).context(format!("GET {url}"))),
-            }
+            Err(e @ (HttpError::TooLarge { .. } | HttpError::TooSlow { .. })) => bail!(
+                "{e}; the bounds are in docs/bounds.md: try again later or use another index (resolve.index-url)"
+            ),
+            Err(e) => return Err(e.into()),
+        };
+        let status = answer.status;
+        if status.is_success() {
+            return Ok(Some(answer));
         }
-        let what = last_err.map(|e| e.what).unwrap_or_default();
-        bail!(
-            "{what} (gave up after {ATTEMPTS} attempts; is the index reachable? use a mirror with resolve.index-url)"
-        )
+        if status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::GONE {
+            return Ok(None);
+        }
+        bail!("{} answered {status}", commstack_http::shown(url))
     }
-}
-
-struct Transient {
-    what: String,
-    retry_after: Option<u64>,
-}
-
-fn backoff(attempt: u32, err: Option<&Transient>) -> Duration {
-    if let Some(secs) = err.and_then(|e| e.retry_after) {
-        return Duration::from_secs(secs.min(30));
-    }
-    Duration::from_millis(200 * 2u64.pow(attempt - 1))
 }

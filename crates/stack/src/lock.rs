@@ -91,6 +91,40 @@ pub struct BaseLock {
     pub epoch: u64,
 }
 
+/// The index an existing lock's `[base]` was read from: what the next `lock` must not go
+/// back from (an older index from the same mirror and suite is a rollback).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedIndex {
+    pub mirror: String,
+    pub suite: String,
+    /// `release-date` as written (RFC 3339).
+    pub release_date: String,
+}
+
+impl RecordedIndex {
+    /// Read from a lock's text, whatever its format version (a lock written by an older
+    /// commstack still records what it saw); None when it has no readable `[base]`.
+    pub fn of_lock_text(text: &str) -> Option<RecordedIndex> {
+        #[derive(Deserialize)]
+        struct Loose {
+            base: Option<LooseBase>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        struct LooseBase {
+            mirror: String,
+            suite: String,
+            release_date: String,
+        }
+        let base = toml::from_str::<Loose>(text).ok()?.base?;
+        Some(RecordedIndex {
+            mirror: base.mirror,
+            suite: base.suite,
+            release_date: base.release_date,
+        })
+    }
+}
+
 /// Refuses an epoch (seconds since 1970) later than now: file times are clamped to the
 /// epoch, so with a future one the files written now would keep this machine's clock and
 /// two builds would differ.

@@ -188,6 +188,10 @@ pub struct Image {
     pub include: Vec<String>,
     /// The image's non-root user.
     pub user: String,
+    /// The oldest a signed index without `Valid-Until` may be, in days, when `lock` reads
+    /// it (default [`DEFAULT_INDEX_MAX_AGE_DAYS`]). Not part of the echo: it decides
+    /// whether an index is accepted, not what the lock holds.
+    pub index_max_age_days: u32,
 }
 
 /// `[cache]`: the binary cache of step outputs (docs/registry.md).
@@ -201,6 +205,11 @@ pub struct Cache {
 }
 
 pub const DEFAULT_DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+/// Two years. A supported release's index is signed again at each point release (every
+/// few months); after its last one it may never change again: bookworm's is dated
+/// 2026-07-11, so two years keep the shipped stack lockable until after bookworm's LTS
+/// ends (2028-06-30), while an index frozen or replayed for longer is refused.
+pub const DEFAULT_INDEX_MAX_AGE_DAYS: u32 = 730;
 pub const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 pub const UBUNTU_KEYRING: &str = "/usr/share/keyrings/ubuntu-archive-keyring.gpg";
 /// The base's packages beyond `essential`: the stack's Python, the C++ runtime torch
@@ -335,6 +344,8 @@ impl Stack {
             m.insert("image.keyring".into(), image.keyring.clone());
             m.insert("image.include".into(), image.include.join(","));
             m.insert("image.user".into(), image.user.clone());
+            // Not image.index-max-age-days: it changes what `lock` accepts, not what the
+            // lock says, so a lock stays fresh when it is raised.
         }
         m
     }

@@ -173,6 +173,7 @@ pub(crate) struct RawImage {
     pub(crate) keyring: Option<Spanned<String>>,
     pub(crate) include: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) user: Option<Spanned<String>>,
+    pub(crate) index_max_age_days: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -650,6 +650,29 @@ impl Validator<'_> {
                 name.clone()
             }
         };
+        let index_max_age_days = match &raw.index_max_age_days {
+            None => DEFAULT_INDEX_MAX_AGE_DAYS,
+            Some(days) => {
+                self.span("image.index-max-age-days", days);
+                match u32::try_from(*days.get_ref()) {
+                    Ok(d) if (1..=36_500).contains(&d) => d,
+                    _ => {
+                        self.err(
+                            days.span(),
+                            format!(
+                                "image.index-max-age-days must be a number of days from 1 to 36500, got {}",
+                                days.get_ref()
+                            ),
+                            Some(format!(
+                                "the oldest a mirror's signed index without Valid-Until may be; the default is {DEFAULT_INDEX_MAX_AGE_DAYS} (docs/bounds.md)"
+                            )),
+                        );
+                        ok = false;
+                        0
+                    }
+                }
+            }
+        };
         if !ok {
             return None;
         }
@@ -659,6 +682,7 @@ impl Validator<'_> {
             keyring: keyring?,
             include,
             user,
+            index_max_age_days,
         })
     }
 }

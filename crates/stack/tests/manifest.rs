@@ -430,6 +430,54 @@ fn image_section_is_strict() {
     }
 }
 
+/// `image.index-max-age-days`: two years by default, checked for range at its place, and
+/// kept out of the fingerprint (raising it must not make the lock stale).
+#[test]
+fn index_max_age_days_defaults_and_does_not_move_the_fingerprint() {
+    let debian = MINIMAL
+        .replace("python = \"3.12\"", "python = \"3.11\"")
+        .replace("ubuntu-24.04", "debian-12")
+        + "\n[image]\n";
+    let s = Stack::parse(Path::new("stack.toml"), &debian).unwrap();
+    assert_eq!(s.image.as_ref().unwrap().index_max_age_days, 730);
+    let raised = format!("{debian}index-max-age-days = 1000\n");
+    let r = Stack::parse(Path::new("stack.toml"), &raised).unwrap();
+    assert_eq!(r.image.as_ref().unwrap().index_max_age_days, 1000);
+    assert_eq!(r.fingerprint(), s.fingerprint());
+    for bad in ["0", "-3", "36501"] {
+        let err = errors(&format!("{debian}index-max-age-days = {bad}\n"));
+        assert!(
+            err.contains(&format!(
+                "stack.toml:19:22: image.index-max-age-days must be a number of days from 1 to 36500, got {bad}"
+            )),
+            "{err}"
+        );
+    }
+}
+
+/// What the next `lock` must not go back from is read out of any lock with a `[base]`,
+/// whatever its format version.
+#[test]
+fn the_recorded_index_is_read_from_a_lock() {
+    use commstack_stack::lock::RecordedIndex;
+    let (_, text) = shipped("stack.lock");
+    let recorded = RecordedIndex::of_lock_text(&text).unwrap();
+    assert_eq!(
+        recorded,
+        RecordedIndex {
+            mirror: "http://deb.debian.org/debian".into(),
+            suite: "bookworm".into(),
+            release_date: "2026-07-11T10:16:37Z".into(),
+        }
+    );
+    let other_version = text.replacen("version = 1", "version = 99", 1);
+    assert_ne!(other_version, text);
+    assert_eq!(RecordedIndex::of_lock_text(&other_version), Some(recorded));
+    let (_, no_base) = shipped("stacks/gpu-adopt.lock");
+    assert_eq!(RecordedIndex::of_lock_text(&no_base), None);
+    assert_eq!(RecordedIndex::of_lock_text("not toml ["), None);
+}
+
 /// A stack without [image] keeps the fingerprint it had before [image] existed: the
 /// committed lock of the GPU machine's stack (made before, when it was the default) still
 /// matches it.

@@ -3,7 +3,8 @@
 //! [`TestServer`] is a real HTTP/1.1 server on `127.0.0.1` (a random port, one thread per
 //! connection, keep-alive) that serves the routes a test gives it and can misbehave at
 //! the byte level: truncate a body, reset the connection midway, corrupt one byte, trickle
-//! slowly, ignore `Range`, redirect, fail the first requests with 5xx/429. It logs every
+//! slowly, send a body of gigabytes it never holds (with or without `Content-Length`),
+//! ignore `Range`, redirect, fail the first requests with 5xx/429. It logs every
 //! request (method, path, `Range`, headers) so a test can assert what a client did, e.g.
 //! that a resume asked for `bytes=N-`, or that an offline run opened no connection.
 //!
@@ -26,9 +27,11 @@
 //! [`TestRegistry`] is a real OCI registry (Debian's docker-registry) on `127.0.0.1` with
 //! TLS and htpasswd auth. [`CutProxy`] sits in front of it (or any TCP server) and cuts
 //! every connection once a given number of bytes has passed one way: a server gone in the
-//! middle of a blob, at a byte count.
+//! middle of a blob, at a byte count. [`debian::ArchiveKey`] signs InRelease files with a
+//! throwaway gpg key, with whatever dates a test needs.
 
 pub mod cut_proxy;
+pub mod debian;
 mod http;
 pub mod native;
 pub mod pypi;

@@ -25,6 +25,10 @@ pub enum Behavior {
     WrongBytes,
     /// Send `chunk` bytes, flush, sleep `delay`, repeat.
     Slow { chunk: usize, delay: Duration },
+    /// A body of `len` bytes, the route's body repeated, made while it is sent (never held
+    /// in memory, so a test can serve gigabytes); with `announce: false` it has no
+    /// `Content-Length` and ends when the connection closes. `Range` is ignored.
+    Huge { len: u64, announce: bool },
     /// Always answer 200 with the full body, whatever `Range` asks.
     IgnoreRange,
     /// Answer `status` (301/302/307/308) with `Location: to` (a path or a full URL).
@@ -136,6 +140,9 @@ struct Shared {
     /// Clones of the open connections (by connection number), shut down when the server
     /// is dropped.
     open: Mutex<HashMap<usize, TcpStream>>,
+    /// Bytes written, heads included, by path (what reached the socket, not what a client
+    /// read).
+    sent: Mutex<HashMap<String, u64>>,
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1; stops accepting and closes its connections on drop.
@@ -228,6 +235,19 @@ impl TestServer {
             .collect()
     }
 
+    /// Bytes the server wrote for `path`, over every request (each answer's head
+    /// included: a few hundred bytes): with [`Behavior::Huge`] it shows where a client
+    /// stopped reading (plus what the socket buffers took).
+    pub fn body_bytes_sent(&self, path: &str) -> u64 {
+        self.shared
+            .sent
+            .lock()
+            .unwrap()
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many TCP connections were accepted (0 proves a client never connected).
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
@@ -304,7 +324,13 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<TcpSt
             index
         };
         let route = next_answer(shared, &path);
-        let after = respond(&mut writer, &request, route, hit_index)?;
+        let mut out = Counted {
+            stream: &mut writer,
+            sent: 0,
+        };
+        let after = respond(&mut out, &request, route, hit_index);
+        *shared.sent.lock().unwrap().entry(path).or_default() += out.sent;
+        let after = after?;
         let client_closes = head
             .header("Connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
@@ -320,6 +346,25 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<TcpSt
         }
     }
     Ok(writer)
+}
+
+/// The connection's writer, counting the bytes written (head included; the head is a few
+/// hundred bytes, so what a test compares, a body's megabytes, is not blurred by it).
+struct Counted<'a> {
+    stream: &'a mut TcpStream,
+    sent: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.stream.write(buf)?;
+        self.sent += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
 }
 
 /// What happens to the connection after an answer.
@@ -341,7 +386,7 @@ fn next_answer(shared: &Shared, path: &str) -> Option<Route> {
 
 /// Writes one answer; says what becomes of the connection.
 fn respond(
-    out: &mut TcpStream,
+    out: &mut Counted<'_>,
     request: &Request,
     route: Option<Route>,
     hit_index: usize,
@@ -382,6 +427,9 @@ fn respond(
     let mut status = route.status;
     let mut headers = route.headers.clone();
     let mut part: &[u8] = full;
+    if let Behavior::Huge { len, announce } = route.behavior {
+        return write_huge(out, status, &headers, full, len, announce, head_only);
+    }
     let honour_range =
         status == 200 && !route.ignore_range && !matches!(route.behavior, Behavior::IgnoreRange);
     if let (true, Some(range)) = (honour_range, &request.range) {
@@ -429,7 +477,7 @@ fn respond(
         Behavior::DropMidway => {
             out.write_all(&part[..part.len() / 2])?;
             out.flush()?;
-            reset_on_close(out);
+            reset_on_close(out.stream);
             Ok(After::Reset)
         }
         Behavior::WrongBytes => {
@@ -458,21 +506,88 @@ fn respond(
 }
 
 fn write_head(
-    out: &mut TcpStream,
+    out: &mut impl Write,
     status: u16,
     headers: &[(String, String)],
     len: usize,
+) -> std::io::Result<()> {
+    write_head_with(out, status, headers, Some(len as u64))
+}
+
+/// The status line and headers; `Content-Length` when `len` is given.
+fn write_head_with(
+    out: &mut impl Write,
+    status: u16,
+    headers: &[(String, String)],
+    len: Option<u64>,
 ) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", http::reason(status));
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
-    head.push_str(&format!("Content-Length: {len}\r\n\r\n"));
+    match len {
+        Some(len) => head.push_str(&format!("Content-Length: {len}\r\n\r\n")),
+        None => head.push_str("Connection: close\r\n\r\n"),
+    }
     out.write_all(head.as_bytes())
 }
 
+/// [`Behavior::Huge`]: `len` bytes of `pattern` repeated, written as they are made.
+fn write_huge(
+    out: &mut Counted<'_>,
+    status: u16,
+    headers: &[(String, String)],
+    pattern: &[u8],
+    len: u64,
+    announce: bool,
+    head_only: bool,
+) -> std::io::Result<After> {
+    let mut headers = headers.to_vec();
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("Content-Type"))
+    {
+        headers.push(("Content-Type".into(), "application/octet-stream".into()));
+    }
+    write_head_with(out, status, &headers, announce.then_some(len))?;
+    if head_only {
+        out.flush()?;
+        return Ok(if announce {
+            After::KeepOpen
+        } else {
+            After::Close
+        });
+    }
+    let pattern = if pattern.is_empty() {
+        &[0u8][..]
+    } else {
+        pattern
+    };
+    // About 64 KiB of the pattern per write.
+    let block: Vec<u8> = pattern
+        .iter()
+        .copied()
+        .cycle()
+        .take(pattern.len() * (65536 / pattern.len()).max(1))
+        .collect();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        // A client that stops reading closes the connection: the write fails and ends this.
+        out.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    out.flush()?;
+    // Without Content-Length the end of the body is the end of the connection.
+    Ok(if announce {
+        After::KeepOpen
+    } else {
+        After::Close
+    })
+}
+
 fn write_simple(
-    out: &mut TcpStream,
+    out: &mut impl Write,
     status: u16,
     headers: &[(String, String)],
     body: &[u8],

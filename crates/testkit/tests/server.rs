@@ -268,3 +268,24 @@ fn no_client_means_no_connection() {
     assert_eq!(server.connections(), 0);
     assert!(server.requests().is_empty());
 }
+
+#[test]
+fn a_huge_body_is_the_pattern_repeated_with_or_without_its_length() {
+    let server = TestServer::start();
+    let len = 200_003u64;
+    for announce in [true, false] {
+        server.route(
+            "/huge",
+            Route::ok(b"abc".to_vec()).behavior(Behavior::Huge { len, announce }),
+        );
+        let raw = request(&server, "GET", "/huge", &[("Range", "bytes=0-9")]);
+        assert_eq!(raw.status, 200, "Range is ignored");
+        assert_eq!(raw.body.len() as u64, len);
+        assert!(raw.body.chunks(3).all(|c| b"abc".starts_with(c)));
+        let expected = announce.then(|| len.to_string());
+        assert_eq!(raw.header("Content-Length"), expected.as_deref());
+    }
+    // Every body byte reached the socket, counted per path (heads are a few hundred bytes).
+    let sent = server.body_bytes_sent("/huge");
+    assert!((2 * len..2 * len + 1000).contains(&sent), "{sent}");
+}

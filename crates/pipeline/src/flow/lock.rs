@@ -134,8 +134,17 @@ pub fn resolve_and_write(
         }
     };
     let cache = ctx.cache_dir().join("pypi-metadata");
-    let locked =
-        crate::util::runtime()?.block_on(commstack_lock::lock(stack, Some(cache), &progress))?;
+    // The lock being replaced: the base's index must not be older than the one it records.
+    let replaced = previous.map(|text| commstack_lock::PreviousLock {
+        path: &lock_path,
+        text,
+    });
+    let locked = crate::util::runtime()?.block_on(commstack_lock::lock(
+        stack,
+        Some(cache),
+        replaced,
+        &progress,
+    ))?;
     let lock = locked.lock;
     let text = lock.render(previous);
     crate::util::write_all_atomically(&[
