@@ -324,7 +324,7 @@ The stack must have an [image] section (the default stack.toml has one) and a lo
 [base]; every step the image needs is made first when missing (see `cargo xtask build --help`).
 
 Prints the image ID (the sha256 of its config: the same lock, commit and tool binaries give
-the same ID), the tag (<name>:<first 12 hex of the lock's sha256>), the size, the layers and
+the same ID), the tag (<name>:<first 12 hex of the lock's sha256>-g<first 12 hex of the commit>), the size, the layers and
 where the image step's files are (config, SBOM, provenance, image.json); the verify reports
 are kept under <home>/reports/image-<id>/.")]
 pub struct ImageTarget {

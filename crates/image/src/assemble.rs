@@ -89,7 +89,7 @@ pub struct ImageInputs {
     /// `<store>/steps/wheelhouse-<hash>/` (a `full` wheelhouse)
     pub wheelhouse_dir: PathBuf,
     pub tools: Vec<Tool>,
-    /// Image name (the tag is `<name>:<first 12 hex of the lock sha256>`).
+    /// Image name (the tag is [`image_tag`]'s).
     pub name: String,
     /// The non-root user (uid/gid [`USER_ID`]).
     pub user: String,
@@ -391,11 +391,7 @@ pub fn assemble_image_reporting(
         "env": ENV,
     });
     let key = StepKey::new(IMAGE_STEP, &key_inputs);
-    let tag = format!(
-        "{}:{}",
-        inputs.name,
-        &inputs.lock_sha256[..12.min(inputs.lock_sha256.len())]
-    );
+    let tag = image_tag(&inputs.name, &inputs.lock_sha256, &inputs.revision);
     let outcome = store.run(&key, &key_inputs, force, |dir| {
         build_image(
             progress,
@@ -831,4 +827,32 @@ fn labels(inputs: &ImageInputs, c: &Checked) -> BTreeMap<String, String> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect()
+}
+
+/// `<name>:<first 12 hex of the lock's sha256>-g<first 12 hex of the commit>`: the lock
+/// and the commstack commit both decide the image (the tools in it are built from the
+/// commit), so an image of the same lock built from another commit gets a tag of its own
+/// instead of taking the earlier image's. Without a commit (not a git checkout), the
+/// lock's part alone.
+pub fn image_tag(name: &str, lock_sha256: &str, revision: &str) -> String {
+    let short = |hex: &str| hex[..12.min(hex.len())].to_string();
+    match revision.is_empty() {
+        true => format!("{name}:{}", short(lock_sha256)),
+        false => format!("{name}:{}-g{}", short(lock_sha256), short(revision)),
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::image_tag;
+
+    #[test]
+    fn another_commit_of_the_same_lock_gets_another_tag() {
+        let lock = "ab12cd34ef56ab12cd34ef56";
+        let one = image_tag("commstack", lock, "0123456789abcdef0123");
+        assert_eq!(one, "commstack:ab12cd34ef56-g0123456789ab");
+        assert_ne!(one, image_tag("commstack", lock, "fedcba9876543210fedc"));
+        assert_eq!(one, image_tag("commstack", lock, "0123456789abcdef0123"));
+        assert_eq!(image_tag("commstack", lock, ""), "commstack:ab12cd34ef56");
+    }
 }
