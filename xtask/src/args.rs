@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use commstack_pipeline::flow::lock::Part;
 use commstack_pipeline::graph::StepId;
+use commstack_pipeline::options::Part;
 use commstack_pipeline::options::{
     BuildOptions, CacheOptions, DeepepOptions, FetchRequest, GlobalOptions, GraphOptions,
     SourceFetch, ToolchainChoice,

@@ -15,7 +15,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::lock::{Part, artifacts_of_parts, read_lock};
+use commstack_pipeline::flow::lock::{artifacts_of_parts, read_lock};
+use commstack_pipeline::options::Part;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use commstack_stack::CudaArch;
 
-use crate::flow::lock::Part;
 use crate::graph::StepId;
 
 /// What every command shares: `--stack`, `--home`, `--quiet`.
@@ -129,4 +128,44 @@ pub struct FetchRequest {
     pub artifacts: Option<PathBuf>,
     /// Empty: every part of the lock.
     pub only: Vec<Part>,
+}
+
+/// A part of the lock, by the role its artifacts play.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Sources,
+    Toolchain,
+    Wheels,
+    Replaced,
+    /// The Debian packages of the image's base.
+    Debs,
+}
+
+impl Part {
+    pub const ALL: [Part; 5] = [
+        Part::Sources,
+        Part::Toolchain,
+        Part::Wheels,
+        Part::Replaced,
+        Part::Debs,
+    ];
+
+    /// The name on the command line (`sources`, `toolchain`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Sources => "sources",
+            Part::Toolchain => "toolchain",
+            Part::Wheels => "wheels",
+            Part::Replaced => "replaced",
+            Part::Debs => "debs",
+        }
+    }
+
+    /// What the part holds, where its name does not say it (`--help`).
+    pub fn about(self) -> Option<&'static str> {
+        match self {
+            Part::Debs => Some("The Debian packages of the image's base"),
+            _ => None,
+        }
+    }
 }

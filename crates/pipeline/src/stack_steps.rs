@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::flow::lock::{Part, artifacts_of_parts};
+use crate::flow::lock::artifacts_of_parts;
 use crate::graph::{Done, StepId, StepResult, Steps};
 use crate::options::BuildOptions;
+use crate::options::Part;
 use crate::settings::Settings;
 
 /// Bumped when a step's recipe here changes what it makes from the same inputs.
@@ -533,7 +534,7 @@ impl Steps<StepId> for StackSteps<'_> {
             StepId::Runtime => {
                 let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
                 let base: BaseFacts = facts(done, StepId::Base)?;
-                let verdict = crate::flow::image::runtime_in_container(
+                let verdict = crate::flow::verify_runtime::runtime_in_container(
                     ctx,
                     s,
                     &image,
@@ -545,7 +546,7 @@ impl Steps<StepId> for StackSteps<'_> {
                     if !verdict.import_torch {
                         failed.push(format!(
                             "`import torch` in the image (no GPU, no network) failed: see {}",
-                            crate::flow::image::report_dir(ctx, &image)
+                            crate::flow::verify_report::report_dir(ctx, &image)
                                 .join("import-torch.txt")
                                 .display()
                         ));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use commstack_pipeline::ctx::Ctx;
 use commstack_pipeline::flow::gpu_bundle::bundle_settings;
-use commstack_pipeline::flow::verify_static::image_expectations;
+use commstack_pipeline::flow::verify_report::image_expectations;
 use commstack_pipeline::options::{BuildOptions, GlobalOptions};
 use commstack_pipeline::settings::Settings;
 

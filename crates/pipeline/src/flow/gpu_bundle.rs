@@ -12,9 +12,10 @@ use xshell::{Shell, cmd};
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
 use crate::flow::kernels::nvshmem_prefix;
-use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use crate::flow::lock::{artifacts_of_parts, read_lock};
 use crate::flow::toolchain::resolve;
 use crate::options::BuildOptions;
+use crate::options::Part;
 use crate::settings::Settings;
 use commstack_tools::{NvshmemForKernels, build_selftest};
 
@@ -53,7 +54,7 @@ pub fn bundle_settings(settings: &Settings) -> Result<BundleSettings> {
     if !settings.nvshmem.switches.is_on("ibgda") {
         build_flags.push("--no-ibgda".into());
     }
-    let mut expect = crate::flow::verify_static::image_expectations(settings, Path::new("/"))?;
+    let mut expect = crate::flow::verify_report::image_expectations(settings, Path::new("/"))?;
     expect.nvshmem_prefix = None;
     Ok(BundleSettings {
         build_flags,

@@ -6,6 +6,7 @@ use commstack_fetch::Artifact;
 use commstack_stack::Lock;
 
 use crate::ctx::Ctx;
+use crate::options::Part;
 
 /// The stack's lock, checked against its manifest first. Every command reads it here, and
 /// none uses a stale one: a manifest asking for another torch beside an old lock would
@@ -34,54 +35,15 @@ pub fn read_lock(ctx: &Ctx) -> Result<Lock> {
     Ok(lock)
 }
 
-/// A part of the lock, by the role its artifacts play.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    Sources,
-    Toolchain,
-    Wheels,
-    Replaced,
-    /// The Debian packages of the image's base.
-    Debs,
-}
-
-impl Part {
-    pub const ALL: [Part; 5] = [
-        Part::Sources,
-        Part::Toolchain,
-        Part::Wheels,
-        Part::Replaced,
-        Part::Debs,
-    ];
-
-    /// The name on the command line (`sources`, `toolchain`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Part::Sources => "sources",
-            Part::Toolchain => "toolchain",
-            Part::Wheels => "wheels",
-            Part::Replaced => "replaced",
-            Part::Debs => "debs",
-        }
-    }
-
-    /// What the part holds, where its name does not say it (`--help`).
-    pub fn about(self) -> Option<&'static str> {
-        match self {
-            Part::Debs => Some("The Debian packages of the image's base"),
-            _ => None,
-        }
-    }
-
-    fn of(role: commstack_stack::lock::Role) -> Part {
-        use commstack_stack::lock::Role;
-        match role {
-            Role::Source => Part::Sources,
-            Role::Toolchain => Part::Toolchain,
-            Role::Package => Part::Wheels,
-            Role::Replaced => Part::Replaced,
-            Role::Deb => Part::Debs,
-        }
+/// The part of the lock an artifact of `role` belongs to.
+fn part_of(role: commstack_stack::lock::Role) -> Part {
+    use commstack_stack::lock::Role;
+    match role {
+        Role::Source => Part::Sources,
+        Role::Toolchain => Part::Toolchain,
+        Role::Package => Part::Wheels,
+        Role::Replaced => Part::Replaced,
+        Role::Deb => Part::Debs,
     }
 }
 
@@ -100,7 +62,7 @@ pub fn artifacts_of_lock(lock: &commstack_stack::Lock) -> Result<Vec<Artifact>> 
 pub fn artifacts_of_parts(lock: &commstack_stack::Lock, parts: &[Part]) -> Result<Vec<Artifact>> {
     lock.artifacts()
         .into_iter()
-        .filter(|a| parts.is_empty() || parts.contains(&Part::of(a.role)))
+        .filter(|a| parts.is_empty() || parts.contains(&part_of(a.role)))
         .map(|a| {
             let artifact = Artifact {
                 name: a.name,

@@ -13,4 +13,6 @@ pub mod nvshmem;
 pub mod push;
 pub mod substitute;
 pub mod toolchain;
+pub mod verify_report;
+pub mod verify_runtime;
 pub mod verify_static;

@@ -13,8 +13,9 @@ use commstack_store::{Outcome, Store};
 
 use crate::ctx::Ctx;
 use crate::flow::fetch::base_options;
-use crate::flow::lock::{Part, artifacts_of_parts, read_lock};
+use crate::flow::lock::{artifacts_of_parts, read_lock};
 use crate::flow::toolchain::resolve;
+use crate::options::Part;
 use crate::options::{BuildOptions, SourceFetch};
 use crate::settings::Settings;
 

@@ -5,13 +5,12 @@
 //! read again, and an update reads only the layers that moved. The image's ID is the
 //! digest of a config naming these diff_ids: what is checked is what Docker holds.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use commstack_image::Image;
 use commstack_image::layer::Layer;
 use commstack_store::{StepKey, Store};
-use commstack_verify::Expectations;
 use commstack_verify::environment::PythonEnv;
 use commstack_verify::facts::FACTS_SCHEMA;
 use commstack_verify::layers::{ImageFiles, LayerIndex, index_layer};
@@ -19,7 +18,10 @@ use commstack_verify::report::{ImageEnvironment, LayerRead};
 use serde_json::json;
 
 use crate::ctx::Ctx;
-use crate::flow::image::{IMAGE_VENV, print_verdicts, report_dir};
+use crate::flow::image::IMAGE_VENV;
+use crate::flow::verify_report::{
+    image_expectations, image_site_packages, print_verdicts, report_dir,
+};
 use crate::settings::Settings;
 
 /// The store step of one layer's index.
@@ -37,57 +39,6 @@ pub struct StaticVerdict {
     /// Layers read here, and layers whose index an earlier verify kept.
     pub layers_read: usize,
     pub layers_reused: usize,
-}
-
-/// The image's site-packages, for the Python of the base (`3.11.2` -> python3.11).
-pub fn image_site_packages(python_full: &str) -> PathBuf {
-    let minor = python_full.split('.').take(2).collect::<Vec<_>>().join(".");
-    PathBuf::from(format!("{IMAGE_VENV}/lib/python{minor}/site-packages"))
-}
-
-/// What the image must hold, from the resolved settings (the stack, its lock and the
-/// command line's overrides: `--no-ibgda` and `--cuda-archs` change what is built, so
-/// they change what is expected): one place for the static level here and the levels run
-/// in the container (`commstack_verify::cli::expect_args`).
-pub fn image_expectations(settings: &Settings, site: &Path) -> Result<Expectations> {
-    let (stack, lock) = (&settings.stack, &settings.lock);
-    let mut e = Expectations::new();
-    e.nccl_version = Some(
-        lock.resolved
-            .nccl
-            .version
-            .to_string()
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("the lock's NCCL version: {e}"))?,
-    );
-    e.nvshmem_version = Some(
-        lock.resolved
-            .nvshmem
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("the lock's NVSHMEM version: {e}"))?,
-    );
-    e.nvshmem_prefix = Some(site.join("nvidia/nvshmem"));
-    for switch in commstack_stack::switches::in_stack() {
-        let on = settings.nvshmem.switches.is_on(switch.key);
-        e.nvshmem_build_vars.insert(
-            switch.cmake.to_string(),
-            if on { "ON" } else { "OFF" }.to_string(),
-        );
-    }
-    let sms: std::collections::BTreeSet<u32> = settings
-        .cuda_archs
-        .iter()
-        .filter(|a| a.has_sass())
-        .map(|a| a.sm())
-        .collect();
-    if !sms.is_empty() {
-        e.cuda_archs = Some(sms);
-    }
-    let (major, minor) = stack.target.base.glibc;
-    e.target_glibc = Some(commstack_elf::DottedVersion(vec![major, minor]));
-    let (a, b, c) = stack.target.base.glibcxx;
-    e.target_glibcxx = Some(commstack_elf::DottedVersion(vec![a, b, c]));
-    Ok(e)
 }
 
 /// The index of each of `layers` (bottom first, of image `image_id`): from `store` where
