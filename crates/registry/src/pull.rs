@@ -377,61 +377,7 @@ async fn pull_blob_in(
         }
         bar.set_position(have);
         let mut have = have;
-        let attempt: std::result::Result<(), Failed> = async {
-            let (response, offset) = match have {
-                0 => (
-                    puller
-                        .get(&path, "*/*", None)
-                        .await
-                        .map_err(Failed::Registry)?,
-                    0,
-                ),
-                _ if have == size => return Ok(()),
-                _ => {
-                    let response = puller
-                        .get(&path, "*/*", Some(have))
-                        .await
-                        .map_err(Failed::Registry)?;
-                    match response.status() {
-                        reqwest::StatusCode::PARTIAL_CONTENT => (response, have),
-                        // The registry ignored the range: the blob comes whole.
-                        _ => (response, 0),
-                    }
-                }
-            };
-            // Buffered: the stream's chunks are small. Not synced: the file is hashed
-            // again before a rerun continues it, so a crash costs a download, not trust.
-            let mut file = std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(offset > 0)
-                    .write(true)
-                    .truncate(offset == 0)
-                    .open(part)
-                    .map_err(|e| Failed::Local(e.into()))?,
-            );
-            if offset == 0 {
-                hasher = Sha256::new();
-                have = 0;
-            }
-            let mut stream = response.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| Failed::Stream(std::io::Error::other(e)))?;
-                // No more than the manifest names: a registry cannot fill the disk.
-                if have + chunk.len() as u64 > size {
-                    return Err(Failed::TooLong);
-                }
-                hasher.update(&chunk);
-                file.write_all(&chunk)
-                    .map_err(|e| Failed::Local(e.into()))?;
-                have += chunk.len() as u64;
-                bar.inc(chunk.len() as u64);
-            }
-            file.flush().map_err(|e| Failed::Local(e.into()))?;
-            Ok(())
-        }
-        .await;
+        let attempt = download(puller, &path, size, part, &mut hasher, &mut have, &bar).await;
         match attempt {
             // Hashed as it streamed: the bytes that were there, then those received.
             Ok(()) => break (hasher, have),
@@ -498,6 +444,72 @@ async fn pull_blob_in(
         );
     }
     Ok(())
+}
+
+/// One attempt at the blob at `path` (`size` bytes) into `part`, which holds `have` bytes
+/// hashed into `hasher`: from there with a range request (from the start when the
+/// registry ignores the range), each piece hashed and counted as it is written, refused
+/// as soon as it runs past `size`.
+async fn download(
+    puller: &Puller,
+    path: &str,
+    size: u64,
+    part: &Path,
+    hasher: &mut Sha256,
+    have: &mut u64,
+    bar: &indicatif::ProgressBar,
+) -> std::result::Result<(), Failed> {
+    let (response, offset) = match *have {
+        0 => (
+            puller
+                .get(path, "*/*", None)
+                .await
+                .map_err(Failed::Registry)?,
+            0,
+        ),
+        h if h == size => return Ok(()),
+        h => {
+            let response = puller
+                .get(path, "*/*", Some(h))
+                .await
+                .map_err(Failed::Registry)?;
+            match response.status() {
+                reqwest::StatusCode::PARTIAL_CONTENT => (response, h),
+                // The registry ignored the range: the blob comes whole.
+                _ => (response, 0),
+            }
+        }
+    };
+    // Buffered: the stream's chunks are small. Not synced: the file is hashed again
+    // before a rerun continues it, so a crash costs a download, not trust.
+    let mut file = std::io::BufWriter::with_capacity(
+        1 << 20,
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(offset > 0)
+            .write(true)
+            .truncate(offset == 0)
+            .open(part)
+            .map_err(|e| Failed::Local(e.into()))?,
+    );
+    if offset == 0 {
+        *hasher = Sha256::new();
+        *have = 0;
+    }
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Failed::Stream(std::io::Error::other(e)))?;
+        // No more than the manifest names: a registry cannot fill the disk.
+        if *have + chunk.len() as u64 > size {
+            return Err(Failed::TooLong);
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .map_err(|e| Failed::Local(e.into()))?;
+        *have += chunk.len() as u64;
+        bar.inc(chunk.len() as u64);
+    }
+    file.flush().map_err(|e| Failed::Local(e.into()))
 }
 
 /// `err`, saying what of the blob `digest` a rerun continues from: what `part` holds.
