@@ -98,7 +98,7 @@ impl StepKey {
 }
 
 /// What a complete step directory records about itself.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepMeta {
     pub schema: u32,
     pub step: String,
