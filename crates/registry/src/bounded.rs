@@ -69,8 +69,47 @@ pub(crate) fn human(bytes: u64) -> String {
     }
 }
 
-/// The most bytes of an error answer read, for its message.
+/// The slowest a registry may send what a pull reads: a read of N bytes (a document, up
+/// to its bound; a blob attempt, what is left of it) must end within `grace` plus N at
+/// `bytes_per_second`. Else a document is refused and a blob attempt ends (it is retried,
+/// and a rerun continues it), instead of a registry holding the pull open for days at one
+/// byte per read timeout.
+#[derive(Clone, Debug)]
+pub struct Slowest {
+    pub grace: Duration,
+    pub bytes_per_second: u64,
+}
+
+impl Default for Slowest {
+    fn default() -> Self {
+        Slowest {
+            grace: Duration::from_secs(60),
+            bytes_per_second: 64 << 10,
+        }
+    }
+}
+
+impl Slowest {
+    /// How long reading `bytes` may take.
+    pub fn deadline(&self, bytes: u64) -> Duration {
+        self.grace + Duration::from_secs_f64(bytes as f64 / self.bytes_per_second.max(1) as f64)
+    }
+
+    /// `124 s (60 s, then 64 KiB/s for 4 MiB)`: a deadline, for messages.
+    pub fn said(&self, bytes: u64) -> String {
+        format!(
+            "{:.0} s ({:.0} s, then {}/s for {})",
+            self.deadline(bytes).as_secs_f64(),
+            self.grace.as_secs_f64(),
+            human(self.bytes_per_second),
+            human(bytes)
+        )
+    }
+}
+
+/// The most bytes of an error answer read, for its message, and the longest it may take.
 const ERROR_BODY_LIMIT: u64 = 16 << 10;
+const ERROR_BODY_TIME: Duration = Duration::from_secs(30);
 
 /// The reqwest client for `options`' registry: what oci-client's would be.
 pub(crate) fn http_client(options: &PushOptions) -> Result<reqwest::Client> {
@@ -110,6 +149,8 @@ pub(crate) enum Body {
         bytes: u64,
         announced: bool,
     },
+    /// It did not end within its deadline ([`Slowest`]).
+    Late,
 }
 
 /// The body of `response`, at most `limit` bytes: [`Body::Over`] as soon as a piece passes
@@ -143,8 +184,10 @@ pub(crate) async fn read_bounded(
 pub(crate) async fn error_answer(response: reqwest::Response) -> OciDistributionError {
     let status = response.status();
     let url = response.url().to_string();
-    let body = match read_bounded(response, ERROR_BODY_LIMIT).await {
+    let read = tokio::time::timeout(ERROR_BODY_TIME, read_bounded(response, ERROR_BODY_LIMIT));
+    let body = match read.await.unwrap_or(Ok(Body::Late)) {
         Ok(Body::Whole(body)) => body,
+        Ok(Body::Late) => b"(an error body not read whole within 30 s)".to_vec(),
         Ok(Body::Over { bytes, .. }) => {
             format!("(an error body of {bytes} bytes or more, not read)").into_bytes()
         }

@@ -186,15 +186,23 @@ impl Puller {
         let progress = Progress::new(false);
         self.log_in(what, &progress).await?;
         let limit = Document::Manifest.limit();
-        let got = with_retry(&self.options.retry, what, &progress, || async {
-            let response = self
-                .get(&format!("manifests/{tag}"), MANIFEST_MEDIA_TYPE, None)
-                .await?;
-            read_bounded(response, limit).await
+        let slowest = &self.options.slowest;
+        let got = with_retry(&self.options.retry, what, &progress, || {
+            in_time(slowest.deadline(limit), async {
+                let response = self
+                    .get(&format!("manifests/{tag}"), MANIFEST_MEDIA_TYPE, None)
+                    .await?;
+                read_bounded(response, limit).await
+            })
         })
         .await;
         match got {
             Ok(Body::Whole(bytes)) => Ok(Some(bytes)),
+            Ok(Body::Late) => bail!(
+                "{}: its manifest did not come within {} (docs/bounds.md): the registry is too slow or stalled; refusing it",
+                self.place(tag),
+                slowest.said(limit)
+            ),
             Ok(Body::Over { bytes, announced }) => bail!(
                 "{}: its manifest is larger than {} ({bytes} bytes {}): refusing it",
                 self.place(tag),
@@ -234,13 +242,20 @@ impl Puller {
         let what = format!("reading the {name} {digest} ({size} bytes)");
         let progress = Progress::new(false);
         self.log_in(&what, &progress).await?;
-        let got = with_retry(&self.options.retry, &what, &progress, || async {
-            let response = self.get(&format!("blobs/{digest}"), "*/*", None).await?;
-            read_bounded(response, size).await
+        let slowest = &self.options.slowest;
+        let got = with_retry(&self.options.retry, &what, &progress, || {
+            in_time(slowest.deadline(size), async {
+                let response = self.get(&format!("blobs/{digest}"), "*/*", None).await?;
+                read_bounded(response, size).await
+            })
         })
         .await;
         let bytes = match got {
             Ok(Body::Whole(bytes)) => bytes,
+            Ok(Body::Late) => bail!(
+                "the {name} {digest} from {repo} did not come within {} (docs/bounds.md): the registry is too slow or stalled; refusing it",
+                slowest.said(size)
+            ),
             Ok(Body::Over { bytes, announced }) => bail!(
                 "the {name} {digest} from {repo} is longer than the {size} bytes its descriptor names ({bytes} bytes {}): refusing it (the registry's copy is damaged or was altered)",
                 match announced {
@@ -296,6 +311,16 @@ impl Puller {
             .map(drop)
         })
     }
+}
+
+/// `read`, or [`Body::Late`] when it has not ended within `deadline`.
+async fn in_time(
+    deadline: std::time::Duration,
+    read: impl std::future::Future<Output = std::result::Result<Body, OciDistributionError>>,
+) -> std::result::Result<Body, OciDistributionError> {
+    tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or(Ok(Body::Late))
 }
 
 /// The hex of a `sha256:<64 hex>` digest; an error for anything else.
@@ -377,7 +402,22 @@ async fn pull_blob_in(
         }
         bar.set_position(have);
         let mut have = have;
-        let attempt = download(puller, &path, size, part, &mut hasher, &mut have, &bar).await;
+        // Within the time what is left may take at the slowest rate allowed.
+        let slowest = &options.slowest;
+        let attempt = tokio::time::timeout(
+            slowest.deadline(size - have),
+            download(puller, &path, size, part, &mut hasher, &mut have, &bar),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failed::Stream(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the rest of the blob did not come within {} (docs/bounds.md): the registry is too slow or stalled",
+                    slowest.said(size - have)
+                ),
+            )))
+        });
         match attempt {
             // Hashed as it streamed: the bytes that were there, then those received.
             Ok(()) => break (hasher, have),

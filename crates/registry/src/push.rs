@@ -67,6 +67,8 @@ pub struct PushOptions {
     pub progress: bool,
     /// None: from the environment and Docker's config file ([`auth::credentials`]).
     pub credentials: Option<Credentials>,
+    /// How slowly a registry may send what a pull reads (docs/bounds.md).
+    pub slowest: crate::bounded::Slowest,
 }
 
 impl PushOptions {
@@ -79,6 +81,7 @@ impl PushOptions {
             retry: RetryPolicy::default(),
             progress: true,
             credentials: None,
+            slowest: crate::bounded::Slowest::default(),
         }
     }
 }

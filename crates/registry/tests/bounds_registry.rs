@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 
 use common::{noise, options_for};
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
+use commstack_registry::bounded::Slowest;
 use commstack_registry::pull::Puller;
 use commstack_registry::{
     Credentials, Document, Layout, PushOptions, RegistryAuth, Target, push_layout, push_signed,
 };
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{
-    CutProxy, Direction, Route, TestRegistry, TestServer, skip_registry_tests,
+    Behavior, CutProxy, Direction, Route, TestRegistry, TestServer, skip_registry_tests,
 };
 
 const REPO: &str = "commstack/bounds";
@@ -208,4 +209,56 @@ fn a_failed_manifest_lookup_promises_no_resumed_download() {
         !text.contains("resume"),
         "a look-up resumes nothing: {text}"
     );
+}
+
+/// A registry that sends a manifest one trickle at a time (testkit's HTTP server, 100
+/// bytes every 100 ms: a 64 KiB manifest would take a minute) is given up on when its
+/// deadline passes (the grace, then the slowest rate allowed for the bound: here 1 s and
+/// 1 MiB/s, so 5 s), not read for as long as it keeps each read under the read timeout.
+#[test]
+fn a_manifest_sent_too_slowly_is_given_up_on_in_bounded_time() {
+    let server = TestServer::start();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "size": 2,
+                   "digest": format!("sha256:{}", commstack_digest::sha256_hex(b"{}"))},
+        "layers": [],
+        "annotations": {"dev.commstack.test": "x".repeat(64 << 10)},
+    });
+    server.route("/v2/", Route::ok(b"{}".to_vec()));
+    server.route(
+        &format!("/v2/{REPO}/manifests/slow"),
+        Route::ok(serde_json::to_vec(&manifest).unwrap()).behavior(Behavior::Slow {
+            chunk: 100,
+            delay: std::time::Duration::from_millis(100),
+        }),
+    );
+    let target = Target::parse(&format!("http://{}/{REPO}", server.addr())).unwrap();
+    let mut options = PushOptions::new(target);
+    options.progress = false;
+    options.credentials = Some(Credentials {
+        auth: RegistryAuth::Anonymous,
+        source: "the test".into(),
+    });
+    options.slowest = Slowest {
+        grace: std::time::Duration::from_secs(1),
+        bytes_per_second: 1 << 20,
+    };
+    let started = std::time::Instant::now();
+    let found = Puller::new(&options).unwrap().find_tag("slow");
+    let seconds = started.elapsed().as_secs_f64();
+    let text = match found {
+        Ok(found) => panic!(
+            "after {seconds:.1} s, a manifest of {} bytes was taken",
+            found.map_or(0, |f| f.manifest.len())
+        ),
+        Err(err) => format!("{err:#}"),
+    };
+    eprintln!("after {seconds:.1} s: {text}");
+    assert!(
+        text.contains("did not come within 5 s") && text.contains("docs/bounds.md"),
+        "{text}"
+    );
+    assert!(seconds < 20.0, "given up on after {seconds:.1} s");
 }
