@@ -31,6 +31,7 @@ use anyhow::{Context, Result, bail};
 use commstack_store::{StepKey, Store};
 use serde::{Deserialize, Serialize};
 
+use crate::cache_config::ArtifactKinds;
 use crate::record::{Change, Record};
 
 /// The steps, in an order where each comes after those it depends on.
@@ -235,16 +236,12 @@ pub trait Steps: Sync {
     /// The file or directory of bytes a keyed step ships (what a second build must give
     /// again byte for byte), given its result; None for a step that ships nothing.
     fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf>;
-    /// Whether a binary cache may hold the keyed step's output (`cache push` pushes what
-    /// ships, and the artifact carries all the steps after it read).
-    fn substitutable(&self, step: StepId) -> bool {
-        step.keyed()
-    }
-    /// The kind of store step (`<kind>-<hash>`) the output of a substitutable `step` lives
-    /// in: a pulled artifact must carry that kind and no other, or a store step of another
-    /// kind (a `base-...` in NVSHMEM's artifact) would be taken by a later build that reads
-    /// it. None: not checked.
-    fn store_step_kind(&self, _step: StepId) -> Option<String> {
+    /// The kinds of store step the binary cache's artifact of `step` may bring (the crate
+    /// step its output lives in, and those it carries whole): None when a binary cache
+    /// may not hold the step (then it is always built here). A pulled artifact bringing
+    /// any other kind is refused, signed or not: a store step of another kind (a
+    /// `base-...` in NVSHMEM's artifact) would be taken by a later build that reads it.
+    fn artifact_kinds(&self, _step: StepId) -> Option<ArtifactKinds> {
         None
     }
     /// The steps a substituted `step` still reads from this store (the image's base
@@ -252,10 +249,17 @@ pub trait Steps: Sync {
     fn reads_when_substituted(&self, _step: StepId) -> &'static [StepId] {
         &[]
     }
-    /// With a binary cache: the keyed steps this run builds here (neither reused nor
-    /// substituted), told before lock, fetch and load are planned (fetch downloads only
-    /// what these need).
+    /// The keyed steps this run builds here (neither reused nor substituted), told before
+    /// lock, fetch and load are planned (fetch downloads only what these need); not told
+    /// when fetch is the target (it brings everything then).
     fn built_here(&self, _steps: &BTreeSet<StepId>) {}
+}
+
+/// What a pull gave: the result (paths of this home) and, when the output entered
+/// without a trusted signature (`--allow-unsigned`), why.
+pub struct Pulled {
+    pub stored: StoredResult,
+    pub unsigned: Option<String>,
 }
 
 /// A binary cache of step outputs (`build --substitute`, crate::flow::substitute).
@@ -266,17 +270,18 @@ pub trait Substitute {
     /// or None when it has not.
     fn lookup(&self, step: StepId, key: &StepKey) -> Result<Option<String>>;
     /// Pulls the output of `step` under `key`: checks it (signature, digests, the shipped
-    /// manifest, that its store step is of the `kind` [`Steps::store_step_kind`] names),
-    /// seals in `store` the crate steps its result points into, and returns the result
-    /// (paths of this home) for the graph step, which the engine seals.
+    /// manifest, that it brings only store steps of the `kinds` [`Steps::artifact_kinds`]
+    /// names), seals in `store` the store steps it brings (marked unsigned when it is),
+    /// and returns the result (paths of this home) for the graph step, which the engine
+    /// seals.
     fn pull(
         &self,
         store: &Store,
         step: StepId,
         key: &StepKey,
-        kind: Option<&str>,
+        kinds: &ArtifactKinds,
         say: &dyn Fn(&str),
-    ) -> Result<StoredResult>;
+    ) -> Result<Pulled>;
 }
 
 /// Why a step runs, or that it is reused.
@@ -305,6 +310,10 @@ pub struct Planned {
     pub status: Status,
     /// Whether the step is run by this invocation (not only a dependency of `--only`).
     pub selected: bool,
+    /// A reused output that entered without a trusted signature: why (reused only with
+    /// `--allow-unsigned`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsigned: Option<String>,
     #[serde(skip)]
     inputs: Option<serde_json::Value>,
     #[serde(skip)]
@@ -378,6 +387,10 @@ pub struct Engine<'a> {
     /// The binary cache to take outputs from before building them (`--substitute`);
     /// not consulted with `force`.
     pub substitute: Option<&'a dyn Substitute>,
+    /// `--allow-unsigned`: take pulled outputs without a trusted signature, and reuse
+    /// those that entered the store so; without it such a step in the store is an error
+    /// naming what to do.
+    pub allow_unsigned: bool,
 }
 
 /// How one step of a run ended, for the summary.
@@ -393,6 +406,10 @@ pub struct Ran {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub facts: serde_json::Value,
+    /// The output entered without a trusted signature (pulled with `--allow-unsigned`,
+    /// now or before): why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsigned: Option<String>,
 }
 
 /// The result of [`Engine::run`]: a row per step, and the error of the step that failed.
@@ -430,6 +447,7 @@ impl Engine<'_> {
                     key: None,
                     status: Status::Skipped { reason },
                     selected,
+                    unsigned: None,
                     inputs: None,
                     store_key: None,
                 });
@@ -442,6 +460,7 @@ impl Engine<'_> {
                     key: None,
                     status: Status::Reused,
                     selected,
+                    unsigned: None,
                     inputs: None,
                     store_key: None,
                 });
@@ -471,8 +490,10 @@ impl Engine<'_> {
                 true => None,
                 false => self.reusable(&key)?,
             };
+            let mut unsigned = None;
             match reusable {
                 Some(result) => {
+                    unsigned = self.unsigned_reused(step, &key)?;
                     done.insert(step, result);
                 }
                 None => {
@@ -484,6 +505,7 @@ impl Engine<'_> {
                 key: Some(key.dir_name()),
                 status: Status::Reused,
                 selected,
+                unsigned,
                 inputs: Some(inputs),
                 store_key: Some(key),
             });
@@ -527,7 +549,7 @@ impl Engine<'_> {
             }
             let key = p.store_key.as_ref().expect("a keyed step has a key");
             let found = match substitute {
-                Some(cache) if steps.substitutable(step) => {
+                Some(cache) if steps.artifact_kinds(step).is_some() => {
                     let found = cache.lookup(step, key).with_context(|| {
                         format!(
                             "looking up step {step} ({}) in the binary cache {} (to build without it, run the same command with --no-substitute)",
@@ -583,7 +605,9 @@ impl Engine<'_> {
                 matches!(p.status, Status::Run { .. } | Status::Substitute { .. }),
             );
         }
-        if substitute.is_some() {
+        // Fetch brings what the steps built here read, with or without a binary cache (a
+        // reused or substituted step reads nothing); `--until fetch` asks for all of it.
+        if target != Some(StepId::Fetch) {
             let here: BTreeSet<StepId> = out
                 .iter()
                 .filter(|p| p.step.keyed() && matches!(p.status, Status::Run { .. }))
@@ -623,6 +647,7 @@ impl Engine<'_> {
                 key: None,
                 status,
                 selected,
+                unsigned: None,
                 inputs: None,
                 store_key: None,
             };
@@ -636,6 +661,21 @@ impl Engine<'_> {
             done,
             only,
         })
+    }
+
+    /// Why the reused output of `step` entered without a trusted signature, if it did;
+    /// an error unless `--allow-unsigned` (a build reuses such an output only when told).
+    fn unsigned_reused(&self, step: StepId, key: &StepKey) -> Result<Option<String>> {
+        let Some(why) = self.store.unsigned(key) else {
+            return Ok(None);
+        };
+        if !self.allow_unsigned {
+            bail!(
+                "step {step}: its output in the store ({}) entered without a trusted signature ({why}), and a build reuses such an output only when told: pass --allow-unsigned to use it, or remove every such output with `cargo xtask store gc --unsigned` and build again (each is then built here, or pulled signed)",
+                key.dir_name()
+            );
+        }
+        Ok(Some(why))
     }
 
     /// The result of a keyed step in the store, if it is there and what it names still is.
@@ -661,6 +701,7 @@ impl Engine<'_> {
     pub fn run(&self, steps: &dyn Steps, plan: Plan) -> Result<RunReport> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("cannot create {}", self.log_dir.display()))?;
+        self.clear_abandoned()?;
         let runner = Runner {
             store: self.store,
             record: self.record,
@@ -745,7 +786,10 @@ impl Engine<'_> {
                     runner.starts(p, None);
                     let ended = match &p.status {
                         Status::Substitute { .. } => runner.ended(p, |log| {
-                            self.substitute_one(p, steps.store_step_kind(p.step).as_deref(), log)
+                            let kinds = steps.artifact_kinds(p.step).with_context(|| {
+                                format!("step {} cannot come from a binary cache", p.step)
+                            })?;
+                            self.substitute_one(p, &kinds, log)
                         }),
                         _ => runner.build(steps, p, &done),
                     };
@@ -760,8 +804,10 @@ impl Engine<'_> {
                     Status::Reused | Status::Skipped { .. } => None,
                 };
                 match ended.outcome {
-                    Ok(result) => {
-                        rows.push(row(p, ended.label, ended.seconds, Some(&result), reason));
+                    Ok((result, unsigned)) => {
+                        let mut r = row(p, ended.label, ended.seconds, Some(&result), reason);
+                        r.unsigned = unsigned.or(r.unsigned);
+                        rows.push(r);
                         done.insert(p.step, result);
                     }
                     Err(err) => {
@@ -778,9 +824,36 @@ impl Engine<'_> {
         Ok(RunReport { rows, failed })
     }
 
-    /// Takes a step's output from the binary cache: the crate steps it points into are
-    /// sealed by the pull, the graph step here, as [`Runner::run_one`] seals a build.
-    fn substitute_one(&self, p: &Planned, kind: Option<&str>, log: &Path) -> Result<StepResult> {
+    /// What runs that ended without cleaning up (killed, or stopped by a panic) left in
+    /// the store's tmp/ goes first: nothing half-written outlives the run after it.
+    fn clear_abandoned(&self) -> Result<()> {
+        let cleared = self.store.clear_abandoned()?;
+        if !cleared.removed.is_empty() && !self.quiet {
+            eprintln!(
+                "removed {} directories earlier runs left in {}",
+                cleared.removed.len(),
+                self.store.root().join("tmp").display()
+            );
+        }
+        for (path, why) in &cleared.failed {
+            eprintln!(
+                "warning: cannot remove {}, which an earlier run left: {why} (remove it by hand)",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Takes a step's output from the binary cache: the store steps it brings are sealed
+    /// by the pull, the graph step here, as [`Runner::run_one`] seals a build; each marked
+    /// when the output entered without a trusted signature, which is said even with
+    /// `--quiet`.
+    fn substitute_one(
+        &self,
+        p: &Planned,
+        kinds: &ArtifactKinds,
+        log: &Path,
+    ) -> Result<(StepResult, Option<String>)> {
         std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
         let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
         else {
@@ -790,12 +863,15 @@ impl Engine<'_> {
         let mut made = None;
         self.store
             .run(key, inputs, true, |dir| {
-                let stored = cache.pull(self.store, p.step, key, kind, &say)?;
+                let pulled = cache.pull(self.store, p.step, key, kinds, &say)?;
                 std::fs::write(
                     dir.out.join(RESULT_FILE),
-                    serde_json::to_string_pretty(&stored)?,
+                    serde_json::to_string_pretty(&pulled.stored)?,
                 )?;
-                made = Some(stored.result);
+                if let Some(why) = &pulled.unsigned {
+                    dir.mark_unsigned(why);
+                }
+                made = Some((pulled.stored.result, pulled.unsigned));
                 Ok(())
             })
             .with_context(|| {
@@ -806,7 +882,11 @@ impl Engine<'_> {
                 )
             })?;
         self.record.set(p.step, inputs)?;
-        made.context("the pull wrote no result")
+        let made = made.context("the pull wrote no result")?;
+        if let Some(why) = &made.1 {
+            eprintln!("warning: step {}: {why}", p.step);
+        }
+        Ok(made)
     }
 }
 
@@ -838,6 +918,7 @@ fn row(
         key: p.key.clone(),
         reason,
         facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
+        unsigned: p.unsigned.clone(),
     }
 }
 
@@ -858,7 +939,8 @@ struct Ended {
     label: &'static str,
     seconds: f64,
     log: PathBuf,
-    outcome: Result<StepResult>,
+    /// The result, and why it entered without a trusted signature when it did.
+    outcome: Result<(StepResult, Option<String>)>,
 }
 
 impl Runner<'_> {
@@ -892,7 +974,11 @@ impl Runner<'_> {
 
     /// Times `make` (given the step's log) and says how it ended: its `done in` line, or
     /// its error appended to its log.
-    fn ended(&self, p: &Planned, make: impl FnOnce(&Path) -> Result<StepResult>) -> Ended {
+    fn ended(
+        &self,
+        p: &Planned,
+        make: impl FnOnce(&Path) -> Result<(StepResult, Option<String>)>,
+    ) -> Ended {
         let (verb, label) = match p.status {
             Status::Substitute { .. } => ("pulled", "substituted"),
             _ => ("done", "built"),
@@ -902,7 +988,7 @@ impl Runner<'_> {
         let outcome = make(&log);
         let seconds = t.elapsed().as_secs_f64();
         match &outcome {
-            Ok(result) => self.say(&format!(
+            Ok((result, _)) => self.say(&format!(
                 "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
                 self.elapsed(),
                 p.step.name(),
@@ -926,7 +1012,7 @@ impl Runner<'_> {
 
     /// Builds `p` here (see [`Runner::run_one`]), timed and reported.
     fn build(&self, steps: &dyn Steps, p: &Planned, done: &Done) -> Ended {
-        self.ended(p, |log| self.run_one(steps, p, done, log))
+        self.ended(p, |log| Ok((self.run_one(steps, p, done, log)?, None)))
     }
 
     /// Runs the step's recipe; a keyed step is sealed in the store with its result.
@@ -1051,6 +1137,7 @@ mod tests {
                     key: None,
                     status: status.clone(),
                     selected: *selected,
+                    unsigned: None,
                     inputs: None,
                     store_key: None,
                 })

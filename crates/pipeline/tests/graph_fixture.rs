@@ -490,6 +490,7 @@ fn plan_and_run(
         force,
         stack_flag: String::new(),
         substitute: None,
+        allow_unsigned: false,
     };
     let plan = engine.plan(fixture, Selection::All)?;
     let planned = plan.steps.clone();
