@@ -307,7 +307,10 @@ pub struct CacheArgs {
     #[arg(long, conflicts_with = "substitute")]
     pub no_substitute: bool,
     /// Accept pulled outputs that are unsigned or not signed by a trusted key (a warning
-    /// for each); without it they are refused.
+    /// for each, even with --quiet; each store step they bring is marked, and the summary
+    /// says so), and reuse outputs that entered the store so. Without it such outputs are
+    /// refused, in the cache and in the store (`cargo xtask store gc --unsigned` removes
+    /// them from the store).
     #[arg(long)]
     pub allow_unsigned: bool,
     /// PEM CA certificates to trust besides the system's, for the binary cache's registry

@@ -32,10 +32,14 @@ step that would be built is first looked up there (`<step>-<key>`, what `cargo x
 push` filled): nvshmem, dropin, kernels, deepep, wheelhouse, base and image (with its
 layer steps) are pulled, their
 signatures checked under [cache] trusted-keys (refused otherwise, unless --allow-unsigned),
-their blobs' sha256 checked as they stream; the toolchain and NVSHMEM's source are then not
-made, and fetch downloads only what the steps built here read. The plan (--dry-run) says
-which steps would be substituted; the summary says `substituted` and from where.
-docs/registry.md explains it."
+their configs checked (only store steps of their own kind, paths inside this store only),
+their documents and blobs read within bounds and their sha256 checked as they stream; the
+toolchain and NVSHMEM's source are then not made. The plan (--dry-run) says which steps
+would be substituted; the summary says `substituted` and from where. An output taken with
+--allow-unsigned is marked in the store and said UNSIGNED in the summary (and
+summary.json); later builds reuse it only with --allow-unsigned (`cargo xtask store gc
+--unsigned` removes such outputs). With or without a cache, fetch downloads only what the
+steps built here read. docs/registry.md explains it."
 )]
 pub struct Args {
     #[command(subcommand)]

@@ -11,18 +11,26 @@ use commstack_pipeline::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// List every complete step: name, input hash, size, age, last use.
+    /// List every complete step: name, input hash, size, age, last use, and UNSIGNED for a
+    /// step that entered without a trusted signature (a binary cache's output taken with
+    /// `build --allow-unsigned`).
     Ls {
         /// Print JSON (one object per step, with the inputs it was built from).
         #[arg(long)]
         json: bool,
     },
     /// Remove abandoned temporary directories, failed attempts and, with --unused-days,
-    /// steps not used for that many days.
+    /// steps not used for that many days; with --unsigned, the steps that entered without a
+    /// trusted signature.
     Gc {
         /// Also remove complete steps not used for this many days (0: every step).
         #[arg(long, value_name = "DAYS")]
         unused_days: Option<u64>,
+        /// Also remove every step that entered without a trusted signature (taken from a
+        /// binary cache with `build --allow-unsigned`): the next build makes them again,
+        /// here or pulled signed.
+        #[arg(long)]
+        unsigned: bool,
         /// Show what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
@@ -35,11 +43,13 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
         Command::Ls { json } => ls(&store, json),
         Command::Gc {
             unused_days,
+            unsigned,
             dry_run,
         } => {
             let opts = GcOptions {
                 unused_for: unused_days.map(|d| Duration::from_secs(d * 86_400)),
                 keep: Vec::new(),
+                unsigned,
                 dry_run,
             };
             let report = store.gc(&opts)?;
@@ -92,12 +102,16 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
                 let built = jiff::Timestamp::now().duration_since(m.created);
                 let used = s.last_used.and_then(|t| now.duration_since(t).ok());
                 println!(
-                    "{:<24} {:<18} {:>10} {:>10} {:>10}",
+                    "{:<24} {:<18} {:>10} {:>10} {:>10}{}",
                     m.step,
                     &m.hash[..16],
                     human(s.bytes),
                     ago(built.as_secs().max(0) as u64),
-                    used.map(|d| ago(d.as_secs())).unwrap_or_else(|| "-".into())
+                    used.map(|d| ago(d.as_secs())).unwrap_or_else(|| "-".into()),
+                    match &m.unsigned {
+                        Some(why) => format!("  UNSIGNED: {why}"),
+                        None => String::new(),
+                    }
                 );
             }
             None => println!(
@@ -105,6 +119,15 @@ fn ls(store: &Store, json: bool) -> Result<ExitCode> {
                 human(s.bytes)
             ),
         }
+    }
+    let unsigned = steps
+        .iter()
+        .filter(|s| s.meta.as_ref().is_some_and(|m| m.unsigned.is_some()))
+        .count();
+    if unsigned > 0 {
+        println!(
+            "{unsigned} steps entered without a trusted signature (UNSIGNED): builds reuse them only with --allow-unsigned; `cargo xtask store gc --unsigned` removes them"
+        );
     }
     let total: u64 = steps.iter().map(|s| s.bytes).sum();
     println!(

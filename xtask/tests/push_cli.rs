@@ -223,10 +223,11 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
         format!("sha256:{}", commstack_digest::sha256_hex(report)).as_str()
     );
     assert_eq!(manifest["layers"].as_array().unwrap().len(), 2);
-    let config = commstack_registry::pull::pull_small_blob(
+    let config = commstack_registry::pull::pull_document(
         &options,
         manifest["config"]["digest"].as_str().unwrap(),
         manifest["config"]["size"].as_u64().unwrap(),
+        commstack_registry::Document::Config,
     )
     .unwrap();
     let config: serde_json::Value = serde_json::from_slice(&config).unwrap();

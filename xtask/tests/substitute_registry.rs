@@ -20,12 +20,14 @@ use StepId::*;
 use anyhow::{Context, Result, bail};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_graph::Substitute;
+use commstack_pipeline::cache_config::ArtifactKinds;
 use commstack_pipeline::ctx::Ctx;
 use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
 use commstack_pipeline::flow::substitute::{SubstituteRequest, Substituter};
 use commstack_pipeline::graph::Record;
 use commstack_pipeline::graph::{
-    Decision, Done, Engine, Planned, Selection, Status, StepId, StepResult, Steps, StoredResult,
+    Decision, Done, Engine, Planned, Pulled, Selection, Status, StepId, StepResult, Steps,
+    StoredResult,
 };
 use commstack_pipeline::options::BuildOptions;
 use commstack_pipeline::options::GlobalOptions;
@@ -49,9 +51,16 @@ fn write_stack(dir: &Path) -> PathBuf {
 }
 
 /// As the stack's own steps: each keyed step's output is in a store step of its kind
-/// (`<kind>-<step>-<hash>` for the recipes of `kind`).
-fn fixture_kind(kind: &str, step: StepId) -> Option<String> {
-    step.keyed().then(|| format!("{kind}-{}", step.name()))
+/// (`<kind>-<step>-<hash>` for the recipes of `kind`), and the image's artifact carries
+/// its layer steps.
+fn fixture_kinds(kind: &str, step: StepId) -> Option<ArtifactKinds> {
+    step.keyed().then(|| ArtifactKinds {
+        own: format!("{kind}-{}", step.name()),
+        carried: match step {
+            Image => vec![commstack_image::assemble::LAYER_STEP.to_string()],
+            _ => Vec::new(),
+        },
+    })
 }
 
 fn ctx_for(stack: &Path, home: &Path) -> Result<Ctx> {
@@ -262,8 +271,10 @@ impl Steps<StepId> for Recipes<'_> {
         }
     }
 
-    fn built_here(&self, steps: &BTreeSet<StepId>) {
-        *self.here.lock().unwrap() = Some(steps.clone());
+    fn built_here(&self, steps: &BTreeSet<StepId>, target: Option<StepId>) {
+        if target != Some(Fetch) {
+            *self.here.lock().unwrap() = Some(steps.clone());
+        }
     }
 }
 
@@ -281,6 +292,8 @@ struct Built {
     outputs: BTreeMap<StepId, String>,
     /// The failed step and its error.
     failed: Option<(StepId, String)>,
+    /// The rows marked as entered without a trusted signature, and why.
+    unsigned: BTreeMap<StepId, String>,
 }
 
 impl Built {
@@ -313,6 +326,18 @@ fn build_of_kind(
     selection: Selection,
     kind: &'static str,
 ) -> Result<Built> {
+    build_with(stack, home, cache, selection, kind, false)
+}
+
+/// [`build_of_kind`], with `--allow-unsigned` when `allow_unsigned`.
+fn build_with(
+    stack: &Path,
+    home: &Path,
+    cache: Option<&dyn Substitute<StepId>>,
+    selection: Selection,
+    kind: &'static str,
+    allow_unsigned: bool,
+) -> Result<Built> {
     let ctx = ctx_for(stack, home)?;
     let recipes = Recipes {
         stack: StackSteps::new(&ctx, BuildOptions::default(), ImageOptions { gpus: false })?,
@@ -332,6 +357,8 @@ fn build_of_kind(
         force: false,
         until_command: "cargo xtask build --until".into(),
         substitute: cache,
+        allow_unsigned,
+        unsigned_help: commstack_pipeline::command::UNSIGNED_HELP.into(),
     };
     let plan = engine.plan(&recipes, selection)?;
     let planned = plan.steps.clone();
@@ -374,6 +401,11 @@ fn build_of_kind(
             .collect(),
         outputs,
         failed: report.failed.map(|(s, e, _)| (s, format!("{e:#}"))),
+        unsigned: report
+            .rows
+            .iter()
+            .filter_map(|r| r.unsigned.clone().map(|u| (r.step, u)))
+            .collect(),
     })
 }
 
@@ -436,7 +468,12 @@ struct Setup {
     first: Built,
     /// `ed25519:<base64>` of the key that signed the push.
     public_key: String,
+    /// Each step's artifact as the push made it (see [`Setup::download`]).
+    originals: RefCell<BTreeMap<StepId, Downloaded>>,
 }
+
+/// An artifact's manifest, config, and layers (media type and file).
+type Downloaded = (serde_json::Value, serde_json::Value, Vec<(String, PathBuf)>);
 
 fn credentials(password: &str) -> Credentials {
     Credentials {
@@ -491,6 +528,7 @@ fn setup(steps: &[StepId]) -> Result<Setup> {
         stack,
         first,
         public_key,
+        originals: RefCell::new(BTreeMap::new()),
     })
 }
 
@@ -508,7 +546,7 @@ impl Setup {
         )?;
         s.set_credentials(credentials(REGISTRY_PASSWORD));
         s.set_retry(fast_retry());
-        s.set_step_kinds(|step| fixture_kind("fixture", step));
+        s.set_artifact_kinds(|step| fixture_kinds("fixture", step));
         Ok(s)
     }
 
@@ -551,6 +589,123 @@ impl Setup {
             .context("a layer digest")?
             .to_string())
     }
+}
+
+impl Setup {
+    /// `step`'s artifact as the push made it (downloaded the first time, before any
+    /// [`Setup::republish`] of it): its manifest, its config, and its layers (media type
+    /// and file, in order).
+    fn download(&self, step: StepId) -> Result<Downloaded> {
+        if let Some(known) = self.originals.borrow().get(&step) {
+            return Ok(known.clone());
+        }
+        let work = self.dir.path().join("originals").join(step.name());
+        let work = work.as_path();
+        let found = self.artifact(step)?;
+        let manifest: serde_json::Value = serde_json::from_slice(&found.manifest)?;
+        let options = self.options()?;
+        let config = &manifest["config"];
+        let config = commstack_registry::pull::pull_document(
+            &options,
+            config["digest"].as_str().context("a config digest")?,
+            config["size"].as_u64().context("a config size")?,
+            commstack_registry::Document::Config,
+        )?;
+        let config: serde_json::Value = serde_json::from_slice(&config)?;
+        let mut layers = Vec::new();
+        std::fs::create_dir_all(work)?;
+        for (i, l) in manifest["layers"]
+            .as_array()
+            .context("layers")?
+            .iter()
+            .enumerate()
+        {
+            let file = work.join(format!("{}-layer-{i}", step.name()));
+            commstack_registry::pull::pull_blob(
+                &options,
+                l["digest"].as_str().context("a layer digest")?,
+                l["size"].as_u64().context("a layer size")?,
+                &file,
+            )?;
+            let media_type = l["mediaType"].as_str().context("a media type")?;
+            layers.push((media_type.to_string(), file));
+        }
+        let downloaded = (manifest, config, layers);
+        self.originals.borrow_mut().insert(step, downloaded.clone());
+        Ok(downloaded)
+    }
+
+    /// Pushes `step`'s artifact again under its tag, its config (and layers) changed by
+    /// `edit`: signed by the trusted key, or unsigned (the old signature names the old
+    /// manifest).
+    fn republish(
+        &self,
+        step: StepId,
+        signed: bool,
+        edit: impl FnOnce(&mut serde_json::Value, &mut Vec<(String, PathBuf)>),
+    ) -> Result<()> {
+        let work = tempfile::tempdir_in(self.dir.path())?;
+        let (manifest, mut config, mut layers) = self.download(step)?;
+        edit(&mut config, &mut layers);
+        let layout = work.path().join("oci");
+        let annotations: BTreeMap<String, String> =
+            serde_json::from_value(manifest["annotations"].clone())?;
+        commstack_registry::artifact::write_artifact_layout(
+            &commstack_registry::artifact::Artifact {
+                artifact_type: manifest["artifactType"].as_str().context("a type")?.into(),
+                config_media_type: manifest["config"]["mediaType"]
+                    .as_str()
+                    .context("a config media type")?
+                    .into(),
+                config: canonical_json(&config).into_bytes(),
+                layers,
+                annotations,
+                subject: None,
+            },
+            &layout,
+        )?;
+        let mut options = self.options()?;
+        options.progress = false;
+        options.tag = Some(self.artifact(step)?.tag);
+        match signed {
+            true => {
+                let key =
+                    commstack_registry::sign::read_signing_key(&self.dir.path().join("key.pem"))?;
+                commstack_registry::push_signed(&layout, &key, &options)?;
+            }
+            false => {
+                commstack_registry::push_layout(&layout, &options)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A cache that takes what `republish` pushed: signed, under the trusted key; unsigned,
+    /// with --allow-unsigned.
+    fn taking(&self, signed: bool) -> Result<Substituter> {
+        match signed {
+            true => self.trusted(),
+            false => self.substituter(&[], true),
+        }
+    }
+}
+
+/// The `.step.json` of the store step of `home` whose name starts with `prefix-` and has
+/// no other `-` after it (`fixture-image-<hash>`, not `fixture-image-layer-...`).
+fn step_meta(home: &Path, prefix: &str) -> Result<serde_json::Value> {
+    let steps = home.join("store/steps");
+    let dir = std::fs::read_dir(&steps)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.strip_prefix(&format!("{prefix}-"))
+                .is_some_and(|rest| !rest.contains('-'))
+        })
+        .with_context(|| format!("no {prefix}-<hash> in {}", steps.display()))?;
+    Ok(serde_json::from_str(&std::fs::read_to_string(
+        dir.join(META_FILE),
+    )?)?)
 }
 
 /// The keyed steps a substituted image needs (the base for its first layer; runtime, the
@@ -759,7 +914,7 @@ fn an_artifact_carrying_a_store_step_of_another_kind_is_refused() -> Result<()> 
     let s = setup(&[])?;
     let home = s.home("b");
     let mut cache = s.trusted()?;
-    cache.set_step_kinds(|step| fixture_kind("other", step));
+    cache.set_artifact_kinds(|step| fixture_kinds("other", step));
     let b = build_of_kind(&s.stack, &home, Some(&cache), Selection::All, "other")?;
     let (step, err) = b.failed.clone().expect("the build fails");
     eprintln!("the error, as the summary shows it: {err}");
@@ -824,6 +979,83 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     assert_same_outputs(&s.first, &b, &IMAGE_NEEDS);
     let log = std::fs::read_to_string(home.join("pipeline/logs/image.log"))?;
     assert!(log.contains("taken because of --allow-unsigned"), "{log}");
+    // Each store step that came in so says so in its record: the graph steps, the crate
+    // steps, the image's layer steps.
+    for prefix in [
+        "pipeline-image",
+        "fixture-image",
+        "pipeline-base",
+        "fixture-base",
+    ] {
+        let meta = step_meta(&home, prefix)?;
+        assert!(
+            meta["unsigned"]
+                .as_str()
+                .is_some_and(|w| w.contains("--allow-unsigned")),
+            "{prefix}: {meta}"
+        );
+    }
+    // Nor does `cache push` sign it again, as if built here.
+    let said = RefCell::new(Vec::new());
+    let err = cache_push(
+        &ctx_for(&s.stack, &home)?,
+        &CachePushRequest {
+            registry: format!("{}/{REPO}", s.registry.borrow().host()),
+            key: s.dir.path().join("key.pem"),
+            steps: Vec::new(),
+            ca_file: Some(s.registry.borrow().ca()),
+            jobs: 2,
+            credentials: Some(credentials(REGISTRY_PASSWORD)),
+        },
+        &|line| said.borrow_mut().push(line.to_string()),
+    )
+    .err()
+    .context("cache push signed outputs that entered unsigned")?;
+    assert!(
+        format!("{err:#}").contains("entered without a trusted signature"),
+        "{err:#}"
+    );
+    assert!(
+        said.borrow()
+            .iter()
+            .any(|l| l.starts_with("image: not pushed")),
+        "{:?}",
+        said.borrow()
+    );
+    // A build not told to reuses none of it, and says how to go on.
+    let err = match build(&s.stack, &home, None) {
+        Ok(b) => format!("{:?}", b.failed),
+        Err(e) => format!("{e:#}"),
+    };
+    eprintln!("without --allow-unsigned: {err}");
+    assert!(
+        err.contains("--allow-unsigned") && err.contains("cargo xtask store gc --unsigned"),
+        "{err}"
+    );
+    // Told, it reuses them, and its rows say so.
+    let told = build_with(&s.stack, &home, None, Selection::All, "fixture", true)?;
+    assert!(told.failed.is_none(), "{:?}", told.failed);
+    assert!(told.ran.is_empty(), "{:?}", told.ran);
+    for step in IMAGE_NEEDS {
+        assert_eq!(told.outcome(step), "reused", "{step}");
+        assert!(
+            told.unsigned.contains_key(&step),
+            "{step}: {:?}",
+            told.unsigned
+        );
+    }
+    // `store gc --unsigned` removes them; the cache then gives them again, signed by the
+    // trusted key, unmarked.
+    let report = Store::open(home.join("store"))?.gc(&commstack_store::GcOptions {
+        unsigned: true,
+        ..Default::default()
+    })?;
+    assert!(!report.removed.is_empty());
+    let again = build(&s.stack, &home, Some(&s.trusted()?))?;
+    assert!(again.failed.is_none(), "{:?}", again.failed);
+    assert!(again.unsigned.is_empty(), "{:?}", again.unsigned);
+    assert_eq!(again.outcome(Image), "substituted");
+    assert!(step_meta(&home, "fixture-image")?.get("unsigned").is_none());
     // The provenance the artifact carries: who pushed it.
     assert!(
         log.contains(&format!(
@@ -884,6 +1116,8 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
     let (step, err) = b.failed.clone().expect("the build fails");
     assert_eq!(step, Toolchain, "{err}");
     assert!(err.contains("does not verify"), "{err}");
+    // --allow-unsigned would not take it: the message does not suggest it.
+    assert!(!err.contains("pass --allow-unsigned"), "{err}");
     assert!(b.ran.iter().all(|s| !s.keyed()), "{:?}", b.ran);
     assert_eq!(sealed(&home), Vec::<String>::new(), "nothing sealed");
     Ok(())
@@ -1079,7 +1313,7 @@ fn the_registry_killed_midway_and_the_rerun_completes() -> Result<()> {
             step: StepId,
             key: &StepKey,
             say: &dyn Fn(&str),
-        ) -> Result<StoredResult> {
+        ) -> Result<Pulled> {
             if step == self.at {
                 self.registry.borrow_mut().stop();
             }
@@ -1150,20 +1384,209 @@ fn fetch_downloads_only_what_the_steps_built_here_read() -> Result<()> {
         all > lock.debs.len(),
         "{all} artifacts to fetch without a cache"
     );
-    steps.built_here(&BTreeSet::new());
+    steps.built_here(&BTreeSet::new(), None);
     assert_eq!(
         missing(&steps)?,
         0,
         "nothing is built here: nothing to fetch"
     );
-    steps.built_here(&BTreeSet::from([Base, Image]));
+    steps.built_here(&BTreeSet::from([Base, Image]), None);
     assert_eq!(
         missing(&steps)?,
         lock.debs.len(),
         "the base reads the .debs only"
     );
-    steps.built_here(&BTreeSet::from([Wheelhouse]));
+    // NVSHMEM built here: the toolchain and NVSHMEM's source, not DeepEP's.
+    steps.built_here(&BTreeSet::from([Nvshmem]), None);
+    let toolchain = lock
+        .toolchain
+        .iter()
+        .filter(|w| w.replaced_by.is_none())
+        .count();
+    assert_eq!(
+        missing(&steps)?,
+        toolchain + 1,
+        "NVSHMEM reads its source only"
+    );
+    steps.built_here(&BTreeSet::from([Wheelhouse]), None);
     let wheels = missing(&steps)?;
     assert!(wheels > 0 && wheels < all, "{wheels} of {all}");
+    Ok(())
+}
+
+/// A result that names files outside this store: its output, or a path in its facts (a
+/// later step built here reads them, as the wheelhouse reads DeepEP's wheel). Pushed
+/// signed by the trusted key, and unsigned and taken with --allow-unsigned: refused
+/// either way, nothing sealed.
+#[test]
+fn a_pulled_result_cannot_point_outside_this_store() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let elsewhere = s.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere)?;
+    std::fs::write(elsewhere.join("dropin.out"), "not from any store\n")?;
+    let outside = elsewhere.join("dropin.out").to_string_lossy().into_owned();
+    for signed in [true, false] {
+        for field in ["output", "facts"] {
+            s.republish(Dropin, signed, |config, _| match field {
+                "output" => config["result"]["output"] = outside.clone().into(),
+                _ => config["result"]["facts"]["dir"] = outside.clone().into(),
+            })?;
+            let home = s.home(&format!("{field}-{signed}"));
+            let b = build_until(
+                &s.stack,
+                &home,
+                Some(&s.taking(signed)?),
+                Selection::Until(Dropin),
+            )?;
+            let (step, err) = b
+                .failed
+                .clone()
+                .with_context(|| format!("{field}, signed {signed}: the build went on"))?;
+            eprintln!("{field}, signed {signed}: {err}");
+            assert_eq!(step, Dropin, "{err}");
+            assert!(err.contains("elsewhere"), "{err}");
+            let sealed = sealed(&home);
+            assert!(!sealed.iter().any(|s| s.ends_with("dropin")), "{sealed:?}");
+        }
+    }
+    Ok(())
+}
+
+/// NVSHMEM's artifact carrying one of the image's layer steps (a store step the image's
+/// artifact may carry, NVSHMEM's may not): refused whole, signed or not, and the layer
+/// step is not sealed, where a later image build would take it.
+#[test]
+fn an_artifact_cannot_bring_store_steps_of_another_kind() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let (_, image, image_layers) = s.download(Image)?;
+    for signed in [true, false] {
+        s.republish(Nvshmem, signed, |config, layers| {
+            config["carried_steps"] = json!([image["carried_steps"][0].clone()]);
+            layers.extend(image_layers[2..4].iter().cloned());
+        })?;
+        let home = s.home(&format!("kind-{signed}"));
+        let b = build_until(
+            &s.stack,
+            &home,
+            Some(&s.taking(signed)?),
+            Selection::Until(Nvshmem),
+        )?;
+        let (step, err) = b.failed.clone().context("the build went on")?;
+        eprintln!("signed {signed}: {err}");
+        assert_eq!(step, Nvshmem, "{err}");
+        assert!(err.contains("image-layer-"), "{err}");
+        let sealed = sealed(&home);
+        assert!(
+            !sealed
+                .iter()
+                .any(|s| s == "image-layer" || s.ends_with("nvshmem")),
+            "{sealed:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Names in a config that would leave the store (`../`): each a refusal naming the
+/// artifact, never a panic, and nothing left in the store's tmp/ (`sealed` checks).
+#[test]
+fn names_that_leave_the_store_are_refused_without_a_panic_or_leftovers() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(StepId, &str, Edit); 4] = [
+        (Nvshmem, "crate step", |c| {
+            c["step_dir"]["meta"]["step"] = "../../evil".into()
+        }),
+        (Nvshmem, "crate step name", |c| {
+            c["step_dir"]["name"] = "../../evil-0123".into()
+        }),
+        (Image, "carried step", |c| {
+            c["carried_steps"][0]["meta"]["step"] = "../x".into()
+        }),
+        (Image, "carried step name", |c| {
+            c["carried_steps"][0]["name"] = "../../x".into()
+        }),
+    ];
+    for (n, (step, what, edit)) in cases.into_iter().enumerate() {
+        s.republish(step, true, |config, _| edit(config))?;
+        let home = s.home(&format!("names-{n}"));
+        let b = build_until(&s.stack, &home, Some(&s.trusted()?), Selection::Until(step))?;
+        let (failed, err) = b
+            .failed
+            .clone()
+            .with_context(|| format!("{what}: the build went on"))?;
+        eprintln!("{what}: {err}");
+        assert_eq!(failed, step, "{what}: {err}");
+        assert!(err.contains("refusing it"), "{what}: {err}");
+        let sealed = sealed(&home);
+        assert!(
+            !sealed.iter().any(|s| s.ends_with(step.name())),
+            "{what}: {sealed:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A run starts by removing what earlier runs left in the store's tmp/ (killed, or
+/// stopped by a panic): a step directory whose step lock nobody holds. One whose lock is
+/// held (a build running now) is kept.
+#[test]
+fn a_run_removes_what_earlier_runs_left_in_the_stores_tmp() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let stack = write_stack(&dir.path().join("stack"));
+    let home = dir.path().join("home");
+    let store = Store::open(home.join("store"))?;
+    let hash = "0".repeat(32);
+    let left = [
+        store
+            .root()
+            .join(format!("tmp/pipeline-nvshmem-{hash}.4000000.0")),
+        store
+            .root()
+            .join(format!("tmp/pipeline-dropin-{hash}.old.4000000")),
+    ];
+    for l in &left {
+        std::fs::create_dir_all(l.join("logs"))?;
+        std::fs::write(l.join("logs/half.log"), "killed here\n")?;
+    }
+    let busy = store.root().join(format!("tmp/fixture-busy-{hash}.1.0"));
+    std::fs::create_dir_all(&busy)?;
+    let lock = std::fs::File::create(store.root().join(format!("locks/fixture-busy-{hash}.lock")))?;
+    lock.try_lock()?;
+    let b = build_until(&stack, &home, None, Selection::Until(Toolchain))?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    for l in &left {
+        assert!(!l.exists(), "{} is left", l.display());
+    }
+    assert!(busy.exists(), "a step being built is kept");
+    Ok(())
+}
+
+/// After NVSHMEM was substituted, a build of it without the cache reuses it, and fetch,
+/// which only the steps built here would need, downloads nothing (it ran and fetched
+/// NVSHMEM's and DeepEP's sources).
+#[test]
+fn a_build_that_reuses_everything_fetches_nothing() -> Result<()> {
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let s = setup(&[])?;
+    let home = s.home("b");
+    let nvshmem = Selection::Until(Nvshmem);
+    let b = build_until(&s.stack, &home, Some(&s.trusted()?), nvshmem)?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    let again = build_until(&s.stack, &home, None, nvshmem)?;
+    assert!(again.failed.is_none(), "{:?}", again.failed);
+    assert_eq!(again.status(Nvshmem), &Status::Reused);
+    assert!(again.ran.is_empty(), "ran: {:?}", again.ran);
+    assert_eq!(again.status(Fetch), &Status::Reused);
     Ok(())
 }

@@ -28,8 +28,8 @@ pub use plan::{Plan, Planned, Selection, Status};
 pub use record::{Change, Record};
 pub use run::{Ran, RunReport};
 pub use step::{
-    Decision, Done, RESULT_FILE, Shipped, StepId, StepResult, Steps, StoredResult, Substitute,
-    not_shipped, store_step, stored_result, with_ancestors,
+    Decision, Done, Pulled, RESULT_FILE, Shipped, StepId, StepResult, Steps, StoredResult,
+    Substitute, not_shipped, store_step, stored_result, with_ancestors,
 };
 
 #[cfg(test)]

@@ -50,6 +50,10 @@ pub struct Planned<S: StepId> {
     pub status: Status,
     /// Whether the step is run by this invocation (not only a dependency of `--only`).
     pub selected: bool,
+    /// A reused output that entered without a trusted signature: why (reused only with
+    /// [`Engine::allow_unsigned`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsigned: Option<String>,
     #[serde(skip)]
     pub(crate) inputs: Option<serde_json::Value>,
     #[serde(skip)]
@@ -63,6 +67,7 @@ impl<S: StepId> Planned<S> {
             key: None,
             status,
             selected,
+            unsigned: None,
             inputs: None,
             store_key: None,
         }
@@ -151,14 +156,12 @@ impl<S: StepId> Engine<'_, S> {
         } = self.key_steps(steps, selection)?;
         let not_in_cache = self.decide_missing(steps, selection.target(), &mut out, &missing)?;
         let mut runs = self.give_reasons(&mut out, &mut missing, &not_in_cache);
-        if self.cache().is_some() {
-            let here: BTreeSet<S> = out
-                .iter()
-                .filter(|p| p.step.keyed() && matches!(p.status, Status::Run { .. }))
-                .map(|p| p.step)
-                .collect();
-            steps.built_here(&here);
-        }
+        let here: BTreeSet<S> = out
+            .iter()
+            .filter(|p| p.step.keyed() && matches!(p.status, Status::Run { .. }))
+            .map(|p| p.step)
+            .collect();
+        steps.built_here(&here, selection.target());
         // The steps outside the store: after the steps before them, or when their work is
         // not done.
         for (index, selected) in outside {
@@ -230,8 +233,10 @@ impl<S: StepId> Engine<'_, S> {
                 true => None,
                 false => self.reusable(&key)?,
             };
+            let mut unsigned = None;
             match reusable {
                 Some(result) => {
+                    unsigned = self.unsigned_reused(step, &key)?;
                     k.done.insert(step, result);
                 }
                 None => {
@@ -243,6 +248,7 @@ impl<S: StepId> Engine<'_, S> {
                 key: Some(key.dir_name()),
                 status: Status::Reused,
                 selected,
+                unsigned,
                 inputs: Some(inputs),
                 store_key: Some(key),
             });

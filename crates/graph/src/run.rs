@@ -29,6 +29,9 @@ pub struct Ran<S: StepId> {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub facts: serde_json::Value,
+    /// The output entered without a trusted signature (pulled so, now or before): why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsigned: Option<String>,
 }
 
 /// The result of [`Engine::run`]: a row per step, and the error of the step that failed
@@ -49,6 +52,7 @@ impl<S: StepId> Engine<'_, S> {
     pub fn run(&self, steps: &dyn Steps<S>, plan: Plan<S>) -> Result<RunReport<S>> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| format!("cannot create {}", self.log_dir.display()))?;
+        self.clear_abandoned()?;
         let runner = Runner {
             store: self.store,
             record: self.record,
@@ -104,8 +108,10 @@ impl<S: StepId> Engine<'_, S> {
                     Status::Reused | Status::Skipped { .. } => None,
                 };
                 match ended.outcome {
-                    Ok(result) => {
-                        rows.push(row(p, ended.label, ended.seconds, Some(&result), reason));
+                    Ok((result, unsigned)) => {
+                        let mut r = row(p, ended.label, ended.seconds, Some(&result), reason);
+                        r.unsigned = unsigned.or(r.unsigned);
+                        rows.push(r);
                         done.insert(p.step, result);
                     }
                     Err(err) => {
@@ -168,9 +174,31 @@ impl<S: StepId> Engine<'_, S> {
         }
     }
 
-    /// Takes a step's output from the binary cache: the crate steps it points into are
-    /// sealed by the pull, the graph step here, as [`Runner::run_one`] seals a build.
-    fn substitute_one(&self, p: &Planned<S>, log: &Path) -> Result<StepResult> {
+    /// What runs that ended without cleaning up (killed, or stopped by a panic) left in
+    /// the store's tmp/ goes first: nothing half-written outlives the run after it.
+    fn clear_abandoned(&self) -> Result<()> {
+        let cleared = self.store.clear_abandoned()?;
+        if !cleared.removed.is_empty() && !self.quiet {
+            eprintln!(
+                "removed {} directories earlier runs left in {}",
+                cleared.removed.len(),
+                self.store.root().join("tmp").display()
+            );
+        }
+        for (path, why) in &cleared.failed {
+            eprintln!(
+                "warning: cannot remove {}, which an earlier run left: {why} (remove it by hand)",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Takes a step's output from the binary cache: the store steps it brings are sealed
+    /// by the pull, the graph step here, as [`Runner::run_one`] seals a build; each marked
+    /// when the output entered without a trusted signature, which is said even with
+    /// `--quiet`.
+    fn substitute_one(&self, p: &Planned<S>, log: &Path) -> Result<(StepResult, Option<String>)> {
         std::fs::write(log, "").with_context(|| format!("cannot write {}", log.display()))?;
         let (Some(cache), Some(key), Some(inputs)) = (self.substitute, &p.store_key, &p.inputs)
         else {
@@ -180,12 +208,15 @@ impl<S: StepId> Engine<'_, S> {
         let mut made = None;
         self.store
             .run(key, inputs, true, |dir| {
-                let stored = cache.pull(self.store, p.step, key, &say)?;
+                let pulled = cache.pull(self.store, p.step, key, &say)?;
                 std::fs::write(
                     dir.out.join(RESULT_FILE),
-                    serde_json::to_string_pretty(&stored)?,
+                    serde_json::to_string_pretty(&pulled.stored)?,
                 )?;
-                made = Some(stored.result);
+                if let Some(why) = &pulled.unsigned {
+                    dir.mark_unsigned(why);
+                }
+                made = Some((pulled.stored.result, pulled.unsigned));
                 Ok(())
             })
             .with_context(|| {
@@ -196,7 +227,11 @@ impl<S: StepId> Engine<'_, S> {
                 )
             })?;
         self.record.set(p.step, inputs)?;
-        made.context("the pull wrote no result")
+        let made = made.context("the pull wrote no result")?;
+        if let Some(why) = &made.1 {
+            eprintln!("warning: step {}: {why}", p.step);
+        }
+        Ok(made)
     }
 }
 
@@ -238,6 +273,7 @@ fn row<S: StepId>(
         key: p.key.clone(),
         reason,
         facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
+        unsigned: p.unsigned.clone(),
     }
 }
 
@@ -258,7 +294,8 @@ struct Ended {
     label: &'static str,
     seconds: f64,
     log: PathBuf,
-    outcome: Result<StepResult>,
+    /// The result, and why it entered without a trusted signature when it did.
+    outcome: Result<(StepResult, Option<String>)>,
 }
 
 impl Runner<'_> {
@@ -295,7 +332,7 @@ impl Runner<'_> {
     fn ended<S: StepId>(
         &self,
         p: &Planned<S>,
-        make: impl FnOnce(&Path) -> Result<StepResult>,
+        make: impl FnOnce(&Path) -> Result<(StepResult, Option<String>)>,
     ) -> Ended {
         let (verb, label) = match p.status {
             Status::Substitute { .. } => ("pulled", "substituted"),
@@ -306,7 +343,7 @@ impl Runner<'_> {
         let outcome = make(&log);
         let seconds = t.elapsed().as_secs_f64();
         match &outcome {
-            Ok(result) => self.say(&format!(
+            Ok((result, _)) => self.say(&format!(
                 "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
                 self.elapsed(),
                 p.step.name(),
@@ -330,7 +367,7 @@ impl Runner<'_> {
 
     /// Builds `p` here (see [`Runner::run_one`]), timed and reported.
     fn build<S: StepId>(&self, steps: &dyn Steps<S>, p: &Planned<S>, done: &Done<S>) -> Ended {
-        self.ended(p, |log| self.run_one(steps, p, done, log))
+        self.ended(p, |log| Ok((self.run_one(steps, p, done, log)?, None)))
     }
 
     /// Runs the step's recipe; a keyed step is sealed in the store with its result.

@@ -127,10 +127,10 @@ pub trait Steps<S: StepId>: Sync {
     fn reads_when_substituted(&self, _step: S) -> &'static [S] {
         &[]
     }
-    /// With a binary cache: the keyed steps this run builds here (neither reused nor
-    /// substituted), told before the steps outside the store are planned (a download step
-    /// then fetches only what these need).
-    fn built_here(&self, _steps: &BTreeSet<S>) {}
+    /// The keyed steps this run builds here (neither reused nor substituted), told before
+    /// the steps outside the store are planned (a download step then fetches only what
+    /// these need), with the selection's target (`--until`/`--only`), if any.
+    fn built_here(&self, _steps: &BTreeSet<S>, _target: Option<S>) {}
 }
 
 /// Whether a missing step is pulled from a binary cache or built here: the one decision
@@ -144,6 +144,14 @@ pub enum Decision {
     Build { why: Option<String> },
 }
 
+/// What a pull gave: the result (paths of this home) and, when the output entered without
+/// a trusted signature (the cache was told to accept such), why: the engine marks its
+/// store step, and a later plan reuses it only when told ([`crate::Engine::allow_unsigned`]).
+pub struct Pulled {
+    pub stored: StoredResult,
+    pub unsigned: Option<String>,
+}
+
 /// A binary cache of step outputs.
 pub trait Substitute<S: StepId> {
     /// `HOST[:PORT]/REPO`, for messages.
@@ -151,14 +159,8 @@ pub trait Substitute<S: StepId> {
     /// Whether the output of `step` under `key`, which this store lacks and this run
     /// needs, is pulled from the cache or built here.
     fn decide(&self, step: S, key: &StepKey) -> Result<Decision>;
-    /// Pulls the output of `step` under `key`: checks it, seals in `store` the crate
-    /// steps its result points into, and returns the result (paths of this home) for the
-    /// graph step, which the engine seals.
-    fn pull(
-        &self,
-        store: &Store,
-        step: S,
-        key: &StepKey,
-        say: &dyn Fn(&str),
-    ) -> Result<StoredResult>;
+    /// Pulls the output of `step` under `key`: checks it, seals in `store` the store
+    /// steps it brings (marked unsigned when it is), and returns the result (paths of this
+    /// home) for the graph step, which the engine seals.
+    fn pull(&self, store: &Store, step: S, key: &StepKey, say: &dyn Fn(&str)) -> Result<Pulled>;
 }

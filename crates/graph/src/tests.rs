@@ -165,10 +165,12 @@ impl Steps<Toy> for ToySteps {
     }
 }
 
-/// A cache that has `compile` and `link` under any key, and says what it was asked.
+/// A cache that has `compile` and `link` under any key, and says what it was asked;
+/// `unsigned`: what it gives entered without a trusted signature.
 struct ToyCache {
     asked: Mutex<BTreeSet<Toy>>,
     has: BTreeSet<Toy>,
+    unsigned: bool,
 }
 
 impl Substitute<Toy> for ToyCache {
@@ -188,19 +190,24 @@ impl Substitute<Toy> for ToyCache {
         })
     }
 
-    fn pull(&self, _: &Store, step: Toy, _: &StepKey, say: &dyn Fn(&str)) -> Result<StoredResult> {
+    fn pull(&self, _: &Store, step: Toy, _: &StepKey, say: &dyn Fn(&str)) -> Result<Pulled> {
         say("pulled");
         let file = std::env::temp_dir().join(format!(
             "commstack-graph-toy-pulled-{}-{step}",
             std::process::id()
         ));
         std::fs::write(&file, format!("pulled {step}"))?;
-        Ok(StoredResult {
-            result: StepResult {
-                output: Some(file),
-                facts: serde_json::Value::Null,
+        Ok(Pulled {
+            stored: StoredResult {
+                result: StepResult {
+                    output: Some(file),
+                    facts: serde_json::Value::Null,
+                },
+                shipped: None,
             },
-            shipped: None,
+            unsigned: self
+                .unsigned
+                .then(|| "signed by no trusted key".to_string()),
         })
     }
 }
@@ -227,6 +234,8 @@ fn engine<'a>(h: &'a Home, cache: Option<&'a dyn Substitute<Toy>>) -> Engine<'a,
         force: false,
         until_command: "toy build --until".into(),
         substitute: cache,
+        allow_unsigned: false,
+        unsigned_help: "allow it, or remove it".into(),
     }
 }
 
@@ -319,6 +328,7 @@ fn the_cache_is_asked_only_for_what_is_needed_and_its_steps_are_pulled() {
     let cache = ToyCache {
         asked: Mutex::default(),
         has: BTreeSet::from([Toy::Compile, Toy::Link]),
+        unsigned: false,
     };
     let steps = ToySteps::new("one", h.dir.path());
     let e = engine(&h, Some(&cache));
@@ -357,6 +367,42 @@ fn the_cache_is_asked_only_for_what_is_needed_and_its_steps_are_pulled() {
 }
 
 #[test]
+fn an_output_pulled_unsigned_is_marked_and_reused_only_when_allowed() {
+    let h = home();
+    let cache = ToyCache {
+        asked: Mutex::default(),
+        has: BTreeSet::from([Toy::Compile, Toy::Link]),
+        unsigned: true,
+    };
+    let steps = ToySteps::new("one", h.dir.path());
+    let mut e = engine(&h, Some(&cache));
+    e.allow_unsigned = true;
+    let report = e
+        .run(&steps, e.plan(&steps, Selection::Until(Toy::Link)).unwrap())
+        .unwrap();
+    let link = report.rows.iter().find(|r| r.step == Toy::Link).unwrap();
+    assert_eq!(link.unsigned.as_deref(), Some("signed by no trusted key"));
+
+    // Not allowed: the marked output is not reused; the plan says why and what to do.
+    let strict = engine(&h, None);
+    let err = strict
+        .plan(&steps, Selection::Until(Toy::Link))
+        .err()
+        .expect("a marked output is refused");
+    let err = err.to_string();
+    assert!(
+        err.contains("entered without a trusted signature (signed by no trusted key)")
+            && err.ends_with("allow it, or remove it"),
+        "{err}"
+    );
+    // Allowed: it is reused, and the plan still says so.
+    let plan = e.plan(&steps, Selection::Until(Toy::Link)).unwrap();
+    let p = plan.steps.iter().find(|p| p.step == Toy::Link).unwrap();
+    assert_eq!(p.status, Status::Reused);
+    assert_eq!(p.unsigned.as_deref(), Some("signed by no trusted key"));
+}
+
+#[test]
 fn changes_name_the_leaf_that_differs() {
     let dir = tempfile::tempdir().unwrap();
     let record = Record::open(dir.path().join("inputs.json")).unwrap();
@@ -391,6 +437,7 @@ fn plan_of(steps: &[(Toy, Status, bool)]) -> Plan<Toy> {
                 key: None,
                 status: status.clone(),
                 selected: *selected,
+                unsigned: None,
                 inputs: None,
                 store_key: None,
             })

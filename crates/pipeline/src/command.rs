@@ -15,6 +15,9 @@ use crate::graph::{Engine, Plan, Ran, Selection, Status, StepId};
 use crate::options::{BuildOptions, GraphOptions};
 use crate::stack_steps::{ImageOptions, StackSteps};
 
+/// What to do about an output in the store that entered without a trusted signature.
+pub const UNSIGNED_HELP: &str = "pass --allow-unsigned to use it, or remove every such output with `cargo xtask store gc --unsigned` and build again (each is then built here, or pulled signed)";
+
 /// What a build run left, for the summary and for benchmarks.
 pub struct Built {
     pub rows: Vec<Ran>,
@@ -29,6 +32,9 @@ struct Summary<'a> {
     ok: bool,
     seconds: f64,
     steps: &'a [Ran],
+    /// The steps whose outputs entered without a trusted signature (`--allow-unsigned`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unsigned: Vec<StepId>,
     verify: Vec<VerifyLevel>,
     #[serde(skip_serializing_if = "Option::is_none")]
     failed: Option<Failure>,
@@ -163,6 +169,8 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         substitute: substituter
             .as_ref()
             .map(|s| s as &dyn commstack_graph::Substitute<StepId>),
+        allow_unsigned: graph.cache.allow_unsigned,
+        unsigned_help: UNSIGNED_HELP.to_string(),
     };
     let selection = match (graph.until, graph.only) {
         (Some(s), _) => Selection::Until(s),
@@ -222,6 +230,12 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         ok: failed.is_none(),
         seconds: started.elapsed().as_secs_f64(),
         verify: verify_levels(&report.rows, graph.gpus),
+        unsigned: report
+            .rows
+            .iter()
+            .filter(|r| r.unsigned.is_some())
+            .map(|r| r.step)
+            .collect(),
         steps: &report.rows,
         failed,
     };
@@ -336,7 +350,11 @@ fn print_plan(plan: &Plan, json: bool) -> Result<()> {
         } else {
             " (needed by --only)"
         };
-        println!("{:<14} {key:<12} {status}{only}", p.step.name());
+        let unsigned = match &p.unsigned {
+            Some(why) => format!(" (UNSIGNED: {why})"),
+            None => String::new(),
+        };
+        println!("{:<14} {key:<12} {status}{only}{unsigned}", p.step.name());
     }
     Ok(())
 }
@@ -346,31 +364,16 @@ fn print_summary(summary: &Summary, file: &std::path::Path) {
     println!();
     println!("{:<14} {:<11} {:>8}  output", "step", "", "time");
     for r in summary.steps {
-        let outcome = match (r.outcome, color) {
-            ("failed", true) => "\x1b[31mfailed\x1b[0m     ",
-            (o, _) => o,
-        };
-        // A substituted row names where it came from (the cache's reference).
-        let from = match (r.outcome, &r.reason) {
-            ("substituted", Some(from)) => format!(" (from {from})"),
-            _ => String::new(),
-        };
-        println!(
-            "{:<14} {outcome:<11} {:>7.1}s  {}{from}",
-            r.step.name(),
-            r.seconds,
-            r.output
-                .as_ref()
-                .map(|o| o.display().to_string())
-                .or_else(|| r.reason.clone().filter(|_| r.outcome == "skipped"))
-                .unwrap_or_default()
-        );
+        println!("{}", summary_row(r, color));
     }
     for v in &summary.verify {
         match &v.why {
             None => println!("verify {:<9} {}", v.level, v.status),
             Some(why) => println!("verify {:<9} {}: {why}", v.level, v.status),
         }
+    }
+    if let Some(line) = unsigned_line(&summary.unsigned) {
+        println!("{line}");
     }
     if let Some(f) = &summary.failed {
         eprintln!("\nerror: step {} failed:", f.step);
@@ -389,6 +392,44 @@ fn print_summary(summary: &Summary, file: &std::path::Path) {
         summary.seconds,
         file.display()
     );
+}
+
+/// A step's row of the summary table: its outcome, time and output; a substituted row
+/// names where it came from (the cache's reference), and an output that entered without a
+/// trusted signature says so.
+fn summary_row(r: &Ran, color: bool) -> String {
+    let outcome = match (r.outcome, color) {
+        ("failed", true) => "\x1b[31mfailed\x1b[0m     ",
+        (o, _) => o,
+    };
+    let from = match (r.outcome, &r.reason) {
+        ("substituted", Some(from)) => format!(" (from {from})"),
+        _ => String::new(),
+    };
+    let unsigned = match r.unsigned {
+        Some(_) => " UNSIGNED",
+        None => "",
+    };
+    format!(
+        "{:<14} {outcome:<11} {:>7.1}s  {}{from}{unsigned}",
+        r.step.name(),
+        r.seconds,
+        r.output
+            .as_ref()
+            .map(|o| o.display().to_string())
+            .or_else(|| r.reason.clone().filter(|_| r.outcome == "skipped"))
+            .unwrap_or_default()
+    )
+}
+
+/// The line under the table when outputs entered without a trusted signature.
+fn unsigned_line(steps: &[StepId]) -> Option<String> {
+    (!steps.is_empty()).then(|| {
+        format!(
+            "UNSIGNED: {} entered without a trusted signature (--allow-unsigned); builds reuse them only with --allow-unsigned, `cargo xtask store gc --unsigned` removes them",
+            steps.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+        )
+    })
 }
 
 /// `build --check`: the build, then the same selection built again by a child process in
@@ -561,6 +602,64 @@ fn strip_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsigned_output_is_said_in_the_table_and_in_summary_json() {
+        let row = |step, outcome, unsigned: Option<&str>| Ran {
+            step,
+            outcome,
+            seconds: 1.0,
+            output: Some(PathBuf::from("/h/store/steps/x")),
+            key: None,
+            reason: Some("r/c:image-1@sha256:ab".into()),
+            facts: serde_json::Value::Null,
+            unsigned: unsigned.map(str::to_string),
+        };
+        let rows = [
+            row(StepId::Base, "substituted", None),
+            row(
+                StepId::Image,
+                "substituted",
+                Some("pulled with --allow-unsigned: not signed"),
+            ),
+            row(
+                StepId::Nvshmem,
+                "reused",
+                Some("pulled with --allow-unsigned: not signed"),
+            ),
+        ];
+        assert!(!summary_row(&rows[0], false).contains("UNSIGNED"));
+        assert!(summary_row(&rows[1], false).ends_with("(from r/c:image-1@sha256:ab) UNSIGNED"));
+        assert!(summary_row(&rows[2], false).ends_with("/h/store/steps/x UNSIGNED"));
+        let unsigned: Vec<StepId> = rows
+            .iter()
+            .filter(|r| r.unsigned.is_some())
+            .map(|r| r.step)
+            .collect();
+        let line = unsigned_line(&unsigned).unwrap();
+        assert!(
+            line.contains("image, nvshmem") && line.contains("cargo xtask store gc --unsigned"),
+            "{line}"
+        );
+        assert!(unsigned_line(&[]).is_none());
+        let json = serde_json::to_value(Summary {
+            stack: "stack.toml".into(),
+            lock: "stack.lock".into(),
+            ok: true,
+            seconds: 1.0,
+            steps: &rows,
+            unsigned,
+            verify: Vec::new(),
+            failed: None,
+        })
+        .unwrap();
+        assert_eq!(json["unsigned"], serde_json::json!(["image", "nvshmem"]));
+        assert!(json["steps"][0].get("unsigned").is_none());
+        assert_eq!(
+            json["steps"][1]["unsigned"],
+            "pulled with --allow-unsigned: not signed"
+        );
+    }
 
     #[test]
     fn the_second_build_gets_the_same_arguments_but_its_own() {

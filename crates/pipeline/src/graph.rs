@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use commstack_graph::{
-    Change, Decision, RESULT_FILE, Record, Selection as GraphSelection, Shipped, Status,
+    Change, Decision, Pulled, RESULT_FILE, Record, Selection as GraphSelection, Shipped, Status,
     StepResult, StoredResult, not_shipped, stored_result,
 };
 

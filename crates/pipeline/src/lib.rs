@@ -4,7 +4,10 @@
 //! - `flow`: the steps the graph is made of, one function each, also called by the single
 //!   build commands (`build nvshmem`, ...), `fetch`, `toolchain`, `gpu-bundle` and `adopt`.
 //! - `util`: small helpers (atomic writes, the manifest reader, sizes).
+//! - `cache_config`: the binary cache's wire format (a step artifact's config), written by
+//!   `cache push` and checked and read by `build --substitute`.
 
+pub mod cache_config;
 pub mod check;
 pub mod command;
 pub mod ctx;

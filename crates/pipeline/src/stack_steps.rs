@@ -36,8 +36,8 @@ pub struct StackSteps<'a> {
     args: BuildOptions,
     image: ImageOptions,
     probes: Probes,
-    /// With a binary cache: the keyed steps built here (the graph tells, see
-    /// [`Steps::built_here`]); fetch downloads only what they read. None: everything.
+    /// The keyed steps built here (the graph tells, see [`Steps::built_here`]); fetch
+    /// downloads only what they read. None: everything (`--until fetch`).
     /// A Mutex: [`Steps`] is Sync (steps may run at the same time).
     built_here: std::sync::Mutex<Option<std::collections::BTreeSet<StepId>>>,
     /// The `docker load` the image's pull feeds, when the run pulls and loads it.
@@ -145,17 +145,37 @@ impl<'a> StackSteps<'a> {
         if self.settings.stack.image.is_some() {
             parts.push(Part::Debs);
         }
-        // With a binary cache, only what the steps built here read: substituted steps
-        // read nothing (their outputs come whole), so a build that substitutes every
-        // compile step downloads no CUDA wheels, sources or runtime wheels.
-        if let Some(here) = self.built_here.lock().expect("built_here lock").as_ref() {
-            parts.retain(|part| here.iter().any(|step| reads(*step).contains(part)));
-            if parts.is_empty() {
-                // (artifacts_of_parts reads no parts as all of them.)
-                return Ok(Vec::new());
-            }
+        // Only what the steps built here read: reused and substituted steps read nothing
+        // (their outputs are here or come whole), so a build that substitutes every
+        // compile step downloads no CUDA wheels, sources or runtime wheels, and one that
+        // reuses everything downloads nothing.
+        let Some(here) = self.built_here.lock().expect("built_here lock").clone() else {
+            return artifacts_of_parts(&self.settings.lock, &parts);
+        };
+        parts.retain(|part| here.iter().any(|step| reads(*step).contains(part)));
+        if parts.is_empty() {
+            // (artifacts_of_parts reads no parts as all of them.)
+            return Ok(Vec::new());
         }
-        artifacts_of_parts(&self.settings.lock, &parts)
+        // Of the sources, those of the steps built here: NVSHMEM's build reads NVSHMEM's
+        // source, not DeepEP's.
+        let wanted: std::collections::BTreeSet<&str> = here
+            .iter()
+            .flat_map(|step| sources_read(*step))
+            .copied()
+            .collect();
+        let unwanted: std::collections::BTreeSet<&str> = self
+            .settings
+            .lock
+            .sources
+            .iter()
+            .filter(|s| !wanted.contains(s.name.as_str()))
+            .map(|s| s.filename.as_str())
+            .collect();
+        Ok(artifacts_of_parts(&self.settings.lock, &parts)?
+            .into_iter()
+            .filter(|a| !unwanted.contains(a.filename.as_str()))
+            .collect())
     }
 
     fn fetch_options(&self) -> Result<commstack_fetch::FetchOptions> {
@@ -199,6 +219,15 @@ fn reads(step: StepId) -> &'static [Part] {
         StepId::Kernels => &[Part::Toolchain],
         StepId::Dropin | StepId::Image | StepId::Verify | StepId::Runtime => &[],
         StepId::Lock | StepId::Fetch | StepId::Load => &[],
+    }
+}
+
+/// The locked sources (`[[source]]` by name) a step reads when it is built here.
+fn sources_read(step: StepId) -> &'static [&'static str] {
+    match step {
+        StepId::NvshmemSource | StepId::Nvshmem => &["nvshmem"],
+        StepId::Deepep => &["deepep"],
+        _ => &[],
     }
 }
 
@@ -580,8 +609,12 @@ impl Steps<StepId> for StackSteps<'_> {
         }
     }
 
-    fn built_here(&self, steps: &std::collections::BTreeSet<StepId>) {
-        *self.built_here.lock().expect("built_here lock") = Some(steps.clone());
+    /// Fetch brings what the steps built here read (a reused or substituted step reads
+    /// nothing); `--until fetch` asks for all of it.
+    fn built_here(&self, steps: &std::collections::BTreeSet<StepId>, target: Option<StepId>) {
+        if target != Some(StepId::Fetch) {
+            *self.built_here.lock().expect("built_here lock") = Some(steps.clone());
+        }
     }
 
     fn shipped(&self, step: StepId, result: &StepResult) -> Option<PathBuf> {
@@ -630,30 +663,34 @@ fn output_of(program: &Path, args: &[&str]) -> String {
     }
 }
 
-/// The steps a binary cache may hold (what `cache push` pushes: the steps that ship),
-/// each with the kind of store step (`<kind>-<hash>`) its output lives in: a pulled
-/// artifact must carry that kind and no other. None: built here, never pulled. The
-/// image's artifact carries its layer steps (`image-layer-<hash>`) beside the image
-/// step's files; its base layer comes with the substituted base: no layer is written and
-/// no compiler (cargo's for the verify tool included) runs for it.
-pub fn store_step_kind(step: StepId) -> Option<String> {
-    Some(
-        match step {
-            StepId::Nvshmem => commstack_nvshmem::BUILD_STEP,
-            StepId::Dropin => commstack_nvshmem::DROPIN_STEP,
-            StepId::Kernels => commstack_tools::TOOL_STEP,
-            StepId::Deepep => commstack_deepep::build::STEP,
-            StepId::Wheelhouse => commstack_deepep::wheelhouse::STEP,
-            StepId::Base => commstack_base::STEP,
-            StepId::Image => commstack_image::assemble::IMAGE_STEP,
-            StepId::Lock
-            | StepId::Fetch
-            | StepId::Toolchain
-            | StepId::NvshmemSource
-            | StepId::Verify
-            | StepId::Load
-            | StepId::Runtime => return None,
-        }
-        .to_string(),
-    )
+/// The one place that says what a binary cache's artifact of each step may bring:
+/// the crate step its output lives in, and for the image its layer steps
+/// (`image-layer-<hash>`), carried whole beside the image step's files (its base layer
+/// comes with the substituted base): so a substituting home writes no layer and runs
+/// no compiler (cargo's for the verify tool included) for it. These are the steps
+/// `cache push` pushes (those that ship); the others are always built here.
+pub fn artifact_kinds(step: StepId) -> Option<crate::cache_config::ArtifactKinds> {
+    let (own, carried): (&str, &[&str]) = match step {
+        StepId::Nvshmem => (commstack_nvshmem::BUILD_STEP, &[]),
+        StepId::Dropin => (commstack_nvshmem::DROPIN_STEP, &[]),
+        StepId::Kernels => (commstack_tools::TOOL_STEP, &[]),
+        StepId::Deepep => (commstack_deepep::build::STEP, &[]),
+        StepId::Wheelhouse => (commstack_deepep::wheelhouse::STEP, &[]),
+        StepId::Base => (commstack_base::STEP, &[]),
+        StepId::Image => (
+            commstack_image::assemble::IMAGE_STEP,
+            &[commstack_image::assemble::LAYER_STEP],
+        ),
+        StepId::Lock
+        | StepId::Fetch
+        | StepId::Toolchain
+        | StepId::NvshmemSource
+        | StepId::Verify
+        | StepId::Load
+        | StepId::Runtime => return None,
+    };
+    Some(crate::cache_config::ArtifactKinds {
+        own: own.to_string(),
+        carried: carried.iter().map(|c| c.to_string()).collect(),
+    })
 }

@@ -491,6 +491,8 @@ fn plan_and_run(
         force,
         until_command: "cargo xtask build --until".into(),
         substitute: None,
+        allow_unsigned: false,
+        unsigned_help: String::new(),
     };
     let plan = engine.plan(fixture, Selection::All)?;
     let planned = plan.steps.clone();

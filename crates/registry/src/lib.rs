@@ -5,8 +5,10 @@
 //! - [`layout`]: an OCI image layout read for pushing, each blob checked against its digest.
 //! - [`push`]: the push itself (oci-client): blobs the registry lacks, then the manifest by
 //!   digest, then the tags; retries with backoff, bounded parallelism, progress.
-//! - [`pull`]: manifests found by tag, blobs downloaded with their sha256 checked as they
-//!   stream, resumed after an interruption.
+//! - [`pull`]: manifests found by tag, documents read whole within their bounds, blobs
+//!   downloaded with their sha256 checked as they stream, resumed after an interruption.
+//! - [`bounded`]: the bound of each document read from a registry (manifest, config,
+//!   signature, verify report), checked while it streams.
 //! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
 //! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
 //!   what they sign, and fetching and verifying them.
@@ -15,6 +17,7 @@
 pub mod artifact;
 pub mod attach;
 pub mod auth;
+pub mod bounded;
 pub mod layout;
 mod progress;
 pub mod pull;
@@ -24,6 +27,7 @@ pub mod signed;
 pub mod target;
 
 pub use auth::{Credentials, credentials};
+pub use bounded::Document;
 pub use layout::Layout;
 pub use push::{
     LOCK_LABEL, PushOptions, Pushed, RetryPolicy, push_layout, push_layout_async, tags_for,

@@ -1,6 +1,10 @@
-//! Pulling: a manifest found by its tag, and blobs downloaded to files with their sha256
-//! checked while they stream. What `build --substitute` uses to take a step's output from
-//! the binary cache instead of building it.
+//! Pulling: a manifest found by its tag, documents read whole within their bounds, and
+//! blobs downloaded to files with their sha256 checked while they stream. What `build
+//! --substitute` uses to take a step's output from the binary cache instead of building it.
+//!
+//! Every GET goes through [`crate::bounded`] (oci-client logs in; it reads bodies whole):
+//! a manifest over 4 MiB, a document longer than its descriptor or its kind's bound, a
+//! blob longer than its descriptor, are each refused as they stream.
 //!
 //! A download goes to a `.part` file the caller names; an interrupted one (the registry
 //! gone, the process killed) is continued on the next attempt or rerun from the bytes it
@@ -12,11 +16,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
-use oci_client::client::BlobResponse;
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Credentials;
+use crate::bounded::{Body, Document, read_bounded, shown};
 use crate::layout::MANIFEST_MEDIA_TYPE;
 use crate::progress::{Progress, blob_bar};
 use crate::push::{PushOptions, Site, client_for, root_cause, runtime, transient, with_retry};
@@ -30,19 +36,31 @@ pub struct Found {
     pub manifest: Vec<u8>,
 }
 
+/// How the GETs of a pull authenticate: what oci-client's log-in gave.
+#[derive(Clone)]
+enum Auth {
+    Anonymous,
+    Bearer(String),
+    Basic(String, String),
+}
+
 /// A pulling session with one repository: one runtime and one client for all its
 /// requests, so its connections are reused and a bearer registry's token is fetched once
 /// (not once per blob: a token service may be another host, and rate-limits). A token that
-/// expires during a long pull is fetched again by the client itself (oci-client keeps each
-/// token's expiry and the credentials of the first log-in).
+/// expires during a long pull (the registry answers 401) is fetched again, once.
 pub struct Puller {
     pub(crate) options: PushOptions,
     runtime: tokio::runtime::Runtime,
+    /// oci-client: the log-in (the bearer-token dance).
     pub(crate) client: Client,
+    /// reqwest, set up as oci-client's: the GETs, read within bounds ([`crate::bounded`]).
+    http: reqwest::Client,
+    /// `https://HOST/v2/REPO`.
+    base: String,
     pub(crate) credentials: Credentials,
     pub(crate) site: Site,
-    /// Logged in for pulls (the token, for a bearer registry, is in the client's cache).
-    logged_in: tokio::sync::Mutex<bool>,
+    /// None until logged in.
+    auth: tokio::sync::Mutex<Option<Auth>>,
 }
 
 impl Puller {
@@ -53,8 +71,10 @@ impl Puller {
             options: options.clone(),
             runtime: runtime()?,
             client,
+            http: crate::bounded::http_client(options)?,
+            base: crate::bounded::base_url(options),
             credentials,
-            logged_in: tokio::sync::Mutex::new(false),
+            auth: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -62,68 +82,202 @@ impl Puller {
         self.runtime.block_on(future)
     }
 
-    /// Logs in for pulls unless done already.
-    pub(crate) async fn log_in(&self, what: &str, progress: &Progress) -> Result<()> {
-        let mut logged_in = self.logged_in.lock().await;
-        if *logged_in {
-            return Ok(());
+    /// `host/repo:tag`, for messages.
+    pub(crate) fn place(&self, tag: &str) -> String {
+        format!("{}:{tag}", self.options.target.name())
+    }
+
+    /// How to authenticate after oci-client's log-in gave `token` (a bearer registry's).
+    fn auth_of(&self, token: Option<String>) -> Auth {
+        match (token, &self.credentials.auth) {
+            (Some(token), _) => Auth::Bearer(token),
+            (None, RegistryAuth::Basic(user, password)) => {
+                Auth::Basic(user.clone(), password.clone())
+            }
+            (None, RegistryAuth::Bearer(token)) => Auth::Bearer(token.clone()),
+            (None, RegistryAuth::Anonymous) => Auth::Anonymous,
         }
+    }
+
+    /// oci-client's log-in for pulls: a bearer registry's token, or none.
+    async fn authenticate(&self) -> std::result::Result<Option<String>, OciDistributionError> {
         let target = &self.options.target;
         let reference = Reference::with_tag(
             target.registry.clone(),
             target.repository.clone(),
             "latest".to_string(),
         );
-        with_retry(&self.options.retry, "logging in", progress, || {
-            self.client
-                .auth(&reference, &self.credentials.auth, RegistryOperation::Pull)
+        self.client
+            .auth(&reference, &self.credentials.auth, RegistryOperation::Pull)
+            .await
+    }
+
+    /// Logs in for pulls unless done already.
+    pub(crate) async fn log_in(&self, what: &str, progress: &Progress) -> Result<()> {
+        let mut auth = self.auth.lock().await;
+        if auth.is_some() {
+            return Ok(());
+        }
+        let token = with_retry(&self.options.retry, "logging in", progress, || {
+            self.authenticate()
         })
         .await
         .map_err(|e| self.site.fail(what, e))?;
-        *logged_in = true;
+        *auth = Some(self.auth_of(token));
         Ok(())
+    }
+
+    /// A GET of `path` (below `/v2/REPO/`) from `from` on (a range), answered with a
+    /// success: its body is the caller's to read within bounds. Any other answer is the
+    /// error it means, its body read no further than 16 KiB.
+    pub(crate) async fn get(
+        &self,
+        path: &str,
+        accept: &str,
+        from: Option<u64>,
+    ) -> std::result::Result<reqwest::Response, OciDistributionError> {
+        let url = format!("{}/{path}", self.base);
+        let mut refreshed = false;
+        loop {
+            let auth = self.auth.lock().await.clone().unwrap_or(Auth::Anonymous);
+            let mut request = self.http.get(&url).header(reqwest::header::ACCEPT, accept);
+            request = match &auth {
+                Auth::Anonymous => request,
+                Auth::Bearer(token) => request.bearer_auth(token),
+                Auth::Basic(user, password) => request.basic_auth(user, Some(password)),
+            };
+            if let Some(from) = from {
+                request = request.header(reqwest::header::RANGE, format!("bytes={from}-"));
+            }
+            let response = request.send().await?;
+            if response.status() == reqwest::StatusCode::UNAUTHORIZED
+                && matches!(auth, Auth::Bearer(_))
+                && !refreshed
+            {
+                // The token expired during a long pull: a new one, once.
+                refreshed = true;
+                let token = self.authenticate().await?;
+                *self.auth.lock().await = Some(self.auth_of(token));
+                continue;
+            }
+            if response.status().is_success() {
+                return Ok(response);
+            }
+            return Err(crate::bounded::error_answer(response).await);
+        }
     }
 
     /// The manifest tagged `tag` in the repository; None when there is no such tag.
     pub fn find_tag(&self, tag: &str) -> Result<Option<Found>> {
-        self.block_on(async {
-            let target = &self.options.target;
-            let reference = Reference::with_tag(
-                target.registry.clone(),
-                target.repository.clone(),
-                tag.to_string(),
-            );
-            let what = format!("looking up {}:{tag}", target.name());
-            let Some(bytes) = self.tagged_manifest(&reference, &what).await? else {
-                return Ok(None);
-            };
-            Ok(Some(Found {
-                tag: tag.to_string(),
-                digest: format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
-                manifest: bytes,
-            }))
-        })
+        let what = format!("looking up {}", self.place(tag));
+        let Some(bytes) = self.block_on(self.tagged_manifest(tag, &what))? else {
+            return Ok(None);
+        };
+        Ok(Some(Found {
+            tag: tag.to_string(),
+            digest: format!("sha256:{}", hex::encode(Sha256::digest(&bytes))),
+            manifest: bytes,
+        }))
     }
 
-    /// Reads the raw manifest at `reference` (a tag); None when the registry has no such
-    /// tag. `what` names the look-up in errors.
-    pub(crate) async fn tagged_manifest(
-        &self,
-        reference: &Reference,
-        what: &str,
-    ) -> Result<Option<Vec<u8>>> {
+    /// The raw manifest tagged `tag`, read within [`Document::Manifest`]'s bound; None
+    /// when the registry has no such tag. `what` names the look-up in errors.
+    pub(crate) async fn tagged_manifest(&self, tag: &str, what: &str) -> Result<Option<Vec<u8>>> {
         let progress = Progress::new(false);
         self.log_in(what, &progress).await?;
-        let pulled = with_retry(&self.options.retry, what, &progress, || {
-            self.client
-                .pull_manifest_raw(reference, &self.credentials.auth, &[MANIFEST_MEDIA_TYPE])
+        let limit = Document::Manifest.limit();
+        let slowest = &self.options.slowest;
+        let got = with_retry(&self.options.retry, what, &progress, || {
+            in_time(slowest.deadline(limit), async {
+                let response = self
+                    .get(&format!("manifests/{tag}"), MANIFEST_MEDIA_TYPE, None)
+                    .await?;
+                read_bounded(response, limit).await
+            })
         })
         .await;
-        match pulled {
-            Ok((bytes, _)) => Ok(Some(bytes.to_vec())),
+        match got {
+            Ok(Body::Whole(bytes)) => Ok(Some(bytes)),
+            Ok(Body::Late) => bail!(
+                "{}: its manifest did not come within {} (docs/bounds.md): the registry is too slow or stalled; refusing it",
+                self.place(tag),
+                slowest.said(limit)
+            ),
+            Ok(Body::Over { bytes, announced }) => bail!(
+                "{}: its manifest is larger than {} ({bytes} bytes {}): refusing it",
+                self.place(tag),
+                Document::Manifest.bound(),
+                match announced {
+                    true => "announced",
+                    false => "received before it was refused",
+                }
+            ),
             Err(err) if crate::signed::is_not_found(&err) => Ok(None),
             Err(err) => Err(self.site.fail(what, err)),
         }
+    }
+
+    /// The blob `digest` read whole into memory: a `kind` document whose descriptor says
+    /// `size` bytes. Refused before it is asked for when `size` passes the kind's bound,
+    /// and as it streams when it passes `size`; its sha256 checked.
+    pub fn pull_document(&self, digest: &str, size: u64, kind: Document) -> Result<Vec<u8>> {
+        self.block_on(self.document(digest, size, kind))
+    }
+
+    pub(crate) async fn document(
+        &self,
+        digest: &str,
+        size: u64,
+        kind: Document,
+    ) -> Result<Vec<u8>> {
+        let want = sha256_hex_of(digest)?;
+        let repo = self.options.target.name();
+        let name = kind.name();
+        if size > kind.limit() {
+            bail!(
+                "the {name} {digest} of {repo} is {size} bytes by its descriptor, more than {}: refusing it",
+                kind.bound()
+            );
+        }
+        let what = format!("reading the {name} {digest} ({size} bytes)");
+        let progress = Progress::new(false);
+        self.log_in(&what, &progress).await?;
+        let slowest = &self.options.slowest;
+        let got = with_retry(&self.options.retry, &what, &progress, || {
+            in_time(slowest.deadline(size), async {
+                let response = self.get(&format!("blobs/{digest}"), "*/*", None).await?;
+                read_bounded(response, size).await
+            })
+        })
+        .await;
+        let bytes = match got {
+            Ok(Body::Whole(bytes)) => bytes,
+            Ok(Body::Late) => bail!(
+                "the {name} {digest} from {repo} did not come within {} (docs/bounds.md): the registry is too slow or stalled; refusing it",
+                slowest.said(size)
+            ),
+            Ok(Body::Over { bytes, announced }) => bail!(
+                "the {name} {digest} from {repo} is longer than the {size} bytes its descriptor names ({bytes} bytes {}): refusing it (the registry's copy is damaged or was altered)",
+                match announced {
+                    true => "announced",
+                    false => "received before it was refused",
+                }
+            ),
+            Err(err) if blob_unknown(&err) => {
+                return Err(anyhow::Error::new(err).context(format!(
+                    "{what}: the registry has no such blob in {repo} (a manifest names it, the blob is gone): push it again"
+                )));
+            }
+            Err(err) => return Err(self.site.fail(&what, err)),
+        };
+        let got = hex::encode(Sha256::digest(&bytes));
+        if bytes.len() as u64 != size || got != want {
+            bail!(
+                "the {name} {digest} from {repo} is not what its descriptor names: {} bytes with sha256:{got}, expected {size} bytes: refusing it (the registry's copy is damaged or was altered)",
+                bytes.len()
+            );
+        }
+        Ok(bytes)
     }
 
     /// [`pull_blob`] in this session.
@@ -146,7 +300,7 @@ impl Puller {
             futures::stream::iter(blobs.iter().map(|w| async {
                 self.pull_blob_resuming(false, &w.digest, w.size, &w.part)
                     .await
-                    .with_context(|| w.name.clone())?;
+                    .with_context(|| shown(&w.name))?;
                 landed(w);
                 Ok(())
             }))
@@ -157,18 +311,24 @@ impl Puller {
             .map(drop)
         })
     }
+}
 
-    /// [`pull_small_blob`] in this session.
-    pub fn pull_small_blob(&self, digest: &str, size: u64) -> Result<Vec<u8>> {
-        const MAX: u64 = 64 << 20;
-        if size > MAX {
-            bail!("the blob {digest} is {size} bytes, more than a config may be ({MAX})");
-        }
-        let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-        let part = dir.path().join("blob");
-        self.pull_blob(digest, size, &part)?;
-        Ok(std::fs::read(&part)?)
-    }
+/// `read`, or [`Body::Late`] when it has not ended within `deadline`.
+async fn in_time(
+    deadline: std::time::Duration,
+    read: impl std::future::Future<Output = std::result::Result<Body, OciDistributionError>>,
+) -> std::result::Result<Body, OciDistributionError> {
+    tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or(Ok(Body::Late))
+}
+
+/// The hex of a `sha256:<64 hex>` digest; an error for anything else.
+fn sha256_hex_of(digest: &str) -> Result<&str> {
+    digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .with_context(|| format!("{:?} is not a sha256 digest", shown(digest)))
 }
 
 /// The manifest tagged `tag` in the options' repository; None when there is no such tag.
@@ -223,20 +383,13 @@ async fn pull_blob_in(
     part: &Path,
 ) -> Result<()> {
     let options = &puller.options;
-    let (client, site) = (&puller.client, &puller.site);
+    let site = &puller.site;
     let target = &options.target;
-    let want = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-        .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
+    let want = sha256_hex_of(digest)?;
     let progress = Progress::new(progress);
-    let reference = Reference::with_digest(
-        target.registry.clone(),
-        target.repository.clone(),
-        digest.to_string(),
-    );
     let what = format!("downloading the blob {digest} ({size} bytes)");
     puller.log_in(&what, &progress).await?;
+    let path = format!("blobs/{digest}");
 
     let bar = blob_bar(&progress, "blob", size);
     let mut failures = 0u32;
@@ -249,59 +402,22 @@ async fn pull_blob_in(
         }
         bar.set_position(have);
         let mut have = have;
-        let attempt: std::result::Result<(), Failed> = async {
-            let (stream, offset) = match have {
-                0 => (
-                    client
-                        .pull_blob_stream(&reference, digest)
-                        .await
-                        .map_err(Failed::Registry)?,
-                    0,
+        // Within the time what is left may take at the slowest rate allowed.
+        let slowest = &options.slowest;
+        let attempt = tokio::time::timeout(
+            slowest.deadline(size - have),
+            download(puller, &path, size, part, &mut hasher, &mut have, &bar),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failed::Stream(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the rest of the blob did not come within {} (docs/bounds.md): the registry is too slow or stalled",
+                    slowest.said(size - have)
                 ),
-                _ if have == size => return Ok(()),
-                _ => match client
-                    .pull_blob_stream_partial(&reference, digest, have, None)
-                    .await
-                    .map_err(Failed::Registry)?
-                {
-                    BlobResponse::Partial(s) => (s, have),
-                    // The registry ignored the range: the blob comes whole.
-                    BlobResponse::Full(s) => (s, 0),
-                },
-            };
-            // Buffered: the stream's chunks are small. Not synced: the file is hashed
-            // again before a rerun continues it, so a crash costs a download, not trust.
-            let mut file = std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(offset > 0)
-                    .write(true)
-                    .truncate(offset == 0)
-                    .open(part)
-                    .map_err(|e| Failed::Local(e.into()))?,
-            );
-            if offset == 0 {
-                hasher = Sha256::new();
-                have = 0;
-            }
-            let mut stream = stream.stream;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(Failed::Stream)?;
-                // No more than the manifest names: a registry cannot fill the disk.
-                if have + chunk.len() as u64 > size {
-                    return Err(Failed::TooLong);
-                }
-                hasher.update(&chunk);
-                file.write_all(&chunk)
-                    .map_err(|e| Failed::Local(e.into()))?;
-                have += chunk.len() as u64;
-                bar.inc(chunk.len() as u64);
-            }
-            file.flush().map_err(|e| Failed::Local(e.into()))?;
-            Ok(())
-        }
-        .await;
+            )))
+        });
         match attempt {
             // Hashed as it streamed: the bytes that were there, then those received.
             Ok(()) => break (hasher, have),
@@ -314,22 +430,13 @@ async fn pull_blob_in(
                     target.registry, target.repository
                 )));
             }
-            Err(Failed::Registry(e)) if !transient(&e) => return Err(site.fail(&what, e)),
+            Err(Failed::Registry(e)) if !transient(&e) => {
+                return Err(kept(site.fail(&what, e), digest, part));
+            }
             Err(Failed::TooLong) => {
                 let _ = std::fs::remove_file(part);
                 bail!(
                     "the blob {digest} from {} is longer than the {size} bytes its manifest names: refusing it (the registry's copy is damaged or was altered)",
-                    target.name()
-                );
-            }
-            // oci-client's own check of a whole blob: the bytes are wrong, not late.
-            Err(Failed::Stream(e))
-                if e.get_ref()
-                    .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>()) =>
-            {
-                let _ = std::fs::remove_file(part);
-                bail!(
-                    "the blob {digest} from {} does not hash to its digest ({e}): refusing it (the registry's copy is damaged or was altered)",
                     target.name()
                 );
             }
@@ -343,13 +450,17 @@ async fn pull_blob_in(
                 };
                 if failures >= options.retry.attempts.max(1) {
                     match err {
-                        Failed::Registry(e) => return Err(site.fail(&what, e)),
-                        _ => bail!(
-                            "{what} from {}: {cause}, {failures} times; the {} bytes received are kept in {} and a rerun continues from there",
-                            target.name(),
-                            std::fs::metadata(part).map(|m| m.len()).unwrap_or(0),
-                            part.display()
-                        ),
+                        Failed::Registry(e) => return Err(kept(site.fail(&what, e), digest, part)),
+                        _ => {
+                            return Err(kept(
+                                anyhow::anyhow!(
+                                    "{what} from {}: {cause}, {failures} times",
+                                    target.name()
+                                ),
+                                digest,
+                                part,
+                            ));
+                        }
                     }
                 }
                 let wait = options.retry.backoff_for(failures);
@@ -375,8 +486,85 @@ async fn pull_blob_in(
     Ok(())
 }
 
+/// One attempt at the blob at `path` (`size` bytes) into `part`, which holds `have` bytes
+/// hashed into `hasher`: from there with a range request (from the start when the
+/// registry ignores the range), each piece hashed and counted as it is written, refused
+/// as soon as it runs past `size`.
+async fn download(
+    puller: &Puller,
+    path: &str,
+    size: u64,
+    part: &Path,
+    hasher: &mut Sha256,
+    have: &mut u64,
+    bar: &indicatif::ProgressBar,
+) -> std::result::Result<(), Failed> {
+    let (response, offset) = match *have {
+        0 => (
+            puller
+                .get(path, "*/*", None)
+                .await
+                .map_err(Failed::Registry)?,
+            0,
+        ),
+        h if h == size => return Ok(()),
+        h => {
+            let response = puller
+                .get(path, "*/*", Some(h))
+                .await
+                .map_err(Failed::Registry)?;
+            match response.status() {
+                reqwest::StatusCode::PARTIAL_CONTENT => (response, h),
+                // The registry ignored the range: the blob comes whole.
+                _ => (response, 0),
+            }
+        }
+    };
+    // Buffered: the stream's chunks are small. Not synced: the file is hashed again
+    // before a rerun continues it, so a crash costs a download, not trust.
+    let mut file = std::io::BufWriter::with_capacity(
+        1 << 20,
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(offset > 0)
+            .write(true)
+            .truncate(offset == 0)
+            .open(part)
+            .map_err(|e| Failed::Local(e.into()))?,
+    );
+    if offset == 0 {
+        *hasher = Sha256::new();
+        *have = 0;
+    }
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Failed::Stream(std::io::Error::other(e)))?;
+        // No more than the manifest names: a registry cannot fill the disk.
+        if *have + chunk.len() as u64 > size {
+            return Err(Failed::TooLong);
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .map_err(|e| Failed::Local(e.into()))?;
+        *have += chunk.len() as u64;
+        bar.inc(chunk.len() as u64);
+    }
+    file.flush().map_err(|e| Failed::Local(e.into()))
+}
+
+/// `err`, saying what of the blob `digest` a rerun continues from: what `part` holds.
+fn kept(err: anyhow::Error, digest: &str, part: &Path) -> anyhow::Error {
+    match std::fs::metadata(part).map(|m| m.len()).unwrap_or(0) {
+        0 => err,
+        bytes => err.context(format!(
+            "the {bytes} bytes of the blob {digest} received are kept in {}: a rerun resumes the download from there",
+            part.display()
+        )),
+    }
+}
+
 /// A 404 or BLOB_UNKNOWN for a blob.
-fn blob_unknown(err: &oci_client::errors::OciDistributionError) -> bool {
+fn blob_unknown(err: &OciDistributionError) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode};
     match err {
         E::ServerError { code: 404, .. } => true,
@@ -390,8 +578,8 @@ fn blob_unknown(err: &oci_client::errors::OciDistributionError) -> bool {
 
 /// Why one download attempt stopped.
 enum Failed {
-    Registry(oci_client::errors::OciDistributionError),
-    /// The body stopped midway (the connection dropped, the digest check of oci-client).
+    Registry(OciDistributionError),
+    /// The body stopped midway (the connection dropped).
     Stream(std::io::Error),
     Local(anyhow::Error),
     /// More bytes than the manifest names.
@@ -421,8 +609,13 @@ fn hash_part(part: &Path) -> Result<(Sha256, u64)> {
     Ok((hasher, total))
 }
 
-/// Reads the blob `digest` of the options' repository into memory (a config: small),
-/// checking its sha256.
-pub fn pull_small_blob(options: &PushOptions, digest: &str, size: u64) -> Result<Vec<u8>> {
-    Puller::new(options)?.pull_small_blob(digest, size)
+/// Reads the blob `digest` of the options' repository into memory, a `kind` document
+/// (see [`Puller::pull_document`]).
+pub fn pull_document(
+    options: &PushOptions,
+    digest: &str,
+    size: u64,
+    kind: Document,
+) -> Result<Vec<u8>> {
+    Puller::new(options)?.pull_document(digest, size, kind)
 }

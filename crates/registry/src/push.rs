@@ -67,6 +67,8 @@ pub struct PushOptions {
     pub progress: bool,
     /// None: from the environment and Docker's config file ([`auth::credentials`]).
     pub credentials: Option<Credentials>,
+    /// How slowly a registry may send what a pull reads (docs/bounds.md).
+    pub slowest: crate::bounded::Slowest,
 }
 
 impl PushOptions {
@@ -79,6 +81,7 @@ impl PushOptions {
             retry: RetryPolicy::default(),
             progress: true,
             credentials: None,
+            slowest: crate::bounded::Slowest::default(),
         }
     }
 }
@@ -189,11 +192,13 @@ impl Site {
         ))
     }
 
-    /// What a rerun keeps of this attempt.
+    /// What a rerun keeps of this attempt (` Blobs already uploaded ...`), or nothing. A
+    /// pull says what it kept itself, with the bytes of the blob it was downloading
+    /// (crate::pull): a failed look-up or document read keeps nothing.
     fn rerun(&self) -> &'static str {
         match self.operation {
-            "pull" => "A rerun resumes a blob's download where it stopped",
-            _ => "Blobs already uploaded stay there and a rerun skips them",
+            "pull" => "",
+            _ => " Blobs already uploaded stay there and a rerun skips them.",
         }
     }
 
@@ -221,7 +226,7 @@ impl Site {
             }
             Some(code) if code >= 500 || code == 429 => {
                 return format!(
-                    "the registry failed {} times (HTTP {code}). {}: try again later",
+                    "the registry failed {} times (HTTP {code}): try again later.{}",
                     self.attempts,
                     self.rerun()
                 );
@@ -246,7 +251,7 @@ impl Site {
         }
         if transient(err) {
             return format!(
-                "no answer after {} attempts: is the registry up at {registry}, and reachable from here? {}",
+                "no answer after {} attempts: is the registry up at {registry}, and reachable from here?{}",
                 self.attempts,
                 self.rerun()
             );
@@ -370,7 +375,7 @@ pub(crate) fn client_for(options: &PushOptions) -> Result<(Client, Credentials)>
 }
 
 /// Each certificate of a PEM file, as its own root (reqwest reads one per PEM).
-fn ca_certificates(file: &Path) -> Result<Vec<Certificate>> {
+pub(crate) fn ca_certificates(file: &Path) -> Result<Vec<Certificate>> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read the CA file {}", file.display()))?;
     const END: &str = "-----END CERTIFICATE-----";

@@ -15,6 +15,8 @@ use ed25519_dalek::pkcs8::DecodePrivateKey;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+use crate::bounded::shown;
+
 /// The media type of a signature document (one layer of a signature artifact).
 pub const SIGNATURE_MEDIA_TYPE: &str = "application/vnd.dev.commstack.signature.v1+json";
 /// The artifact type of a signature artifact.
@@ -56,15 +58,16 @@ pub fn public_key_text(key: &VerifyingKey) -> String {
 
 /// Parses `ed25519:<base64 of 32 bytes>`.
 pub fn parse_public_key(text: &str) -> Result<VerifyingKey> {
+    let shown = || format!("\"{}\"", shown(text));
     let encoded = text
         .strip_prefix("ed25519:")
-        .with_context(|| format!("{text:?}: a public key is written ed25519:<base64>"))?;
+        .with_context(|| format!("{}: a public key is written ed25519:<base64>", shown()))?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(encoded)
         .ok()
         .and_then(|b| <[u8; 32]>::try_from(b).ok())
-        .with_context(|| format!("{text:?}: not base64 of 32 bytes"))?;
-    VerifyingKey::from_bytes(&bytes).with_context(|| format!("{text:?}: not an ed25519 key"))
+        .with_context(|| format!("{}: not base64 of 32 bytes", shown()))?;
+    VerifyingKey::from_bytes(&bytes).with_context(|| format!("{}: not an ed25519 key", shown()))
 }
 
 fn payload(digest: &str) -> Vec<u8> {
@@ -84,17 +87,18 @@ pub fn sign(key: &SigningKey, digest: &str) -> SignatureDoc {
 /// Checks that `doc` signs `digest` under one of `trusted`; the error says which of the
 /// three it is: another digest, an untrusted key, a signature that does not verify.
 pub fn verify(doc: &SignatureDoc, digest: &str, trusted: &[VerifyingKey]) -> Result<()> {
+    // The document's fields are the registry's word: shown escaped and cut.
     if doc.digest != digest {
         bail!(
             "the signature is for {}, not for {digest}: refusing it",
-            doc.digest
+            shown(&doc.digest)
         );
     }
     let key = parse_public_key(&doc.key)?;
     if !trusted.contains(&key) {
         bail!(
             "{digest} is signed by {}, which is not a trusted key (trusted: {})",
-            doc.key,
+            shown(&doc.key),
             match trusted.len() {
                 0 => "none".to_string(),
                 _ => trusted
@@ -114,7 +118,7 @@ pub fn verify(doc: &SignatureDoc, digest: &str, trusted: &[VerifyingKey]) -> Res
         .map_err(|_| {
             anyhow::anyhow!(
                 "the signature of {digest} by {} does not verify: the signature or the manifest was altered",
-                doc.key
+                shown(&doc.key)
             )
         })
 }

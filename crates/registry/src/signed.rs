@@ -5,18 +5,16 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
-use ed25519_dalek::{SigningKey, VerifyingKey};
-use oci_client::Reference;
-
 use crate::artifact::{Artifact, EMPTY_CONFIG_MEDIA_TYPE, write_artifact_layout};
+use crate::bounded::{Document, shown};
 use crate::layout::Layout;
-use crate::progress::Progress;
 use crate::pull::Puller;
-use crate::push::{PushOptions, Pushed, push_layout, with_retry};
+use crate::push::{PushOptions, Pushed, push_layout};
 use crate::sign::{
     SIGNATURE_ARTIFACT_TYPE, SIGNATURE_MEDIA_TYPE, SignatureDoc, sign, signature_tag, verify,
 };
+use anyhow::{Context, Result, bail};
+use ed25519_dalek::{SigningKey, VerifyingKey};
 
 /// A pushed layout and its pushed signature.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -114,19 +112,10 @@ impl Puller {
 }
 
 async fn fetch_signature_async(puller: &Puller, digest: &str) -> Result<Option<SignatureDoc>> {
-    let options = &puller.options;
-    let (client, site) = (&puller.client, &puller.site);
-    let target = &options.target;
-    let progress = Progress::new(false);
     let tag = signature_tag(digest)?;
-    let reference = Reference::with_tag(
-        target.registry.clone(),
-        target.repository.clone(),
-        tag.clone(),
-    );
-    let place = format!("{}:{tag}", target.name());
+    let place = puller.place(&tag);
     let what = format!("reading the signature {place}");
-    let Some(manifest) = puller.tagged_manifest(&reference, &what).await? else {
+    let Some(manifest) = puller.tagged_manifest(&tag, &what).await? else {
         return Ok(None);
     };
     let manifest: serde_json::Value = serde_json::from_slice(&manifest)
@@ -142,30 +131,23 @@ async fn fetch_signature_async(puller: &Puller, digest: &str) -> Result<Option<S
     let layer = descriptor["digest"]
         .as_str()
         .with_context(|| format!("{place}: its signature layer has no digest"))?;
-    // A signature document is a few hundred bytes: nothing larger is read into memory.
-    let size = descriptor["size"].as_u64().unwrap_or(u64::MAX);
-    if size > MAX_SIGNATURE_BYTES {
-        bail!(
-            "{place}: its signature layer {layer} claims {size} bytes, more than a signature can be ({MAX_SIGNATURE_BYTES}): refusing it"
-        );
-    }
-    // oci-client checks the blob's digest while it streams.
-    let bytes = with_retry(&options.retry, &what, &progress, || async {
-        let mut bytes = Vec::new();
-        client
-            .pull_blob(&reference, layer, &mut bytes)
-            .await
-            .map(|()| bytes)
-    })
-    .await
-    .map_err(|e| site.fail(&format!("reading the signature blob {layer} of {place}"), e))?;
-    let doc: SignatureDoc = serde_json::from_slice(&bytes)
-        .with_context(|| format!("the signature blob {layer} of {place} is not a signature"))?;
+    let size = descriptor["size"]
+        .as_u64()
+        .with_context(|| format!("{place}: its signature layer has no size"))?;
+    // A signature document is a few hundred bytes: read within its descriptor's size and
+    // the bound of a signature, never whole.
+    let bytes = puller
+        .document(layer, size, Document::Signature)
+        .await
+        .with_context(|| format!("the signature {place}"))?;
+    let doc: SignatureDoc = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "the signature blob {} of {place} is not a signature",
+            shown(layer)
+        )
+    })?;
     Ok(Some(doc))
 }
-
-/// The most bytes a signature blob may have.
-const MAX_SIGNATURE_BYTES: u64 = 64 * 1024;
 
 pub(crate) fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode};

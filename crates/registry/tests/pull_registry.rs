@@ -213,7 +213,13 @@ fn a_pulling_session_asks_the_token_service_once() {
     assert_eq!(found.digest, layout.manifest_digest);
     let config = &layout.blobs[0];
     assert_eq!(
-        puller.pull_small_blob(&config.digest, config.size).unwrap(),
+        puller
+            .pull_document(
+                &config.digest,
+                config.size,
+                commstack_registry::Document::Config
+            )
+            .unwrap(),
         br#"{"name":"tokens"}"#
     );
     assert!(puller.fetch_signature(&found.digest).unwrap().is_none());

@@ -8,6 +8,10 @@
 //!   `failed/` so it can be read.
 //! - A per-key lock file makes concurrent runs of the same step wait for each other
 //!   instead of building twice.
+//! - A step that entered the store without a trusted signature (a binary cache's output
+//!   taken with `--allow-unsigned`) says so in its `.step.json` ([`StepDir::mark_unsigned`]):
+//!   `run` does not reuse it (it builds the step again and replaces it), and whoever reuses
+//!   it by its path must ask [`Store::unsigned`] first.
 //!
 //! Layout under the store root:
 //! ```text
@@ -33,12 +37,25 @@ use sha2::{Digest, Sha256};
 pub use atomic::write_all_atomically;
 use commstack_digest::canonical_json;
 pub use fixed::{FIXED_BUILD_ROOT, FixedDir};
-pub use gc::{GcOptions, GcReport};
+pub use gc::{Cleared, GcOptions, GcReport};
 
 /// Name of the metadata file written into every complete step directory.
 pub const META_FILE: &str = ".step.json";
 /// Touched on every cache hit; `store gc --unused-for` reads its mtime.
 const USED_FILE: &str = ".used";
+
+/// The longest step name: a store directory is named by it and 33 more bytes.
+pub const MAX_STEP_NAME: usize = 128;
+
+/// Whether `name` can name a step: `[A-Za-z0-9_-]+` (no `/`, `.`, space or control
+/// character: a store directory is named by it), at most [`MAX_STEP_NAME`] bytes.
+pub fn valid_step_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_STEP_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
 
 /// The identity of one step's output: its name and the hash of its inputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -53,10 +70,7 @@ impl StepKey {
     /// (source hashes, tool versions, options): what is not in them cannot trigger a rebuild.
     pub fn new(step: &str, inputs: &serde_json::Value) -> StepKey {
         assert!(
-            !step.is_empty()
-                && step
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            valid_step_name(step),
             "step names are [A-Za-z0-9_-]+, got {step:?}"
         );
         let doc = serde_json::json!({ "step": step, "inputs": inputs });
@@ -67,6 +81,18 @@ impl StepKey {
         }
     }
 
+    /// [`StepKey::new`] for a name read from outside (a pulled artifact's config): an
+    /// error, not a panic, when it cannot name a step.
+    pub fn try_new(step: &str, inputs: &serde_json::Value) -> Result<StepKey> {
+        if !valid_step_name(step) {
+            bail!(
+                "{:?} cannot name a step: a step name is 1 to {MAX_STEP_NAME} of [A-Za-z0-9_-]",
+                commstack_digest::terminal_safe(&step.chars().take(80).collect::<String>())
+            );
+        }
+        Ok(StepKey::new(step, inputs))
+    }
+
     /// Directory name: the step name plus 128 bits of the hash, readable and unique enough.
     pub fn dir_name(&self) -> String {
         format!("{}-{}", self.step, &self.hash[..32])
@@ -74,7 +100,7 @@ impl StepKey {
 }
 
 /// What a complete step directory records about itself.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepMeta {
     pub schema: u32,
     pub step: String,
@@ -82,6 +108,10 @@ pub struct StepMeta {
     pub inputs: serde_json::Value,
     pub created: jiff::Timestamp,
     pub build_seconds: f64,
+    /// Why the step entered without a trusted signature (a binary cache's output taken
+    /// with `--allow-unsigned`); absent for everything built here or pulled signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsigned: Option<String>,
 }
 
 impl StepMeta {
@@ -124,6 +154,17 @@ pub struct StepDir {
     /// prefix, an RPATH) must use a fixed prefix and relocate instead; this is given for
     /// messages only.
     pub final_path: PathBuf,
+    /// Set by [`StepDir::mark_unsigned`]: recorded in `.step.json` when sealed.
+    unsigned: std::sync::Mutex<Option<String>>,
+}
+
+impl StepDir {
+    /// Records in the step's `.step.json` that its files entered without a trusted
+    /// signature, and why (`taken from HOST/REPO:TAG@sha256:... with --allow-unsigned: it
+    /// is not signed`). [`Store::run`] never reuses such a step.
+    pub fn mark_unsigned(&self, why: &str) {
+        *self.unsigned.lock().expect("the mark's lock") = Some(why.to_string());
+    }
 }
 
 pub struct Store {
@@ -160,6 +201,17 @@ impl Store {
         path.join(META_FILE).is_file().then_some(path)
     }
 
+    /// Why the complete step of `key` entered without a trusted signature; None when it
+    /// did not (or is not here).
+    pub fn unsigned(&self, key: &StepKey) -> Option<String> {
+        self.lookup(key).and_then(|dir| unsigned_mark(&dir))
+    }
+
+    /// The complete output of `key` if present and not marked unsigned: what `run` reuses.
+    fn reusable(&self, key: &StepKey) -> Option<PathBuf> {
+        self.lookup(key).filter(|dir| unsigned_mark(dir).is_none())
+    }
+
     /// Where the last failed attempt of `key` was kept, if any.
     pub fn failed_path(&self, key: &StepKey) -> PathBuf {
         self.root.join("failed").join(key.dir_name())
@@ -168,7 +220,8 @@ impl Store {
     /// Run a step unless its output exists. `build` fills `StepDir::out`; on `Ok` the
     /// directory is sealed (metadata written, renamed into place), on `Err` it is moved to
     /// `failed/` and the error says where. `force` rebuilds even if the output exists
-    /// (the old output is replaced only once the new one is complete).
+    /// (the old output is replaced only once the new one is complete). An output marked
+    /// unsigned ([`StepDir::mark_unsigned`]) is built again and replaced, as with `force`.
     pub fn run<F>(
         &self,
         key: &StepKey,
@@ -184,13 +237,13 @@ impl Store {
             *key,
             "inputs do not match the key"
         );
-        if !force && let Some(path) = self.lookup(key) {
+        if !force && let Some(path) = self.reusable(key) {
             touch_used(&path);
             return Ok(Outcome::Cached { path });
         }
         let _lock = self.lock(key)?;
         // Someone else may have built it while we waited for the lock.
-        if !force && let Some(path) = self.lookup(key) {
+        if !force && let Some(path) = self.reusable(key) {
             touch_used(&path);
             return Ok(Outcome::Cached { path });
         }
@@ -211,6 +264,7 @@ impl Store {
             out: tmp.clone(),
             logs,
             final_path: final_path.clone(),
+            unsigned: Default::default(),
         };
 
         let started = Instant::now();
@@ -241,6 +295,7 @@ impl Store {
             inputs: inputs.clone(),
             created: jiff::Timestamp::now(),
             build_seconds: seconds,
+            unsigned: dir.unsigned.lock().expect("the mark's lock").take(),
         };
         let meta_json = serde_json::to_string_pretty(&meta)?;
         fs::write(tmp.join(META_FILE), meta_json)
@@ -387,6 +442,12 @@ fn lock_file_saying(path: &Path, waiting: &str) -> Result<File> {
             .with_context(|| format!("cannot lock {}", path.display()))?;
     }
     Ok(file)
+}
+
+/// The unsigned mark in a step directory's `.step.json`, if any.
+fn unsigned_mark(dir: &Path) -> Option<String> {
+    let text = fs::read_to_string(dir.join(META_FILE)).ok()?;
+    serde_json::from_str::<StepMeta>(&text).ok()?.unsigned
 }
 
 fn touch_used(dir: &Path) {

@@ -177,6 +177,7 @@ fn gc_unused_respects_keep_list() {
         unused_for: Some(Duration::ZERO),
         keep: vec![keep_key.clone()],
         dry_run: true,
+        ..GcOptions::default()
     };
     let report = store.gc(&opts).unwrap();
     assert_eq!(report.removed.len(), 2);
@@ -253,4 +254,110 @@ fn the_downloads_lock_makes_a_second_holder_wait() {
     rx.recv_timeout(Duration::from_secs(10))
         .expect("the second holder got the lock once the first let go");
     waiter.join().unwrap();
+}
+
+/// A step marked unsigned (a binary cache's output taken with --allow-unsigned) says so in
+/// its `.step.json`; `run` does not reuse it but builds it again, unmarked; `gc
+/// --unsigned` removes the marked ones and only those.
+#[test]
+fn a_step_that_entered_unsigned_is_marked_never_reused_and_collected() {
+    let (_d, store) = store();
+    let inputs = json!({"pulled": 1});
+    let key = StepKey::new("pulled", &inputs);
+    store
+        .run(&key, &inputs, false, |dir| {
+            dir.mark_unsigned("taken from r/c:pulled-1@sha256:ab with --allow-unsigned");
+            Ok(fs::write(dir.out.join("f"), b"from the cache")?)
+        })
+        .unwrap();
+    let why = store.unsigned(&key).expect("marked");
+    assert!(why.contains("--allow-unsigned"), "{why}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(store.path(&key).join(".step.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["unsigned"], why);
+
+    // A local build of the same key builds it here and replaces it.
+    let again = store
+        .run(&key, &inputs, false, |dir| {
+            Ok(fs::write(dir.out.join("f"), b"built here")?)
+        })
+        .unwrap();
+    assert!(!again.was_cached(), "a marked step is not reused");
+    assert_eq!(fs::read(again.path().join("f")).unwrap(), b"built here");
+    assert!(store.unsigned(&key).is_none());
+    assert!(
+        store
+            .run(&key, &inputs, false, |_| Ok(()))
+            .unwrap()
+            .was_cached()
+    );
+
+    // gc --unsigned: only the marked ones go.
+    let other = json!({"pulled": 2});
+    let marked = StepKey::new("pulled", &other);
+    store
+        .run(&marked, &other, false, |dir| {
+            dir.mark_unsigned("not signed");
+            Ok(())
+        })
+        .unwrap();
+    let report = store
+        .gc(&GcOptions {
+            unsigned: true,
+            ..GcOptions::default()
+        })
+        .unwrap();
+    assert_eq!(report.removed.len(), 1, "{:?}", report.removed);
+    assert!(store.lookup(&marked).is_none());
+    assert!(store.lookup(&key).is_some());
+}
+
+/// What a killed run left in tmp/ goes at the next `clear_abandoned`; a directory whose
+/// step lock is held (being built now) and a blob download (continued by a rerun) stay.
+#[test]
+fn abandoned_temporary_directories_are_cleared_but_not_busy_ones_or_downloads() {
+    let (_d, store) = store();
+    let tmp = store.root().join("tmp");
+    let left = tmp.join(format!(
+        "{}.99999.0",
+        StepKey::new("left", &json!(1)).dir_name()
+    ));
+    let old = tmp.join(format!(
+        "{}.old.99999",
+        StepKey::new("old", &json!(1)).dir_name()
+    ));
+    let busy_key = StepKey::new("busy", &json!(1));
+    let busy = tmp.join(format!("{}.1.0", busy_key.dir_name()));
+    let download = tmp.join(format!("pull-{}.tar", "ab".repeat(32)));
+    for d in [&left, &old, &busy] {
+        fs::create_dir_all(d.join("logs")).unwrap();
+    }
+    fs::write(&download, b"half a blob").unwrap();
+    let lock = fs::File::create(
+        store
+            .root()
+            .join("locks")
+            .join(format!("{}.lock", busy_key.dir_name())),
+    )
+    .unwrap();
+    lock.try_lock().unwrap();
+    let cleared = store.clear_abandoned().unwrap();
+    assert_eq!(cleared.removed.len(), 2, "{:?}", cleared.removed);
+    assert!(cleared.failed.is_empty(), "{:?}", cleared.failed);
+    assert!(!left.exists() && !old.exists());
+    assert!(busy.exists() && download.exists());
+}
+
+#[test]
+fn a_name_read_from_outside_is_checked_not_asserted() {
+    for bad in ["../x", "a/b", "", "a.b", "x\ny", &"n".repeat(200)] {
+        let err = StepKey::try_new(bad, &json!({})).unwrap_err().to_string();
+        assert!(err.contains("cannot name a step"), "{bad:?}: {err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+    assert_eq!(
+        StepKey::try_new("fine-step_1", &json!({"a": 1})).unwrap(),
+        StepKey::new("fine-step_1", &json!({"a": 1}))
+    );
 }

@@ -20,6 +20,11 @@
 //! diff_id), each step named in the config with its `.step.json` (`carried_steps`), so a
 //! substituting home has the image and every layer `load`, `verify` and `--oci` read
 //! without writing a layer or compiling the verify tool.
+//!
+//! The config is [`crate::cache_config::StepConfig`], the one type the pull side reads
+//! back; it names no path of this machine, and it is checked here by the check a puller
+//! makes before it is pushed. An output that entered this store without a trusted
+//! signature (`--allow-unsigned`) is not pushed: signed here, it would look built here.
 
 use std::path::{Path, PathBuf};
 
@@ -27,25 +32,16 @@ use anyhow::{Context, Result, bail};
 use commstack_digest::manifest::Entry;
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
 use commstack_registry::{PushOptions, PushedSigned, Target};
-use commstack_store::Store;
+use commstack_store::{StepKey, Store};
 use serde::Serialize;
-use serde_json::json;
 
+use crate::cache_config::{
+    ArtifactKinds, CARRIED_FILE_MEDIA_TYPE, CONFIG_SCHEMA, CarriedFile, CarriedStep, Expected,
+    KEY_ANNOTATION, LAYER_MEDIA_TYPE, ResultConfig, STEP_ARTIFACT_TYPE, STEP_CONFIG_MEDIA_TYPE,
+    StepConfig, StepDirConfig, facts_for_the_wire,
+};
 use crate::ctx::Ctx;
-use crate::graph::{StepId, StoredResult, stored_result};
-
-/// The artifact type of a step output, and its config's media type.
-pub const STEP_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.step.v1";
-pub const STEP_CONFIG_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.config.v1+json";
-/// An uncompressed tar: wheels and the base's tar are compressed or large already, and
-/// the tar (commstack_image::write_layer) is the same bytes for the same files anywhere.
-pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
-/// A file of a carried store step (an image layer's `layer.tar`, `layer.json`), as it is.
-pub const CARRIED_FILE_MEDIA_TYPE: &str = "application/vnd.dev.commstack.step.file.v1";
-/// The config's schema: 2 added the crate step directory (`step_dir`, `store_root`) and
-/// the second layer; 3 the store steps carried beside it (`carried_steps`, one layer per
-/// file after the first two: the image's layer steps).
-pub const CONFIG_SCHEMA: u64 = 3;
+use crate::graph::{Shipped, StepId, StoredResult, stored_result};
 
 /// What to push where, signed with what.
 #[derive(Clone, Debug)]
@@ -82,44 +78,7 @@ pub fn cache_push(
     let target = Target::parse(&request.registry)?;
     let key = commstack_registry::sign::read_signing_key(&request.key)?;
     let store = Store::open(ctx.store_dir())?;
-    let mut found = Vec::new();
-    for entry in store.list()? {
-        let Some(meta) = entry.meta else { continue };
-        let Some(step) = meta.step.strip_prefix("pipeline-") else {
-            continue;
-        };
-        let Some(id) = StepId::ALL.into_iter().find(|s| s.name() == step) else {
-            continue;
-        };
-        if !request.steps.is_empty() && !request.steps.contains(&id) {
-            continue;
-        }
-        let step_key = meta.key();
-        let Some(stored) = stored_result(&store, &step_key)? else {
-            continue;
-        };
-        if stored.shipped.is_some() {
-            found.push((id, step_key, meta.inputs, stored));
-        }
-    }
-    if found.is_empty() {
-        bail!(
-            "the store {} holds no shipped output{}: build first (`cargo xtask build`)",
-            store.root().display(),
-            match request.steps.is_empty() {
-                true => String::new(),
-                false => format!(
-                    " of {}",
-                    request
-                        .steps
-                        .iter()
-                        .map(|s| s.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        );
-    }
+    let found = shipped_steps(&store, &request.steps, say)?;
     let mut options = PushOptions::new(target);
     options.ca_file = request.ca_file.clone();
     options.jobs = request.jobs.max(1);
@@ -129,7 +88,7 @@ pub fn cache_push(
     std::fs::create_dir_all(&staging_root)
         .with_context(|| format!("cannot create {}", staging_root.display()))?;
     // Who pushes: the same for every output (it runs git, so once).
-    let builder = crate::util::builder();
+    let builder = serde_json::from_value(crate::util::builder())?;
     let mut pushed = Vec::new();
     for (id, step_key, inputs, stored) in found {
         let dir_name = step_key.dir_name();
@@ -139,10 +98,10 @@ pub fn cache_push(
             .with_context(|| format!("cannot create a directory in {}", staging_root.display()))?;
         let layout = step_layout(
             id,
-            &dir_name,
+            &step_key,
             &inputs,
             &stored,
-            store.root(),
+            &store,
             staging.path(),
             &builder,
         )
@@ -175,24 +134,81 @@ pub fn cache_push(
     Ok(pushed)
 }
 
+/// A graph step of the store that ships, to push: its id, key, inputs and result.
+type ToPush = (StepId, StepKey, serde_json::Value, StoredResult);
+
+/// The graph steps of `store` that ship (of `only`, when not empty). One that entered
+/// without a trusted signature is left out, and said: signed here, it would look built
+/// here.
+fn shipped_steps(store: &Store, only: &[StepId], say: &dyn Fn(&str)) -> Result<Vec<ToPush>> {
+    let mut found = Vec::new();
+    let mut unsigned = Vec::new();
+    for entry in store.list()? {
+        let Some(meta) = entry.meta else { continue };
+        let Some(step) = meta.step.strip_prefix("pipeline-") else {
+            continue;
+        };
+        let Some(id) = StepId::ALL.into_iter().find(|s| s.name() == step) else {
+            continue;
+        };
+        if !only.is_empty() && !only.contains(&id) {
+            continue;
+        }
+        let step_key = meta.key();
+        let Some(stored) = stored_result(store, &step_key)? else {
+            continue;
+        };
+        if stored.shipped.is_none() {
+            continue;
+        }
+        if let Some(why) = &meta.unsigned {
+            say(&format!(
+                "{id}: not pushed: its output entered this store without a trusted signature ({why}); build it here to push it (`cargo xtask build --only {id} --force`)"
+            ));
+            unsigned.push(id.name());
+            continue;
+        }
+        found.push((id, step_key, meta.inputs, stored));
+    }
+    if found.is_empty() && !unsigned.is_empty() {
+        bail!(
+            "the store {} holds no shipped output that entered it signed or was built here ({} entered without a trusted signature): build them here first (`cargo xtask build --no-substitute --force`)",
+            store.root().display(),
+            unsigned.join(", ")
+        );
+    }
+    if found.is_empty() {
+        let of: Vec<&str> = only.iter().map(|s| s.name()).collect();
+        bail!(
+            "the store {} holds no shipped output{}: build first (`cargo xtask build`)",
+            store.root().display(),
+            match of.is_empty() {
+                true => String::new(),
+                false => format!(" of {}", of.join(", ")),
+            }
+        );
+    }
+    Ok(found)
+}
+
 /// The OCI layout of one step output in `staging/oci`: the shipped files linked into
 /// `staging/tree` and checked against the manifest the step recorded, their tar, the
 /// provenance config.
 fn step_layout(
     id: StepId,
-    dir_name: &str,
+    key: &StepKey,
     inputs: &serde_json::Value,
     stored: &StoredResult,
-    store_root: &Path,
+    store: &Store,
     staging: &Path,
-    builder: &serde_json::Value,
+    builder: &crate::cache_config::Builder,
 ) -> Result<PathBuf> {
+    let store_root = store.root();
+    let dir_name = key.dir_name();
     let shipped = stored.shipped.as_ref().context("the step ships nothing")?;
     let step_dir = StepDirOf::find(store_root, &shipped.root).with_context(|| {
         format!("step {id}: what it ships is not in a step of the store, so another home could not make it again")
     })?;
-    let tree = staging.join("tree");
-    std::fs::create_dir_all(&tree)?;
     let single_file = std::fs::symlink_metadata(&shipped.root)
         .with_context(|| {
             format!(
@@ -201,6 +217,89 @@ fn step_layout(
             )
         })?
         .is_file();
+    let tree = staging.join("tree");
+    link_shipped(id, shipped, single_file, &tree)?;
+    let tar = staging.join(format!("{dir_name}.tar"));
+    commstack_image::write_layer(&tree, &tar, 0)?;
+    // The rest of the crate's step directory, linked like the shipped files.
+    let rest = staging.join("rest");
+    let shipped_paths: std::collections::BTreeSet<PathBuf> = match single_file {
+        true => [step_dir.shipped.clone()].into(),
+        false => shipped
+            .files
+            .keys()
+            .map(|k| step_dir.shipped.join(k))
+            .collect(),
+    };
+    link_rest(&step_dir.path, &shipped_paths, &rest)?;
+    let rest_tar = staging.join(format!("{dir_name}.rest.tar"));
+    commstack_image::write_layer(&rest, &rest_tar, 0)?;
+    let carried = carried_steps(store, &shipped.root)
+        .with_context(|| format!("step {id}: the store steps its output names"))?;
+    let mut layers = vec![
+        (LAYER_MEDIA_TYPE.to_string(), tar),
+        (LAYER_MEDIA_TYPE.to_string(), rest_tar),
+    ];
+    for (_, files) in &carried {
+        for file in files {
+            layers.push((CARRIED_FILE_MEDIA_TYPE.to_string(), file.clone()));
+        }
+    }
+    let config = StepConfig {
+        schema: CONFIG_SCHEMA,
+        key: dir_name.clone(),
+        inputs: inputs.clone(),
+        result: result_config(id, stored, &step_dir.path, store_root)?,
+        step_dir: StepDirConfig {
+            name: step_dir.name.clone(),
+            meta: step_dir.meta.clone(),
+            shipped: step_dir.shipped.clone(),
+            shipped_is_file: single_file,
+        },
+        carried_steps: carried.into_iter().map(|(c, _)| c).collect(),
+        layers: vec![
+            "shipped".into(),
+            "rest".into(),
+            "the carried steps' files, in order".into(),
+        ],
+        pushed_by: format!("commstack {}", env!("CARGO_PKG_VERSION")),
+        builder: Some(builder.clone()),
+    };
+    // What a puller will check, checked before anything is sent.
+    config
+        .validate(&Expected {
+            key,
+            step: id.name(),
+            kinds: &ArtifactKinds {
+                own: step_dir.meta.step.clone(),
+                carried: config
+                    .carried_steps
+                    .iter()
+                    .map(|c| c.meta.step.clone())
+                    .collect(),
+            },
+            layers: layers.len(),
+        })
+        .with_context(|| format!("step {id}: what would be pushed"))?;
+    let layout = staging.join("oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: STEP_ARTIFACT_TYPE.to_string(),
+            config_media_type: STEP_CONFIG_MEDIA_TYPE.to_string(),
+            config: commstack_digest::canonical_json(&serde_json::to_value(&config)?).into_bytes(),
+            layers,
+            annotations: [(KEY_ANNOTATION.to_string(), dir_name)].into(),
+            subject: None,
+        },
+        &layout,
+    )?;
+    Ok(layout)
+}
+
+/// Links the shipped files into `tree`, and checks that they are what the step recorded,
+/// byte for byte and mode for mode.
+fn link_shipped(id: StepId, shipped: &Shipped, single_file: bool, tree: &Path) -> Result<()> {
+    std::fs::create_dir_all(tree)?;
     for (rel, entry) in &shipped.files {
         let from = match single_file {
             true => shipped.root.clone(),
@@ -221,7 +320,7 @@ fn step_layout(
         }
     }
     // What is pushed is what the step recorded, byte for byte and mode for mode.
-    let now = commstack_digest::manifest::manifest(&tree, &|_| false)
+    let now = commstack_digest::manifest::manifest(tree, &|_| false)
         .with_context(|| format!("hashing {}", tree.display()))?;
     let differences = commstack_digest::manifest::differences(&shipped.files, &now);
     if !differences.is_empty() {
@@ -233,23 +332,17 @@ fn step_layout(
             named.join("; ")
         );
     }
-    let tar = staging.join(format!("{dir_name}.tar"));
-    commstack_image::write_layer(&tree, &tar, 0)?;
-    // The rest of the crate's step directory, linked like the shipped files.
-    let rest = staging.join("rest");
-    std::fs::create_dir_all(&rest)?;
-    let shipped_paths: std::collections::BTreeSet<PathBuf> = match single_file {
-        true => [step_dir.shipped.clone()].into(),
-        false => shipped
-            .files
-            .keys()
-            .map(|k| step_dir.shipped.join(k))
-            .collect(),
-    };
-    for entry in walkdir::WalkDir::new(&step_dir.path).min_depth(1) {
-        let entry = entry.with_context(|| format!("walking {}", step_dir.path.display()))?;
-        let rel = entry.path().strip_prefix(&step_dir.path)?.to_path_buf();
-        if entry.file_type().is_dir() || shipped_paths.contains(&rel) || not_carried(&rel) {
+    Ok(())
+}
+
+/// Links into `rest` every file and link of the step directory `dir` but the shipped ones
+/// and what no other home needs (logs, the store's records).
+fn link_rest(dir: &Path, shipped: &std::collections::BTreeSet<PathBuf>, rest: &Path) -> Result<()> {
+    std::fs::create_dir_all(rest)?;
+    for entry in walkdir::WalkDir::new(dir).min_depth(1) {
+        let entry = entry.with_context(|| format!("walking {}", dir.display()))?;
+        let rel = entry.path().strip_prefix(dir)?.to_path_buf();
+        if entry.file_type().is_dir() || shipped.contains(&rel) || not_carried(&rel) {
             continue;
         }
         let to = rest.join(&rel);
@@ -266,70 +359,40 @@ fn step_layout(
             }
         }
     }
-    let rest_tar = staging.join(format!("{dir_name}.rest.tar"));
-    commstack_image::write_layer(&rest, &rest_tar, 0)?;
-    let carried = carried_steps(store_root, &shipped.root)
-        .with_context(|| format!("step {id}: the store steps its output names"))?;
-    let mut layers = vec![
-        (LAYER_MEDIA_TYPE.to_string(), tar),
-        (LAYER_MEDIA_TYPE.to_string(), rest_tar),
-    ];
-    for step in &carried {
-        for file in &step.files {
-            layers.push((CARRIED_FILE_MEDIA_TYPE.to_string(), file.from.clone()));
-        }
-    }
-    let config = json!({
-        "schema": CONFIG_SCHEMA,
-        "key": dir_name,
-        "inputs": inputs,
-        "result": stored,
-        "store_root": store_root,
-        "step_dir": {
-            "name": step_dir.name,
-            "meta": step_dir.meta,
-            "shipped": step_dir.shipped,
-            "shipped_is_file": single_file,
-        },
-        "carried_steps": carried,
-        "layers": ["shipped", "rest", "the carried steps' files, in order"],
-        "pushed_by": format!("commstack {}", env!("CARGO_PKG_VERSION")),
-        "builder": builder,
-    });
-    let layout = staging.join("oci");
-    write_artifact_layout(
-        &Artifact {
-            artifact_type: STEP_ARTIFACT_TYPE.to_string(),
-            config_media_type: STEP_CONFIG_MEDIA_TYPE.to_string(),
-            config: commstack_digest::canonical_json(&config).into_bytes(),
-            layers,
-            annotations: [("dev.commstack.step.key".to_string(), dir_name.to_string())].into(),
-            subject: None,
-        },
-        &layout,
-    )?;
-    Ok(layout)
+    Ok(())
 }
 
-/// A store step the artifact carries whole beside the crate step, one layer per file.
-#[derive(Serialize, serde::Deserialize)]
-pub(crate) struct CarriedStep {
-    pub name: String,
-    /// Its `.step.json`: its key and inputs.
-    pub meta: commstack_store::StepMeta,
-    pub files: Vec<CarriedFile>,
-}
-
-#[derive(Serialize, serde::Deserialize)]
-pub(crate) struct CarriedFile {
-    /// Relative to the step directory.
-    pub path: PathBuf,
-    pub sha256: String,
-    pub size: u64,
-    pub executable: bool,
-    /// Where it is in the pusher's store (not in the config).
-    #[serde(skip)]
-    pub from: PathBuf,
+/// The step's result for the artifact's config, with no path of this machine: its output
+/// relative to its crate step `step_dir`, store paths in its facts relative to the store
+/// (another absolute path is an error: another home has no such file).
+fn result_config(
+    id: StepId,
+    stored: &StoredResult,
+    step_dir: &Path,
+    store_root: &Path,
+) -> Result<ResultConfig> {
+    let shipped = stored.shipped.as_ref().context("the step ships nothing")?;
+    let output = match &stored.result.output {
+        None => None,
+        Some(output) => Some(
+            output
+                .strip_prefix(step_dir)
+                .with_context(|| {
+                    format!(
+                        "step {id}: its output {} is not in its store step {}, so another home could not make it again",
+                        output.display(),
+                        step_dir.display()
+                    )
+                })?
+                .to_path_buf(),
+        ),
+    };
+    Ok(ResultConfig {
+        output,
+        facts: facts_for_the_wire(&stored.result.facts, store_root)
+            .with_context(|| format!("step {id}'s facts"))?,
+        shipped: shipped.files.clone(),
+    })
 }
 
 /// The store steps an output names that no graph step's artifact carries: an image step
@@ -337,7 +400,10 @@ pub(crate) struct CarriedFile {
 /// base's lie in `image-layer-<hash>` steps of their own, which the image's artifact
 /// carries whole (the base's is the base step's, pulled with it). The files go as they
 /// are (a layer tar's blob digest is its diff_id), hashed here.
-fn carried_steps(store_root: &Path, shipped_root: &Path) -> Result<Vec<CarriedStep>> {
+/// Each with where its files are in this store. A step that entered unsigned is not
+/// carried (signed here, it would look built here).
+fn carried_steps(store: &Store, shipped_root: &Path) -> Result<Vec<(CarriedStep, Vec<PathBuf>)>> {
+    let store_root = store.root();
     let image_json = shipped_root.join(commstack_image::assemble::IMAGE_FILE);
     if !image_json.is_file() {
         return Ok(Vec::new());
@@ -375,7 +441,12 @@ fn carried_steps(store_root: &Path, shipped_root: &Path) -> Result<Vec<CarriedSt
             })?,
         )
         .with_context(|| format!("{} is not a step description", meta_file.display()))?;
-        let mut files = Vec::new();
+        if let Some(why) = &meta.unsigned {
+            bail!(
+                "the image names a layer in {name}, which entered this store without a trusted signature ({why}): build the image here to push it (`cargo xtask build --only image --force`)"
+            );
+        }
+        let (mut files, mut from) = (Vec::new(), Vec::new());
         for entry in walkdir::WalkDir::new(&dir).min_depth(1).sort_by_file_name() {
             let entry = entry.with_context(|| format!("walking {}", dir.display()))?;
             let rel = entry.path().strip_prefix(&dir)?.to_path_buf();
@@ -393,10 +464,10 @@ fn carried_steps(store_root: &Path, shipped_root: &Path) -> Result<Vec<CarriedSt
                 size: meta.len(),
                 executable: meta.permissions().mode() & 0o111 != 0,
                 path: rel,
-                from: entry.path().to_path_buf(),
             });
+            from.push(entry.path().to_path_buf());
         }
-        carried.push(CarriedStep { name, meta, files });
+        carried.push((CarriedStep { name, meta, files }, from));
     }
     Ok(carried)
 }

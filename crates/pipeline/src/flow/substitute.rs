@@ -3,31 +3,35 @@
 //! repository; when it is there, this takes it instead of building:
 //!
 //! 1. the signature (`sha256-<hex>.sig`) is verified under stack.toml's `[cache]
-//!    trusted-keys` (an unsigned or untrusted output is refused unless `--allow-unsigned`);
-//! 2. the manifest must be a step artifact of this very key (its annotation, its config's
-//!    key and inputs: the signature binds them), and the config names the crate step
-//!    directory the result points into (`nvshmem-<hash>`), its `.step.json`, and where in
-//!    it the shipped files lie;
+//!    trusted-keys` (an unsigned or untrusted output is refused unless `--allow-unsigned`,
+//!    and then every store step it brings is marked so);
+//! 2. the manifest must be a step artifact of this very key (its annotation), and its
+//!    config ([`crate::cache_config::StepConfig`], read within its bound) is checked
+//!    whole before anything is written: this key and its inputs, the crate step and the
+//!    carried steps described by their own inputs and of the kinds the step's artifact
+//!    may bring, every name a step name and every path a plain path inside a step;
 //! 3. each layer is downloaded into the store's tmp/ with its sha256 checked as it streams
 //!    (an interrupted download continues on the rerun), unpacked with the one unpacker
 //!    into that crate step's directory as `Store::run` builds it (so it is sealed, or
-//!    left in tmp/ and failed/, exactly as a local build is), the shipped files compared
-//!    with the config's manifest before anything is sealed;
-//! 4. the result's paths (the pusher's home) are moved into this home's store, and the
-//!    engine seals the graph step with it (crate::graph).
+//!    moved to failed/, exactly as a local build is), the shipped files compared with the
+//!    config's manifest before anything is sealed;
+//! 4. the result is made in this store's paths (the config names none of the pusher's),
+//!    and the engine seals the graph step with it (crate::graph).
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use commstack_registry::pull::{Found, Puller};
-use commstack_registry::{PushOptions, Target, VerifyingKey};
-use commstack_store::{StepKey, StepMeta, Store};
+use commstack_registry::pull::{Found, Puller, Wanted};
+use commstack_registry::{Document, PushOptions, Target, VerifyingKey};
+use commstack_store::{StepKey, Store};
 use serde::Deserialize;
 
-use crate::flow::cache_push::{CONFIG_SCHEMA, CarriedStep, STEP_ARTIFACT_TYPE};
-use crate::graph::{Decision, StepId, StoredResult};
+use crate::cache_config::{
+    ArtifactKinds, CarriedStep, Expected, KEY_ANNOTATION, STEP_ARTIFACT_TYPE, StepConfig, shown,
+};
+use crate::graph::{Decision, Pulled, Shipped, StepId, StepResult, StoredResult};
 use commstack_graph::Substitute;
 use commstack_image::assemble::LAYER_FILE;
 
@@ -38,7 +42,8 @@ pub struct SubstituteRequest {
     pub registry: String,
     /// `ed25519:<base64>` each (stack.toml's `[cache] trusted-keys`).
     pub trusted_keys: Vec<String>,
-    /// Accept outputs that are unsigned or signed by no trusted key (said on each).
+    /// Accept outputs that are unsigned or signed by no trusted key (said on each, and
+    /// marked in the store).
     pub allow_unsigned: bool,
     pub ca_file: Option<PathBuf>,
     /// Draw progress bars for large blobs.
@@ -57,44 +62,9 @@ pub struct Substituter {
     puller: std::cell::OnceCell<Puller>,
     /// Where an image's layer tars go as they land (a `docker load` started early).
     early_load: Option<std::sync::Arc<crate::flow::image::EarlyLoadFeed>>,
-    /// The kind of store step each step's output lives in, None for a step never pulled
-    /// (the stack's [`crate::stack_steps::store_step_kind`], or a test's).
-    step_kinds: Box<dyn Fn(StepId) -> Option<String>>,
-}
-
-/// The config of a step artifact (crate::flow::cache_push), as far as a pull reads it.
-#[derive(Deserialize)]
-struct StepConfig {
-    schema: u64,
-    key: String,
-    inputs: serde_json::Value,
-    result: StoredResult,
-    store_root: PathBuf,
-    step_dir: StepDirConfig,
-    /// The image's layer steps (schema 3), their files the layers after the first two.
-    #[serde(default)]
-    carried_steps: Vec<CarriedStep>,
-    /// Who made it (`crate::util::builder`); absent in artifacts pushed before it was kept.
-    #[serde(default)]
-    builder: Option<Builder>,
-}
-
-#[derive(Deserialize)]
-struct Builder {
-    #[serde(default)]
-    commstack: String,
-    #[serde(default)]
-    commit: String,
-    #[serde(default)]
-    host: String,
-}
-
-#[derive(Deserialize)]
-struct StepDirConfig {
-    name: String,
-    meta: StepMeta,
-    shipped: PathBuf,
-    shipped_is_file: bool,
+    /// The kinds of store step each step's artifact may bring, None for a step never
+    /// pulled (the stack's [`crate::stack_steps::artifact_kinds`], or a test's).
+    artifact_kinds: Box<dyn Fn(StepId) -> Option<ArtifactKinds>>,
 }
 
 /// A layer of the manifest.
@@ -112,6 +82,16 @@ struct Manifest {
     layers: Vec<Descriptor>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
+}
+
+/// An artifact whose manifest and config passed their checks.
+struct Checked {
+    manifest: Manifest,
+    config: StepConfig,
+    /// Why it is taken without a trusted signature (None: signed by a trusted key).
+    unsigned: Option<String>,
+    /// `the output of step S (HOST/REPO:TAG@sha256:...)`, for messages.
+    what: String,
 }
 
 impl Substituter {
@@ -145,7 +125,7 @@ impl Substituter {
             found: RefCell::new(BTreeMap::new()),
             puller: std::cell::OnceCell::new(),
             early_load: None,
-            step_kinds: Box::new(crate::stack_steps::store_step_kind),
+            artifact_kinds: Box::new(crate::stack_steps::artifact_kinds),
         })
     }
 
@@ -162,8 +142,11 @@ impl Substituter {
     }
 
     /// For tests whose recipes make store steps of other kinds than the stack's.
-    pub fn set_step_kinds(&mut self, kinds: impl Fn(StepId) -> Option<String> + 'static) {
-        self.step_kinds = Box::new(kinds);
+    pub fn set_artifact_kinds(
+        &mut self,
+        kinds: impl Fn(StepId) -> Option<ArtifactKinds> + 'static,
+    ) {
+        self.artifact_kinds = Box::new(kinds);
     }
 
     /// Tell `feed` of each image layer tar as soon as it is downloaded and checked.
@@ -195,10 +178,10 @@ impl Substitute<StepId> for Substituter {
     }
 
     /// The one pull-or-build decision: a step whose output the cache may hold (one with
-    /// a store-step kind, what `cache push` pushes) is pulled when the cache has its key,
+    /// artifact kinds, what `cache push` pushes) is pulled when the cache has its key,
     /// else built here.
     fn decide(&self, step: StepId, key: &StepKey) -> Result<Decision> {
-        if (self.step_kinds)(step).is_none() {
+        if (self.artifact_kinds)(step).is_none() {
             return Ok(Decision::Build { why: None });
         }
         let tag = tag_of(key);
@@ -221,13 +204,50 @@ impl Substitute<StepId> for Substituter {
         step: StepId,
         key: &StepKey,
         say: &dyn Fn(&str),
-    ) -> Result<StoredResult> {
-        let kind = (self.step_kinds)(step);
-        let kind = kind.as_deref();
-        let tag = tag_of(key);
-        let place = self.place(&tag);
+    ) -> Result<Pulled> {
+        let kinds = (self.artifact_kinds)(step)
+            .with_context(|| format!("step {step} cannot come from a binary cache"))?;
+        let kinds = &kinds;
         // Downloads go to files named by the blob: one process at a time writes them.
         let _downloads = store.lock_downloads()?;
+        let artifact = self.checked(step, key, kinds, say)?;
+        if let Some(b) = &artifact.config.builder {
+            say(&format!(
+                "pushed by commstack {} (commit {}) on {}",
+                shown(&b.commstack),
+                shown(b.commit.get(..12).unwrap_or(&b.commit)),
+                if b.host.is_empty() {
+                    "?".into()
+                } else {
+                    shown(&b.host)
+                }
+            ));
+        }
+        // The store steps the output names (the image's layers) first: the crate step is
+        // sealed only when what it names is here.
+        self.pull_carried_steps(store, &artifact, say)?;
+        self.pull_crate_step(store, step, &artifact, say)?;
+        let stored = result_here(store, &artifact.config).with_context(|| artifact.what.clone())?;
+        Ok(Pulled {
+            stored,
+            unsigned: artifact.unsigned,
+        })
+    }
+}
+
+impl Substituter {
+    /// The artifact of `key`: its signature verified (or, with --allow-unsigned, why it is
+    /// taken without), its manifest a step artifact of this key, its config read within
+    /// its bound and checked whole ([`StepConfig::validate`]) before anything is written.
+    fn checked(
+        &self,
+        step: StepId,
+        key: &StepKey,
+        kinds: &ArtifactKinds,
+        say: &dyn Fn(&str),
+    ) -> Result<Checked> {
+        let tag = tag_of(key);
+        let place = self.place(&tag);
         let found = match self.found.borrow().get(&tag).cloned() {
             Some(found) => found,
             None => self
@@ -236,100 +256,86 @@ impl Substitute<StepId> for Substituter {
                 .with_context(|| format!("the binary cache has no {place} (any more)"))?,
         };
         let what = format!("the output of step {step} ({place}@{})", found.digest);
-        self.check_signature(&found, &what, say)?;
+        let unsigned = self.check_signature(&found, &what, say)?;
         let manifest: Manifest = serde_json::from_slice(&found.manifest)
             .with_context(|| format!("{what}: the manifest is not an OCI image manifest"))?;
+        let annotated = manifest.annotations.get(KEY_ANNOTATION);
         if manifest.artifact_type.as_deref() != Some(STEP_ARTIFACT_TYPE)
-            || manifest.annotations.get("dev.commstack.step.key") != Some(&key.dir_name())
+            || annotated != Some(&key.dir_name())
         {
             bail!(
-                "{what}: not the step artifact of {} (artifact type {:?}, key {:?}): refusing it",
+                "{what}: not the step artifact of {} (artifact type {}, key {}): refusing it",
                 key.dir_name(),
-                manifest.artifact_type,
-                manifest.annotations.get("dev.commstack.step.key")
+                shown(manifest.artifact_type.as_deref().unwrap_or("none")),
+                shown(annotated.map_or("none", String::as_str))
             );
         }
         let config = self
             .puller()?
-            .pull_small_blob(&manifest.config.digest, manifest.config.size)
+            .pull_document(
+                &manifest.config.digest,
+                manifest.config.size,
+                Document::Config,
+            )
             .with_context(|| format!("{what}: its config"))?;
-        let config: StepConfig = serde_json::from_slice(&config)
-            .with_context(|| format!("{what}: its config is not a step's provenance"))?;
-        let carried_files: usize = config.carried_steps.iter().map(|c| c.files.len()).sum();
-        if config.schema != CONFIG_SCHEMA || manifest.layers.len() != 2 + carried_files {
-            bail!(
-                "{what}: pushed by another commstack (config schema {}, {} layers; this one reads schema {CONFIG_SCHEMA}, {} layers): push it again with this one (`cargo xtask cache push`)",
-                config.schema,
-                manifest.layers.len(),
-                2 + carried_files
-            );
-        }
-        // The key is the hash of the inputs: the config must hold the inputs of this key.
-        if config.key != key.dir_name() || StepKey::new(&key.step, &config.inputs) != *key {
-            bail!(
-                "{what}: its config is for {} with other inputs, not for {}: refusing it",
-                config.key,
-                key.dir_name()
-            );
-        }
-        if let Some(b) = &config.builder {
-            say(&format!(
-                "pushed by commstack {} (commit {}) on {}",
-                b.commstack,
-                b.commit.get(..12).unwrap_or(&b.commit),
-                if b.host.is_empty() { "?" } else { &b.host }
-            ));
-        }
-        let shipped = config
-            .result
-            .shipped
-            .as_ref()
-            .with_context(|| format!("{what}: its result ships nothing"))?;
-        let dir = &config.step_dir;
-        let crate_key = dir.meta.key();
-        if StepKey::new(&crate_key.step, &dir.meta.inputs) != crate_key
-            || crate_key.dir_name() != dir.name
-            || !safe_relative(&dir.shipped)
-        {
-            bail!(
-                "{what}: its crate step {} is not described by its own inputs (or names a path outside it): refusing it",
-                dir.name
-            );
-        }
-        // A step's artifact brings that step's kind of store directory and no other: a
-        // `base-...` in the NVSHMEM artifact would be taken by a later build that reads
-        // the base (an unsigned artifact under --allow-unsigned included).
-        if let Some(kind) = kind
-            && crate_key.step != kind
-        {
-            bail!(
-                "{what}: it carries the store step {}, but step {step} makes `{kind}-...` steps: refusing it",
-                dir.name
-            );
-        }
+        let config: StepConfig = serde_json::from_slice(&config).with_context(|| {
+            format!(
+                "{what}: its config is not a step's provenance (config schema {})",
+                crate::cache_config::CONFIG_SCHEMA
+            )
+        })?;
+        config
+            .validate(&Expected {
+                key,
+                step: step.name(),
+                kinds,
+                layers: manifest.layers.len(),
+            })
+            .with_context(|| what.clone())?;
+        Ok(Checked {
+            manifest,
+            config,
+            unsigned,
+            what,
+        })
+    }
 
-        // The store steps the output names (the image's layers) first: the crate step is
-        // sealed only when what it names is here. Their blobs the store lacks come
-        // several at a time (hashed as they stream); each step then takes its files.
-        let carried: Vec<(&CarriedStep, &[Descriptor])> = config
+    /// The store steps the artifact carries whole (the image's layer steps), each made as
+    /// `Store::run` makes a step: their blobs the store lacks come several at a time
+    /// (hashed as they stream), then each step takes its files.
+    fn pull_carried_steps(
+        &self,
+        store: &Store,
+        artifact: &Checked,
+        say: &dyn Fn(&str),
+    ) -> Result<()> {
+        let what = &artifact.what;
+        let carried: Vec<(&CarriedStep, &[Descriptor])> = artifact
+            .config
             .carried_steps
             .iter()
             .scan(2, |next, c| {
-                let layers = &manifest.layers[*next..*next + c.files.len()];
+                let layers = &artifact.manifest.layers[*next..*next + c.files.len()];
                 *next += c.files.len();
                 Some((c, layers))
             })
             .collect();
         for (c, layers) in &carried {
-            check_carried(c, layers, &what)?;
+            check_carried(c, layers, what)?;
         }
-        // Where each carried step is in this store already (None: it is to be pulled).
+        // Where each carried step is in this store already (None: it is to be pulled; a
+        // step marked unsigned is made again).
         let in_store: Vec<Option<PathBuf>> = carried
             .iter()
-            .map(|(c, _)| store.lookup(&c.meta.key()))
+            .map(|(c, _)| {
+                let key = c.meta.key();
+                store
+                    .lookup(&key)
+                    .filter(|_| store.unsigned(&key).is_none())
+            })
             .collect();
         // The layer tars (their sha256 the diff_ids), which go on into an early docker load.
-        let layer_tars: std::collections::BTreeSet<&str> = carried
+        let layer_tars: BTreeSet<&str> = carried
             .iter()
             .flat_map(|(c, layers)| c.files.iter().zip(layers.iter()))
             .filter(|(f, _)| f.path == Path::new(LAYER_FILE))
@@ -350,7 +356,7 @@ impl Substitute<StepId> for Substituter {
                 }
             }
         }
-        let wanted: Vec<commstack_registry::pull::Wanted> = carried
+        let wanted: Vec<Wanted> = carried
             .iter()
             .zip(&in_store)
             .filter(|(_, dir)| dir.is_none())
@@ -362,7 +368,7 @@ impl Substitute<StepId> for Substituter {
             })
             // Once each: two downloads of one blob would share its file.
             .map(|(c, f, l)| {
-                let wanted = commstack_registry::pull::Wanted {
+                let wanted = Wanted {
                     digest: l.digest.clone(),
                     size: l.size,
                     part: pull_part(store, &l.digest),
@@ -381,7 +387,7 @@ impl Substitute<StepId> for Substituter {
                 carried.len(),
                 bytes as f64 / 1e9
             ));
-            let landed = |w: &commstack_registry::pull::Wanted| {
+            let landed = |w: &Wanted| {
                 if let Some(feed) = &self.early_load
                     && layer_tars.contains(w.digest.as_str())
                 {
@@ -392,15 +398,34 @@ impl Substitute<StepId> for Substituter {
                 .pull_blobs(&wanted, PULL_JOBS, &landed)
                 .with_context(|| format!("{what}: the layers it carries"))?;
         }
-        let downloaded: std::collections::BTreeSet<&str> =
-            wanted.iter().map(|w| w.digest.as_str()).collect();
+        let downloaded: BTreeSet<&str> = wanted.iter().map(|w| w.digest.as_str()).collect();
         for (c, layers) in &carried {
-            self.pull_carried(store, c, layers, &downloaded, &what, say)?;
+            self.pull_carried(store, c, layers, &downloaded, artifact, say)?;
         }
+        Ok(())
+    }
 
-        let outcome = store.run(&crate_key, &dir.meta.inputs, false, |out| {
+    /// The crate step the result lives in: its first two layers (the shipped files, the
+    /// rest of the directory) unpacked with the one unpacker, the shipped files compared
+    /// with the config's manifest before the second layer joins them and again after, no
+    /// link leading out, sealed as a local build is (or moved to failed/). A crate step the
+    /// store has already must hold the same shipped files.
+    fn pull_crate_step(
+        &self,
+        store: &Store,
+        step: StepId,
+        artifact: &Checked,
+        say: &dyn Fn(&str),
+    ) -> Result<()> {
+        let (config, what) = (&artifact.config, &artifact.what);
+        let dir = &config.step_dir;
+        let shipped = &config.result.shipped;
+        let outcome = store.run(&dir.meta.key(), &dir.meta.inputs, false, |out| {
+            if let Some(why) = &artifact.unsigned {
+                out.mark_unsigned(why);
+            }
             // The first two layers: the shipped files and the rest of the directory.
-            let own_layers = &manifest.layers[..2];
+            let own_layers = &artifact.manifest.layers[..2];
             let parts: Vec<PathBuf> = own_layers
                 .iter()
                 .map(|l| pull_part(store, &l.digest))
@@ -431,7 +456,7 @@ impl Substitute<StepId> for Substituter {
                             }
                             false => move_into(&unpacked, &root)?,
                         }
-                        check_shipped(&root, dir.shipped_is_file, &shipped.files)
+                        check_shipped(&root, dir.shipped_is_file, shipped)
                             .with_context(|| format!("{what}: {}", dir.name))?;
                     }
                     _ => move_into(&unpacked, &out.out)?,
@@ -443,23 +468,19 @@ impl Substitute<StepId> for Substituter {
             }
             // Both layers together: still exactly the shipped files (the second layer
             // added none to them), and no link that leads out of the step.
-            check_shipped(
-                &out.out.join(&dir.shipped),
-                dir.shipped_is_file,
-                &shipped.files,
-            )
-            .with_context(|| format!("{what}: {}", dir.name))?;
+            check_shipped(&out.out.join(&dir.shipped), dir.shipped_is_file, shipped)
+                .with_context(|| format!("{what}: {}", dir.name))?;
             links_stay_inside(&out.out).with_context(|| format!("{what}: {}", dir.name))?;
             Ok(())
         })?;
         match outcome.was_cached() {
             true => {
                 // Made here before (the crate key is the same): its bytes must be those the
-                // signed manifest records, or the result would describe other files.
+                // manifest records, or the result would describe other files.
                 check_shipped(
                     &outcome.path().join(&dir.shipped),
                     dir.shipped_is_file,
-                    &shipped.files,
+                    shipped,
                 )
                 .with_context(|| {
                     format!(
@@ -474,52 +495,29 @@ impl Substitute<StepId> for Substituter {
             }
             false => say(&format!("unpacked into {}", outcome.path().display())),
         }
-
-        // The result in this home's paths: the pusher's store root becomes this one. A
-        // path of the pusher's home outside its store (its download cache, its reports)
-        // would name nothing here, or another file.
-        let mut result = serde_json::to_value(&config.result)?;
-        let elsewhere = home_paths_outside_the_store(&result, &config.store_root);
-        if !elsewhere.is_empty() {
-            bail!(
-                "{what}: its result names paths of the pushing machine outside its store ({}), which this home does not have: refusing it (build the step here with --no-substitute)",
-                elsewhere.join(", ")
-            );
-        }
-        relocate(&mut result, &config.store_root, store.root());
-        let result: StoredResult = serde_json::from_value(result)?;
-        if let Some(output) = &result.result.output
-            && !output.exists()
-        {
-            bail!(
-                "{what}: its output {} is not in this store after the pull (the result names a step the artifact does not carry)",
-                output.display()
-            );
-        }
-        if let Some(output) = &result.result.output {
-            image_layers_present(store, output).with_context(|| what.clone())?;
-        }
-        Ok(result)
+        Ok(())
     }
-}
 
-impl Substituter {
     /// One carried store step (an image layer's `image-layer-<hash>`, checked by
     /// [`check_carried`]), made in this store as `Store::run` makes a step: each file's
-    /// blob downloaded (its sha256 the one the signed config records), moved into the step
+    /// blob downloaded (its sha256 the one the config records), moved into the step
     /// directory, sealed. A step the store has already is not downloaded.
     fn pull_carried(
         &self,
         store: &Store,
         carried: &CarriedStep,
         layers: &[Descriptor],
-        downloaded: &std::collections::BTreeSet<&str>,
-        what: &str,
+        downloaded: &BTreeSet<&str>,
+        artifact: &Checked,
         say: &dyn Fn(&str),
     ) -> Result<()> {
+        let what = &artifact.what;
         let key = carried.meta.key();
         let outcome = store.run(&key, &carried.meta.inputs, false, |out| {
             use std::os::unix::fs::PermissionsExt;
+            if let Some(why) = &artifact.unsigned {
+                out.mark_unsigned(why);
+            }
             for (file, layer) in carried.files.iter().zip(layers) {
                 say(&format!(
                     "{}/{} ({}): {} bytes",
@@ -560,28 +558,46 @@ impl Substituter {
     }
 }
 
-/// A carried store step must be an image layer step described by its own inputs, with
-/// paths inside it, each file's blob the one its config records: checked for every step
-/// before any of them is fed to Docker or downloaded.
-fn check_carried(carried: &CarriedStep, layers: &[Descriptor], what: &str) -> Result<()> {
-    let key = carried.meta.key();
-    if StepKey::new(&key.step, &carried.meta.inputs) != key
-        || key.step != commstack_image::assemble::LAYER_STEP
-        || key.dir_name() != carried.name
-        || !carried.files.iter().all(|f| safe_relative(&f.path))
+/// The result of a pulled step in this store: every path made from this store's root and
+/// the names the (checked) config gives. Its output must be there now, and an image's
+/// layers too.
+fn result_here(store: &Store, config: &StepConfig) -> Result<StoredResult> {
+    let root = store.root();
+    let output = config.output_in(root);
+    if let Some(output) = &output
+        && std::fs::symlink_metadata(output).is_err()
     {
         bail!(
-            "{what}: the store step {} it carries is not described by its own inputs (or names a path outside it): refusing it",
-            carried.name
+            "its output {} is not in this store after the pull (the artifact does not carry it): refusing it",
+            output.display()
         );
     }
+    if let Some(output) = &output {
+        image_layers_present(store, output)?;
+    }
+    Ok(StoredResult {
+        result: StepResult {
+            output,
+            facts: config.facts_in(root),
+        },
+        shipped: Some(Shipped {
+            root: config.shipped_root_in(root),
+            files: config.result.shipped.clone(),
+        }),
+    })
+}
+
+/// A carried store step's files are the blobs its config records (digest and size):
+/// checked for every step before any of them is fed to Docker or downloaded. (Its kind,
+/// name and paths are checked with the config, [`StepConfig::validate`].)
+fn check_carried(carried: &CarriedStep, layers: &[Descriptor], what: &str) -> Result<()> {
     for (file, layer) in carried.files.iter().zip(layers) {
         if layer.digest != format!("sha256:{}", file.sha256) || layer.size != file.size {
             bail!(
                 "{what}: the layer for {}/{} is {} ({} bytes), its config records sha256:{} ({} bytes): refusing it",
                 carried.name,
                 file.path.display(),
-                layer.digest,
+                shown(&layer.digest),
                 layer.size,
                 file.sha256,
                 file.size
@@ -601,7 +617,8 @@ fn pull_part(store: &Store, digest: &str) -> PathBuf {
 }
 
 /// An image step's output names its layers' tars relative to the store's `steps/`: each
-/// must be in this store now, at its recorded size (the base's comes with the base step).
+/// must be a plain path in a step of this store (never elsewhere on this machine), there
+/// now at its recorded size (the base's comes with the base step).
 fn image_layers_present(store: &Store, output: &Path) -> Result<()> {
     let image_json = output.join(commstack_image::assemble::IMAGE_FILE);
     if !output.is_dir() || !image_json.is_file() {
@@ -614,6 +631,17 @@ fn image_layers_present(store: &Store, output: &Path) -> Result<()> {
         let (Some(file), Some(size)) = (layer["file"].as_str(), layer["size"].as_u64()) else {
             bail!("{}: a layer without a file or size", image_json.display());
         };
+        let in_a_step = Path::new(file).components().count() >= 2
+            && Path::new(file)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !in_a_step {
+            bail!(
+                "{}: the layer {} is not a path in a step of the store: refusing it",
+                image_json.display(),
+                shown(file)
+            );
+        }
         let path = steps.join(file);
         match std::fs::metadata(&path) {
             Ok(m) if m.len() == size => {}
@@ -627,10 +655,17 @@ fn image_layers_present(store: &Store, output: &Path) -> Result<()> {
 }
 
 impl Substituter {
-    /// The signature under the trusted keys. An unsigned output, or one whose signature
-    /// is not by a trusted key or does not verify, is refused, or with --allow-unsigned
-    /// said and taken; a registry that cannot be read is an error either way.
-    fn check_signature(&self, found: &Found, what: &str, say: &dyn Fn(&str)) -> Result<()> {
+    /// The signature under the trusted keys: Ok(None) when it verifies. An unsigned
+    /// output, or one signed by a key not trusted, is refused, or with --allow-unsigned
+    /// said and taken: Ok(Some(why)), which marks what it brings. A signature that names a
+    /// trusted key and does not verify is tampering: refused even then. A registry that
+    /// cannot be read is an error either way.
+    fn check_signature(
+        &self,
+        found: &Found,
+        what: &str,
+        say: &dyn Fn(&str),
+    ) -> Result<Option<String>> {
         let doc = self
             .puller()?
             .fetch_signature(&found.digest)
@@ -642,35 +677,33 @@ impl Substituter {
             )),
             Some(doc) => commstack_registry::sign::verify(doc, &found.digest, &self.trusted),
         };
-        // A signature that names a trusted key but does not verify is tampering, not a
-        // missing signature: --allow-unsigned does not take it.
         let claims_trusted = doc
             .as_ref()
             .and_then(|d| commstack_registry::sign::parse_public_key(&d.key).ok())
-            .is_some_and(|k| self.trusted.contains(&k));
+            .filter(|k| self.trusted.contains(k));
         match (verdict, doc) {
             (Ok(()), Some(doc)) => {
-                say(&format!("signature by {} verified", doc.key));
-                Ok(())
+                say(&format!("signature by {} verified", shown(&doc.key)));
+                Ok(None)
             }
             (Ok(()), None) => unreachable!("an unsigned output never verifies"),
-            (Err(err), _) if self.allow_unsigned && !claims_trusted => {
-                say(&format!(
-                    "WARNING: {what}: {err:#}; taken because of --allow-unsigned"
-                ));
-                Ok(())
+            (Err(err), _) if claims_trusted.is_some() => Err(err.context(format!(
+                "refusing {what}: its signature names a trusted key and does not verify, so the artifact or its signature was altered (--allow-unsigned does not take that): push it again (`cargo xtask cache push`), or build it here with --no-substitute"
+            ))),
+            (Err(err), _) if self.allow_unsigned => {
+                let why = format!(
+                    "pulled from {}@{} with --allow-unsigned: {err:#}",
+                    self.place(&found.tag),
+                    found.digest
+                );
+                say(&format!("WARNING: {what}: {err:#}; taken because of --allow-unsigned"));
+                Ok(Some(why))
             }
             (Err(err), _) => Err(err.context(format!(
                 "refusing {what}: a pulled output must be signed by a key of stack.toml's [cache] trusted-keys (add the key that signs the cache there, or pass --allow-unsigned to take outputs without a trusted signature)"
             ))),
         }
     }
-}
-
-/// Relative, with no `..`: a path the config names inside a step directory.
-fn safe_relative(path: &Path) -> bool {
-    path.components()
-        .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 /// Moves `from` (a file, a link or a directory) to `to`, merging into directories that
@@ -759,99 +792,4 @@ fn check_shipped(
         );
     }
     Ok(())
-}
-
-/// Every string of `value` that is `from` or starts with `from/` gets `to` instead.
-fn relocate(value: &mut serde_json::Value, from: &Path, to: &Path) {
-    match value {
-        serde_json::Value::String(s) => {
-            if let Ok(rest) = Path::new(s.as_str()).strip_prefix(from) {
-                let moved = match rest.as_os_str().is_empty() {
-                    true => to.to_path_buf(),
-                    false => to.join(rest),
-                };
-                *s = moved.to_string_lossy().into_owned();
-            }
-        }
-        serde_json::Value::Array(items) => {
-            for item in items {
-                relocate(item, from, to);
-            }
-        }
-        serde_json::Value::Object(map) => {
-            for item in map.values_mut() {
-                relocate(item, from, to);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The strings of `value` that are paths in the home of `store_root` (its parent) but not
-/// in the store.
-fn home_paths_outside_the_store(value: &serde_json::Value, store_root: &Path) -> Vec<String> {
-    let Some(home) = store_root.parent().filter(|h| h.components().count() > 1) else {
-        return Vec::new();
-    };
-    match value {
-        serde_json::Value::String(s) => {
-            let path = Path::new(s.as_str());
-            match path.starts_with(home) && !path.starts_with(store_root) {
-                true => vec![s.clone()],
-                false => Vec::new(),
-            }
-        }
-        serde_json::Value::Array(items) => items
-            .iter()
-            .flat_map(|v| home_paths_outside_the_store(v, store_root))
-            .collect(),
-        serde_json::Value::Object(map) => map
-            .values()
-            .flat_map(|v| home_paths_outside_the_store(v, store_root))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_of_the_pushers_home_outside_its_store_are_found() {
-        let v = serde_json::json!({
-            "output": "/home/a/store/steps/x-1/out.whl",
-            "facts": { "report": "/home/a/reports/image-1/verify.json", "n": 3,
-                       "in_image": "/opt/commstack/venv", "list": ["/home/a/cache/ab"],
-                       "near": "/home/a/storey/z" },
-        });
-        assert_eq!(
-            home_paths_outside_the_store(&v, Path::new("/home/a/store")),
-            [
-                "/home/a/cache/ab",
-                "/home/a/storey/z",
-                "/home/a/reports/image-1/verify.json"
-            ]
-        );
-        // A store at the root of a file system has no home to speak of.
-        assert!(home_paths_outside_the_store(&v, Path::new("/store")).is_empty());
-    }
-
-    #[test]
-    fn paths_of_the_pushers_store_move_into_this_one() {
-        let mut v = serde_json::json!({
-            "output": "/home/a/store/steps/x-1/out.whl",
-            "facts": { "wheel": { "path": "/home/a/store/steps/y-2/w.whl" }, "n": 3,
-                       "other": "/home/a/storey/z", "list": ["/home/a/store"] },
-        });
-        relocate(&mut v, Path::new("/home/a/store"), Path::new("/b/s"));
-        assert_eq!(v["output"], "/b/s/steps/x-1/out.whl");
-        assert_eq!(v["facts"]["wheel"]["path"], "/b/s/steps/y-2/w.whl");
-        assert_eq!(
-            v["facts"]["other"], "/home/a/storey/z",
-            "a prefix of a name is not a directory"
-        );
-        assert_eq!(v["facts"]["list"][0], "/b/s");
-        assert_eq!(v["facts"]["n"], 3);
-    }
 }
