@@ -15,7 +15,7 @@
 //! Reproducibility: nothing here records a path but the RUNPATH (the build info names
 //! versions), nvcc runs with `-objtemp`, and the paths given are used as given (a link
 //! is not resolved), so a build at a fixed path through links in it repeats byte for
-//! byte (`cargo xtask build kernels` does that: crates/pipeline/src/flow/kernels.rs).
+//! byte (`cargo xtask build kernels` does that: crates/steps/src/flow/kernels.rs and crates/tools/src/selftest.rs).
 //!
 //! Linking: the device code is linked (`-rdc=true`, cc's device-link step) with
 //! libnvshmem_device.a; the host side links that archive's host objects, the static

@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use commstack_pipeline::graph::StepId;
-use commstack_pipeline::options::Part;
-use commstack_pipeline::options::{
+use commstack_stack::CudaArch;
+use commstack_steps::graph::StepId;
+use commstack_steps::options::Part;
+use commstack_steps::options::{
     BuildOptions, CacheOptions, DeepepOptions, FetchRequest, GlobalOptions, GraphOptions,
     SourceFetch, ToolchainChoice,
 };
-use commstack_stack::CudaArch;
 
 #[derive(clap::Args)]
 pub struct GlobalArgs {

@@ -15,9 +15,9 @@ use commstack_deepep::wheelhouse::Wheelhouse;
 use commstack_verify::Status;
 use commstack_verify::runtime::RuntimeFindings;
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::deepep::{AdoptPointer, POINTER_FILE};
-use commstack_pipeline::flow::lock::read_lock;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::deepep::{AdoptPointer, POINTER_FILE};
+use commstack_steps::flow::lock::read_lock;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Only {
@@ -89,7 +89,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let stack = commstack_pipeline::util::read_stack(&ctx.stack_path)?;
+    let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
     let lock = read_lock(ctx)?;
     let pointer = read_pointer(&root);
     let house = match (&args.wheelhouse, &pointer) {

@@ -14,9 +14,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::lock::{artifacts_of_parts, read_lock};
-use commstack_pipeline::options::Part;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::lock::{artifacts_of_parts, read_lock};
+use commstack_steps::options::Part;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -141,7 +141,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 }
 
 fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) -> Result<ExitCode> {
-    let stack = commstack_pipeline::util::read_stack(&ctx.stack_path)?;
+    let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
     let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let mut cold = Vec::new();
     let mut noop = Vec::new();

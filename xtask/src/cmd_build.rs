@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_pipeline::ctx::Ctx;
+use commstack_steps::ctx::Ctx;
 
 use crate::args::{BuildArgs, DeepepTarget, GraphArgs, ImageTarget, KernelsTarget, NvshmemTarget};
 
@@ -63,7 +63,7 @@ enum Target {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    use commstack_pipeline::flow;
+    use commstack_steps::flow;
     match args.target {
         None => commstack_pipeline::command::build(ctx, &args.graph.into(), &args.build.into())
             .map(|b| b.exit),

@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_fetch::{Artifact, Cache};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
-use commstack_pipeline::flow::lock::locked_artifacts;
-use commstack_pipeline::util::human;
+use commstack_binary_cache::push::{CachePushRequest, cache_push};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::lock::locked_artifacts;
+use commstack_steps::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -61,7 +61,7 @@ retries as for `cargo xtask push`.")]
         key: std::path::PathBuf,
         /// Only this step's outputs (repeatable; default: every step that ships).
         #[arg(long = "step", value_parser = crate::args::step_parser(), value_name = "STEP")]
-        steps: Vec<commstack_pipeline::graph::StepId>,
+        steps: Vec<commstack_steps::graph::StepId>,
         /// PEM file of CA certificates to trust besides the system's.
         #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
         ca_file: Option<std::path::PathBuf>,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_doctor::{CudaVersion, DoctorInput, NvidiaSmiSource, render_human};
 
-use commstack_pipeline::ctx::Ctx;
+use commstack_steps::ctx::Ctx;
 
 /// Exit status when at least one check failed.
 const EXIT_FAIL: u8 = 3;

@@ -6,9 +6,9 @@ use std::time::Instant;
 use anyhow::Result;
 use commstack_fetch::{Fetched, Origin, SourceOverride, Summary};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::fetch::{artifacts_for, fetch_options};
-use commstack_pipeline::util::human;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::fetch::{artifacts_for, fetch_options};
+use commstack_steps::util::human;
 
 use crate::args::FetchFlags;
 

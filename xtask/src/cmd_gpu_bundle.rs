@@ -1,15 +1,15 @@
 //! `cargo xtask gpu-bundle DIR`: everything a GPU machine with no Rust toolchain and no
 //! network needs to run the GPU checks in `gpu/run.sh`. Parse, then one call
-//! (commstack_pipeline::flow::gpu_bundle).
+//! (commstack_pipeline::gpu_bundle).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::gpu_bundle::{GpuBundleRequest, gpu_bundle};
-use commstack_pipeline::options::{BuildOptions, SourceFetch};
+use commstack_pipeline::gpu_bundle::{GpuBundleRequest, gpu_bundle};
 use commstack_stack::CudaArch;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::options::{BuildOptions, SourceFetch};
 
 use crate::args::ToolchainArgs;
 

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_stack::Lock;
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::util;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::util;
 
 /// Resolve the stack manifest into its lock: the target's Python closure (one wheel per
 /// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
@@ -35,7 +35,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
     let stack = util::read_stack(&ctx.stack_path)?;
     let lock_path = ctx.lock_path();
     // One answer to "is the lock current?" for `lock`, `lock --check` and `build`.
-    let (previous, mut problems) = commstack_pipeline::flow::lock::lock_problems(ctx, &stack)?;
+    let (previous, mut problems) = commstack_steps::flow::lock::lock_problems(ctx, &stack)?;
 
     if args.check {
         if args.online && problems.is_empty() {
@@ -83,7 +83,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    commstack_pipeline::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
+    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -117,7 +117,7 @@ fn online_differences(
         ))?
         .lock;
     let pins = |l: &Lock| -> Result<std::collections::BTreeMap<(String, String), String>> {
-        Ok(commstack_pipeline::flow::lock::artifacts_of_lock(l)?
+        Ok(commstack_steps::flow::lock::artifacts_of_lock(l)?
             .into_iter()
             .map(|a| {
                 let pin = match &a.tree_sha256 {

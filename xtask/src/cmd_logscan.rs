@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use commstack_logscan::{KnowledgeBase, Phase, Scanner, render_human};
 
-use commstack_pipeline::ctx::Ctx;
+use commstack_steps::ctx::Ctx;
 
 /// Exit status when a fatal (severity `error`) signature was found.
 const EXIT_FATAL: u8 = 3;

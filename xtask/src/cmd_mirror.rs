@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use commstack_fetch::{MIRROR_MANIFEST, export_mirror, fetch_all, preflight};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::fetch::{artifacts_for, fetch_options};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::fetch::{artifacts_for, fetch_options};
 
 use crate::args::FetchFlags;
-use commstack_pipeline::util::human;
+use commstack_steps::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::push::{PushRequest, push};
-use commstack_pipeline::util::human;
+use commstack_pipeline::push::{PushRequest, push};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::util::human;
 
 use crate::args::{BuildArgs, CacheArgs};
 

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::Result;
 use commstack_store::{GcOptions, Store};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::util::human;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::util::human;
 
 #[derive(clap::Subcommand)]
 pub enum Command {

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::toolchain::resolve;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::toolchain::resolve;
 
 use crate::args::ToolchainArgs;
 

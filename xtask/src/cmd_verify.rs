@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use commstack_pipeline::ctx::Ctx;
+use commstack_steps::ctx::Ctx;
 
 pub use commstack_verify::cli::Args;
 

@@ -88,7 +88,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ctx = match commstack_pipeline::ctx::Ctx::new(cli.global.into()) {
+    let ctx = match commstack_steps::ctx::Ctx::new(cli.global.into()) {
         Ok(ctx) => ctx,
         Err(err) => return report(err),
     };

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use commstack_pipeline::graph::{Shipped, StepResult, StoredResult};
 use commstack_registry::sign::read_signing_key;
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
+use commstack_steps::graph::{Shipped, StepResult, StoredResult};
 use commstack_store::{StepKey, Store};
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};

@@ -50,9 +50,13 @@ const LAYERS: &[(u32, &[&str])] = &[
     // Proof at every level, and what consumes it.
     (12, &["commstack-verify", "commstack-doctor"]),
     (13, &["commstack-adopt"]),
-    (14, &["commstack-pipeline"]),
+    // The stack's steps on the graph; the binary cache of their outputs; the commands
+    // that run them.
+    (14, &["commstack-steps"]),
+    (15, &["commstack-binary-cache"]),
+    (16, &["commstack-pipeline"]),
     // The CLI on top.
-    (15, &["xtask"]),
+    (17, &["xtask"]),
 ];
 
 fn layer_of(name: &str) -> Option<u32> {

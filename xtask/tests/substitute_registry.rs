@@ -18,21 +18,21 @@ use std::time::Duration;
 
 use StepId::*;
 use anyhow::{Context, Result, bail};
+use commstack_binary_cache::config::ArtifactKinds;
+use commstack_binary_cache::pull::{SubstituteRequest, Substituter};
+use commstack_binary_cache::push::{CachePushRequest, cache_push};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_graph::Substitute;
-use commstack_pipeline::cache_config::ArtifactKinds;
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::cache_push::{CachePushRequest, cache_push};
-use commstack_pipeline::flow::substitute::{SubstituteRequest, Substituter};
-use commstack_pipeline::graph::Record;
-use commstack_pipeline::graph::{
+use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::Record;
+use commstack_steps::graph::{
     Decision, Done, Engine, Planned, Pulled, Selection, Status, StepId, StepResult, Steps,
     StoredResult,
 };
-use commstack_pipeline::options::BuildOptions;
-use commstack_pipeline::options::GlobalOptions;
-use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
-use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
+use commstack_steps::options::BuildOptions;
+use commstack_steps::options::GlobalOptions;
+use commstack_steps::stack_steps::{ImageOptions, StackSteps};
 use commstack_store::{META_FILE, StepKey, Store};
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};

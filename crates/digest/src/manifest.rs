@@ -114,6 +114,28 @@ fn entry(path: &Path, meta: &fs::Metadata) -> io::Result<Entry> {
     })
 }
 
+/// The first few differences between a recorded manifest (`want`) and the files on disk
+/// (`now`), named for a message: "missing" for a recorded file that is not there,
+/// `unrecorded` for one that is there but not recorded.
+pub fn named_differences(
+    want: &BTreeMap<String, Entry>,
+    now: &BTreeMap<String, Entry>,
+    unrecorded: &str,
+) -> Vec<String> {
+    differences(want, now)
+        .iter()
+        .take(5)
+        .map(|(name, what)| {
+            let what = match what.as_str() {
+                "only in the first build" => "missing",
+                "only in the second build" => unrecorded,
+                other => other,
+            };
+            format!("{name}: {what}")
+        })
+        .collect()
+}
+
 /// The entries that differ between two manifests: (name, what), in name order.
 pub fn differences(
     a: &BTreeMap<String, Entry>,

@@ -387,8 +387,7 @@ fn an_output_pulled_unsigned_is_marked_and_reused_only_when_allowed() {
     let strict = engine(&h, None);
     let err = strict
         .plan(&steps, Selection::Until(Toy::Link))
-        .err()
-        .expect("a marked output is refused");
+        .expect_err("a marked output is refused");
     let err = err.to_string();
     assert!(
         err.contains("entered without a trusted signature (signed by no trusted key)")

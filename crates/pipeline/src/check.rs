@@ -8,7 +8,7 @@
 //! store, so `--only STEP` rebuilds that step alone from the first build's inputs; `--force`
 //! replaces a link with a fresh build (the store never writes through it).
 //!
-//! Each step's result names what it ships ([`crate::graph::Steps::shipped`]); the two
+//! Each step's result names what it ships ([`commstack_steps::graph::Steps::shipped`]); the two
 //! manifests (sha256, size and mode of every file) are compared, and each file that
 //! differs is named, with diffoscope's report of it when diffoscope is installed.
 
@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use commstack_digest::manifest::{differences, manifest};
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{StepId, Steps, StoredResult};
+use commstack_steps::graph::{StepId, Steps, StoredResult};
 
 /// What the second build varies.
 #[derive(Clone, Debug, Serialize)]
@@ -131,8 +131,8 @@ pub struct BuiltStep {
     pub key: Option<String>,
 }
 
-impl From<&crate::graph::Ran> for BuiltStep {
-    fn from(r: &crate::graph::Ran) -> BuiltStep {
+impl From<&commstack_steps::graph::Ran> for BuiltStep {
+    fn from(r: &commstack_steps::graph::Ran) -> BuiltStep {
         BuiltStep {
             step: r.step,
             key: r.key.clone(),
@@ -199,7 +199,7 @@ pub fn compare(
         ) else {
             continue;
         };
-        let skip = crate::graph::not_shipped;
+        let skip = commstack_steps::graph::not_shipped;
         let ma = manifest(&root_a, &skip)
             .with_context(|| format!("reading what {} ships: {}", a.step, root_a.display()))?;
         let mb = manifest(&root_b, &skip)

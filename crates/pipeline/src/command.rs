@@ -9,11 +9,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::ctx::Ctx;
-use crate::graph::Record;
-use crate::graph::{Engine, Plan, Ran, Selection, Status, StepId};
-use crate::options::{BuildOptions, GraphOptions};
-use crate::stack_steps::{ImageOptions, StackSteps};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::Record;
+use commstack_steps::graph::{Engine, Plan, Ran, Selection, Status, StepId};
+use commstack_steps::options::{BuildOptions, GraphOptions};
+use commstack_steps::stack_steps::{ImageOptions, StackSteps};
 
 /// What to do about an output in the store that entered without a trusted signature.
 pub const UNSIGNED_HELP: &str = "pass --allow-unsigned to use it, or remove every such output with `cargo xtask store gc --unsigned` and build again (each is then built here, or pulled signed)";
@@ -73,9 +73,9 @@ fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
 /// change. Returns None when a dry run stops here, else why the lock was resolved again
 /// (None inside: it was fresh).
 fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>> {
-    let stack = crate::util::read_stack(&ctx.stack_path)?;
+    let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
     let path = ctx.lock_path();
-    let (previous, stale) = crate::flow::lock::lock_problems(ctx, &stack)?;
+    let (previous, stale) = commstack_steps::flow::lock::lock_problems(ctx, &stack)?;
     if stale.is_empty() {
         return Ok(Some(None));
     }
@@ -89,14 +89,14 @@ fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>
         );
     }
     if graph.dry_run {
-        crate::out!(
+        commstack_steps::out!(
             "lock           runs: {} (the steps after it are planned once it is resolved)",
             stale.join("; ")
         );
         return Ok(None);
     }
     eprintln!("lock: {}: resolving again", stale.join("; "));
-    crate::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
+    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
     Ok(Some(Some(stale.join("; "))))
 }
 
@@ -104,7 +104,7 @@ fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>
 /// stack without [image], `--oci`/`--context` without the image step or into an existing
 /// directory.
 fn preflight(steps: &StackSteps, graph: &GraphOptions, selection: Selection) -> Result<()> {
-    use crate::graph::Steps;
+    use commstack_steps::graph::Steps;
     let target = match selection {
         Selection::Until(s) | Selection::Only(s) => Some(s),
         Selection::All => None,
@@ -141,7 +141,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     let dir = stack_dir(ctx)?;
     let summary_file = dir.join("summary.json");
     if graph.json {
-        crate::util::results_to_stderr();
+        commstack_steps::util::results_to_stderr();
     }
     let Some(relocked) = ensure_lock(ctx, graph)? else {
         return Ok(Built {
@@ -217,7 +217,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
             .and_then(|r| r.output.clone())
             .context("--oci and --context need the image step: it was not part of this run")?;
         let image = commstack_image::Image::open(&image)?;
-        crate::flow::image::export(
+        commstack_steps::flow::image::export(
             &store,
             &image,
             graph.oci.as_deref(),
@@ -241,7 +241,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     };
     let json = serde_json::to_string_pretty(&summary)?;
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    crate::util::write_all_atomically(&[(&summary_file, &json)])?;
+    commstack_steps::util::write_all_atomically(&[(&summary_file, &json)])?;
     match graph.json {
         true => println!("{json}"),
         false => print_summary(&summary, &summary_file),
@@ -260,7 +260,7 @@ fn substituter(
     graph: &GraphOptions,
     args: &BuildOptions,
     steps: &StackSteps,
-) -> Result<Option<crate::flow::substitute::Substituter>> {
+) -> Result<Option<commstack_binary_cache::pull::Substituter>> {
     let cache = &steps.settings.stack.cache;
     let registry = match (
         &graph.cache.substitute,
@@ -277,14 +277,14 @@ fn substituter(
             _ => return Ok(None),
         },
     };
-    let request = crate::flow::substitute::SubstituteRequest {
+    let request = commstack_binary_cache::pull::SubstituteRequest {
         registry,
         trusted_keys: cache.trusted_keys.clone(),
         allow_unsigned: graph.cache.allow_unsigned,
         ca_file: graph.cache.ca_file.clone(),
         progress: !ctx.quiet,
     };
-    crate::flow::substitute::Substituter::new(&request, &ctx.stack_path).map(Some)
+    commstack_binary_cache::pull::Substituter::new(&request, &ctx.stack_path).map(Some)
 }
 
 /// The verify levels that ran with their verdicts, and those that did not and why: the
@@ -456,7 +456,7 @@ fn check(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Built> 
 
     // The same command, built again: --force in the scratch home, stopping at the image
     // (verify, load and runtime ship nothing; Docker is shared).
-    use crate::graph::Steps;
+    use commstack_steps::graph::Steps;
     let image_applies = steps.skipped(StepId::Image).is_none();
     let limit: Vec<String> = match (graph.only, graph.until) {
         (Some(s), _) => vec!["--only".into(), s.name().into()],

@@ -1,19 +1,11 @@
-//! The build graph of commstack: stack.toml to a verified image in one call.
+//! The commands that run the stack's graph: `build` (the plan, the run with the binary
+//! cache, the summary), `build --check` (a second build in a varied home, compared), `push`
+//! (the image into a registry) and `gpu-bundle` (what a GPU machine runs).
 //!
-//! - `ctx`: the options every command shares (stack, home) and the paths they give.
-//! - `flow`: the steps the graph is made of, one function each, also called by the single
-//!   build commands (`build nvshmem`, ...), `fetch`, `toolchain`, `gpu-bundle` and `adopt`.
-//! - `util`: small helpers (atomic writes, the manifest reader, sizes).
-//! - `cache_config`: the binary cache's wire format (a step artifact's config), written by
-//!   `cache push` and checked and read by `build --substitute`.
+//! The steps themselves are commstack-steps; the engine is commstack-graph; the binary
+//! cache is commstack-binary-cache.
 
-pub mod cache_config;
 pub mod check;
 pub mod command;
-pub mod ctx;
-pub mod flow;
-pub mod graph;
-pub mod options;
-pub mod settings;
-pub mod stack_steps;
-pub mod util;
+pub mod gpu_bundle;
+pub mod push;

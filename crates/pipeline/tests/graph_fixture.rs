@@ -18,15 +18,15 @@ use StepId::*;
 use anyhow::{Context, Result, anyhow, bail};
 use commstack_digest::{canonical_json, sha256_hex};
 use commstack_pipeline::check::{BuiltStep, StepCheck, Variations, compare, scratch_home};
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::graph::Record;
-use commstack_pipeline::graph::{
+use commstack_stack::{Lock as LockFile, Stack};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::Record;
+use commstack_steps::graph::{
     Done, Engine, Planned, RunReport, Selection, Status, StepId, StepResult, Steps,
 };
-use commstack_pipeline::options::BuildOptions;
-use commstack_pipeline::options::GlobalOptions;
-use commstack_pipeline::stack_steps::{ImageOptions, StackSteps};
-use commstack_stack::{Lock as LockFile, Stack};
+use commstack_steps::options::BuildOptions;
+use commstack_steps::options::GlobalOptions;
+use commstack_steps::stack_steps::{ImageOptions, StackSteps};
 use commstack_store::{META_FILE, StepKey, Store};
 use serde_json::json;
 
@@ -1118,7 +1118,7 @@ fn sigkill_during_nvshmem_leaves_nothing_done_and_the_rerun_resumes() -> Result<
 /// shortened value is cut on a character boundary, not in the middle of one.
 #[test]
 fn changed_inputs_are_shortened_on_character_boundaries() {
-    use commstack_pipeline::graph::Change;
+    use commstack_steps::graph::Change;
     // 'é' is two bytes: cutting by bytes at 12 or 57 would fall inside one.
     let string = json!(format!("/home/x{}", "é".repeat(20)));
     let object = json!({ "prefix": format!("/home/{}", "é".repeat(60)) });

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::flow::gpu_bundle::bundle_settings;
-use commstack_pipeline::flow::verify_report::image_expectations;
-use commstack_pipeline::options::{BuildOptions, GlobalOptions};
-use commstack_pipeline::settings::Settings;
+use commstack_pipeline::gpu_bundle::bundle_settings;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::verify_report::image_expectations;
+use commstack_steps::options::{BuildOptions, GlobalOptions};
+use commstack_steps::settings::Settings;
 
 fn settings(home: &Path, options: BuildOptions) -> Settings {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -11,10 +11,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use commstack_deepep::wheelhouse::Wheelhouse;
 
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::graph::StepId;
-use commstack_pipeline::options::{BuildOptions, GraphOptions, SourceFetch};
-use commstack_pipeline::util::human;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::StepId;
+use commstack_steps::options::{BuildOptions, GraphOptions, SourceFetch};
+use commstack_steps::util::human;
 
 pub fn bench_build(ctx: &Ctx, runs: usize, fetch: SourceFetch) -> Result<ExitCode> {
     let args = BuildOptions {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use commstack_fetch::{Artifact, FetchOptions, Summary, fetch_all};
 
-use commstack_pipeline::util::human;
+use commstack_steps::util::human;
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);

@@ -15,8 +15,8 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use commstack_pipeline::ctx::Ctx;
-use commstack_pipeline::options::{GlobalOptions, SourceFetch};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::options::{GlobalOptions, SourceFetch};
 
 use crate::args::SourceFetchArgs;
 
@@ -247,7 +247,7 @@ impl Bench<'_> {
         )?;
         std::fs::copy(ctx.lock_path(), stack_dir.join("stack.lock"))?;
         std::fs::copy(
-            commstack_pipeline::flow::lock::requirements_path(ctx),
+            commstack_steps::flow::lock::requirements_path(ctx),
             stack_dir.join("requirements.lock"),
         )?;
         let mut cmd = self.xtask(home, &stack);

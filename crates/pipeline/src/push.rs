@@ -9,9 +9,9 @@ use anyhow::{Context, Result, bail};
 use commstack_registry::{PushOptions, Pushed, Target};
 use serde::Serialize;
 
-use crate::ctx::Ctx;
-use crate::graph::StepId;
-use crate::options::{CacheOptions, GraphOptions};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::StepId;
+use commstack_steps::options::{CacheOptions, GraphOptions};
 
 /// What to push where.
 #[derive(Clone, Debug)]
@@ -32,7 +32,7 @@ pub struct PushRequest {
     pub cache: CacheOptions,
     /// The build settings and fetch flags the graph takes, as `build`'s (`--mirror`,
     /// `--accept-tree-match`, `--offline`, `--cuda-archs`, ...).
-    pub build: crate::options::BuildOptions,
+    pub build: commstack_steps::options::BuildOptions,
     /// Sign the pushed manifest with this ed25519 key (PKCS#8 PEM).
     pub key: Option<PathBuf>,
 }
@@ -103,7 +103,7 @@ fn attach_verify_report(
         "image": pushed.config_digest,
         "manifest": pushed.manifest_digest,
         "files": files.iter().map(|(_, p)| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect::<Vec<_>>(),
-        "builder": crate::util::builder(),
+        "builder": commstack_steps::util::builder(),
     });
     let attached = commstack_registry::attach::push_attached(
         (

@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use xshell::{Shell, cmd};
 
-use crate::ctx::Ctx;
-use crate::flow::fetch::base_options;
-use crate::flow::kernels::nvshmem_prefix;
-use crate::flow::lock::{artifacts_of_parts, read_lock};
-use crate::flow::toolchain::resolve;
-use crate::options::BuildOptions;
-use crate::options::Part;
-use crate::settings::Settings;
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::fetch::base_options;
+use commstack_steps::flow::kernels::nvshmem_prefix;
+use commstack_steps::flow::lock::{artifacts_of_parts, read_lock};
+use commstack_steps::flow::toolchain::resolve;
+use commstack_steps::options::BuildOptions;
+use commstack_steps::options::Part;
+use commstack_steps::settings::Settings;
 use commstack_tools::{NvshmemForKernels, build_selftest};
 
 /// What travels to a GPU machine is limited (64 MiB for the device tool here); stay under.
@@ -54,7 +54,8 @@ pub fn bundle_settings(settings: &Settings) -> Result<BundleSettings> {
     if !settings.nvshmem.switches.is_on("ibgda") {
         build_flags.push("--no-ibgda".into());
     }
-    let mut expect = crate::flow::verify_report::image_expectations(settings, Path::new("/"))?;
+    let mut expect =
+        commstack_steps::flow::verify_report::image_expectations(settings, Path::new("/"))?;
     expect.nvshmem_prefix = None;
     Ok(BundleSettings {
         build_flags,
@@ -114,7 +115,7 @@ pub fn gpu_bundle(ctx: &Ctx, req: &GpuBundleRequest) -> Result<()> {
     }
     std::fs::rename(&temp, &dir)
         .with_context(|| format!("renaming {} to {}", temp.display(), dir.display()))?;
-    crate::out!("bundle {} ready", dir.display());
+    commstack_steps::out!("bundle {} ready", dir.display());
     Ok(())
 }
 
@@ -137,7 +138,7 @@ impl Bundle<'_> {
         sh.change_dir(commstack_tools::workspace_root());
         let mut manifest = serde_json::Map::new();
 
-        crate::out!("building xtask (release)");
+        commstack_steps::out!("building xtask (release)");
         cmd!(sh, "cargo build --release --locked -p xtask")
             .run()
             .context("building xtask")?;
@@ -173,7 +174,7 @@ impl Bundle<'_> {
         std::fs::create_dir_all(dir.join("mirror"))?;
         for f in fetched {
             if let Some(d) = f.deviation() {
-                crate::out!("WARNING {d}");
+                commstack_steps::out!("WARNING {d}");
             }
             std::fs::copy(&f.path, dir.join("mirror").join(&f.filename))
                 .with_context(|| format!("copying {}", f.path.display()))?;
@@ -187,7 +188,7 @@ impl Bundle<'_> {
             dir.join("bundle.json"),
             serde_json::to_string_pretty(&manifest)?,
         )?;
-        crate::out!("bundle: {}", crate::util::human(total));
+        commstack_steps::out!("bundle: {}", commstack_steps::util::human(total));
         if total > LIMIT {
             bail!(
                 "the bundle is {} MiB, over the {} MiB a GPU run can carry",

@@ -76,28 +76,6 @@ macro_rules! out {
     };
 }
 
-/// The first few differences between a step's recorded manifest (`want`) and the files on
-/// disk (`now`), named for a message: "missing" for a recorded file that is not there,
-/// `unrecorded` for one that is there but not recorded.
-pub(crate) fn named_differences(
-    want: &std::collections::BTreeMap<String, commstack_digest::manifest::Entry>,
-    now: &std::collections::BTreeMap<String, commstack_digest::manifest::Entry>,
-    unrecorded: &str,
-) -> Vec<String> {
-    commstack_digest::manifest::differences(want, now)
-        .iter()
-        .take(5)
-        .map(|(name, what)| {
-            let what = match what.as_str() {
-                "only in the first build" => "missing",
-                "only in the second build" => unrecorded,
-                other => other,
-            };
-            format!("{name}: {what}")
-        })
-        .collect()
-}
-
 /// Who made an output: this commstack (version and commit) on this machine. It travels
 /// with what `push` and `cache push` send (provenance), so a puller can say where a
 /// binary came from.

@@ -1,6 +1,6 @@
 //! The binary cache's wire format: the config of a step artifact, one type that `cache
-//! push` writes (crate::flow::cache_push) and `build --substitute` reads
-//! (crate::flow::substitute), and the check a puller makes of it before anything of it
+//! push` writes (crate::push) and `build --substitute` reads
+//! (crate::pull), and the check a puller makes of it before anything of it
 //! is written ([`StepConfig::validate`]).
 //!
 //! Nothing in it names a path of the machine that pushed it. The step's output is a path
@@ -10,10 +10,7 @@
 //! step name is `[A-Za-z0-9_-]+`, a path inside a step has only plain components (no
 //! `/` at its start, no `..`, no control character). Which kinds of store step an
 //! artifact may bring is the caller's to say ([`ArtifactKinds`]; for the stack's own
-//! steps, crate::stack_steps).
-//!
-//! Self-contained: it uses the store and digest crates and nothing else of this crate (the
-//! binary cache is to move into a crate of its own).
+//! steps, commstack_steps::stack_steps).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
@@ -22,6 +19,8 @@ use anyhow::{Context, Result, bail};
 use commstack_digest::manifest::Entry;
 use commstack_store::{StepKey, StepMeta, valid_step_name};
 use serde::{Deserialize, Serialize};
+
+pub use commstack_steps::stack_steps::ArtifactKinds;
 
 /// The artifact type of a step output, and its config's media type.
 pub const STEP_ARTIFACT_TYPE: &str = "application/vnd.dev.commstack.step.v1";
@@ -43,15 +42,6 @@ pub const STORE_PATH: &str = "store:";
 const MAX_PATH: usize = 4096;
 const MAX_COMPONENT: usize = 255;
 
-/// The kinds of store step (`<kind>-<hash>`) one graph step's artifact may bring: the
-/// crate step its result lives in, and those it carries whole beside it (the image's
-/// layer steps). Nothing else is taken from it, signed or not.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ArtifactKinds {
-    pub own: String,
-    pub carried: Vec<String>,
-}
-
 /// The config of a step artifact.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepConfig {
@@ -72,7 +62,7 @@ pub struct StepConfig {
     /// `commstack <version>` of the pusher.
     #[serde(default)]
     pub pushed_by: String,
-    /// Who made it (`crate::util::builder`).
+    /// Who made it (`commstack_steps::util::builder`).
     #[serde(default)]
     pub builder: Option<Builder>,
 }

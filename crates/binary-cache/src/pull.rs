@@ -1,12 +1,12 @@
 //! `build --substitute`: the binary cache's pull side. Before a keyed step runs, the graph
-//! looks for `<step>-<key>` (what `cache push` tags, crate::flow::cache_push) in the cache
+//! looks for `<step>-<key>` (what `cache push` tags, crate::push) in the cache
 //! repository; when it is there, this takes it instead of building:
 //!
 //! 1. the signature (`sha256-<hex>.sig`) is verified under stack.toml's `[cache]
 //!    trusted-keys` (an unsigned or untrusted output is refused unless `--allow-unsigned`,
 //!    and then every store step it brings is marked so);
 //! 2. the manifest must be a step artifact of this very key (its annotation), and its
-//!    config ([`crate::cache_config::StepConfig`], read within its bound) is checked
+//!    config ([`crate::config::StepConfig`], read within its bound) is checked
 //!    whole before anything is written: this key and its inputs, the crate step and the
 //!    carried steps described by their own inputs and of the kinds the step's artifact
 //!    may bring, every name a step name and every path a plain path inside a step;
@@ -16,7 +16,7 @@
 //!    moved to failed/, exactly as a local build is), the shipped files compared with the
 //!    config's manifest before anything is sealed;
 //! 4. the result is made in this store's paths (the config names none of the pusher's),
-//!    and the engine seals the graph step with it (crate::graph).
+//!    and the engine seals the graph step with it (commstack_steps::graph).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,12 +28,12 @@ use commstack_registry::{Document, PushOptions, Target, VerifyingKey};
 use commstack_store::{StepKey, Store};
 use serde::Deserialize;
 
-use crate::cache_config::{
+use crate::config::{
     ArtifactKinds, CarriedStep, Expected, KEY_ANNOTATION, STEP_ARTIFACT_TYPE, StepConfig, shown,
 };
-use crate::graph::{Decision, Pulled, Shipped, StepId, StepResult, StoredResult};
 use commstack_graph::Substitute;
 use commstack_image::assemble::LAYER_FILE;
+use commstack_steps::graph::{Decision, Pulled, Shipped, StepId, StepResult, StoredResult};
 
 /// Where to substitute from, and whom to trust.
 #[derive(Clone, Debug)]
@@ -61,9 +61,9 @@ pub struct Substituter {
     /// are reused and a bearer registry's token is fetched once.
     puller: std::cell::OnceCell<Puller>,
     /// Where an image's layer tars go as they land (a `docker load` started early).
-    early_load: Option<std::sync::Arc<crate::flow::image::EarlyLoadFeed>>,
+    early_load: Option<std::sync::Arc<commstack_steps::flow::image::EarlyLoadFeed>>,
     /// The kinds of store step each step's artifact may bring, None for a step never
-    /// pulled (the stack's [`crate::stack_steps::artifact_kinds`], or a test's).
+    /// pulled (the stack's [`commstack_steps::stack_steps::artifact_kinds`], or a test's).
     artifact_kinds: Box<dyn Fn(StepId) -> Option<ArtifactKinds>>,
 }
 
@@ -125,7 +125,7 @@ impl Substituter {
             found: RefCell::new(BTreeMap::new()),
             puller: std::cell::OnceCell::new(),
             early_load: None,
-            artifact_kinds: Box::new(crate::stack_steps::artifact_kinds),
+            artifact_kinds: Box::new(commstack_steps::stack_steps::artifact_kinds),
         })
     }
 
@@ -150,7 +150,10 @@ impl Substituter {
     }
 
     /// Tell `feed` of each image layer tar as soon as it is downloaded and checked.
-    pub fn feed_layers_to(&mut self, feed: std::sync::Arc<crate::flow::image::EarlyLoadFeed>) {
+    pub fn feed_layers_to(
+        &mut self,
+        feed: std::sync::Arc<commstack_steps::flow::image::EarlyLoadFeed>,
+    ) {
         self.early_load = Some(feed);
     }
 
@@ -281,7 +284,7 @@ impl Substituter {
         let config: StepConfig = serde_json::from_slice(&config).with_context(|| {
             format!(
                 "{what}: its config is not a step's provenance (config schema {})",
-                crate::cache_config::CONFIG_SCHEMA
+                crate::config::CONFIG_SCHEMA
             )
         })?;
         config
@@ -779,12 +782,13 @@ fn check_shipped(
     is_file: bool,
     want: &BTreeMap<String, commstack_digest::manifest::Entry>,
 ) -> Result<()> {
-    let skip = |rel: &str| !is_file && crate::graph::not_shipped(rel);
+    let skip = |rel: &str| !is_file && commstack_steps::graph::not_shipped(rel);
     let now = commstack_digest::manifest::manifest(root, &skip)
         .with_context(|| format!("hashing {}", root.display()))?;
     let differences = commstack_digest::manifest::differences(want, &now);
     if !differences.is_empty() {
-        let named = crate::util::named_differences(want, &now, "not in the manifest");
+        let named =
+            commstack_digest::manifest::named_differences(want, &now, "not in the manifest");
         bail!(
             "the pulled files are not those the signed manifest records ({} differ: {}): refusing them",
             differences.len(),

@@ -21,7 +21,7 @@
 //! substituting home has the image and every layer `load`, `verify` and `--oci` read
 //! without writing a layer or compiling the verify tool.
 //!
-//! The config is [`crate::cache_config::StepConfig`], the one type the pull side reads
+//! The config is [`crate::config::StepConfig`], the one type the pull side reads
 //! back; it names no path of this machine, and it is checked here by the check a puller
 //! makes before it is pushed. An output that entered this store without a trusted
 //! signature (`--allow-unsigned`) is not pushed: signed here, it would look built here.
@@ -35,13 +35,13 @@ use commstack_registry::{PushOptions, PushedSigned, Target};
 use commstack_store::{StepKey, Store};
 use serde::Serialize;
 
-use crate::cache_config::{
+use crate::config::{
     ArtifactKinds, CARRIED_FILE_MEDIA_TYPE, CONFIG_SCHEMA, CarriedFile, CarriedStep, Expected,
     KEY_ANNOTATION, LAYER_MEDIA_TYPE, ResultConfig, STEP_ARTIFACT_TYPE, STEP_CONFIG_MEDIA_TYPE,
     StepConfig, StepDirConfig, facts_for_the_wire,
 };
-use crate::ctx::Ctx;
-use crate::graph::{Shipped, StepId, StoredResult, stored_result};
+use commstack_steps::ctx::Ctx;
+use commstack_steps::graph::{Shipped, StepId, StoredResult, stored_result};
 
 /// What to push where, signed with what.
 #[derive(Clone, Debug)]
@@ -88,7 +88,7 @@ pub fn cache_push(
     std::fs::create_dir_all(&staging_root)
         .with_context(|| format!("cannot create {}", staging_root.display()))?;
     // Who pushes: the same for every output (it runs git, so once).
-    let builder = serde_json::from_value(crate::util::builder())?;
+    let builder = serde_json::from_value(commstack_steps::util::builder())?;
     let mut pushed = Vec::new();
     for (id, step_key, inputs, stored) in found {
         let dir_name = step_key.dir_name();
@@ -120,7 +120,7 @@ pub fn cache_push(
                 .unwrap_or_default(),
             options.tag.as_deref().unwrap_or_default(),
             signed.pushed.manifest_digest,
-            crate::util::human(signed.pushed.bytes_uploaded),
+            commstack_steps::util::human(signed.pushed.bytes_uploaded),
             signed.signature,
             signed.signed_by
         ));
@@ -201,7 +201,7 @@ fn step_layout(
     stored: &StoredResult,
     store: &Store,
     staging: &Path,
-    builder: &crate::cache_config::Builder,
+    builder: &crate::config::Builder,
 ) -> Result<PathBuf> {
     let store_root = store.root();
     let dir_name = key.dir_name();
@@ -324,7 +324,8 @@ fn link_shipped(id: StepId, shipped: &Shipped, single_file: bool, tree: &Path) -
         .with_context(|| format!("hashing {}", tree.display()))?;
     let differences = commstack_digest::manifest::differences(&shipped.files, &now);
     if !differences.is_empty() {
-        let named = crate::util::named_differences(&shipped.files, &now, "not recorded");
+        let named =
+            commstack_digest::manifest::named_differences(&shipped.files, &now, "not recorded");
         bail!(
             "the store's output {} is not what the step recorded ({} file(s) differ: {}): nothing was pushed; build it again (`cargo xtask build --only {id} --force`)",
             shipped.root.display(),

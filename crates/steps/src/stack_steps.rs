@@ -663,13 +663,22 @@ fn output_of(program: &Path, args: &[&str]) -> String {
     }
 }
 
+/// The kinds of store step (`<kind>-<hash>`) one graph step's artifact may bring: the
+/// crate step its result lives in, and those it carries whole beside it (the image's
+/// layer steps). Nothing else is taken from it, signed or not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactKinds {
+    pub own: String,
+    pub carried: Vec<String>,
+}
+
 /// The one place that says what a binary cache's artifact of each step may bring:
 /// the crate step its output lives in, and for the image its layer steps
 /// (`image-layer-<hash>`), carried whole beside the image step's files (its base layer
 /// comes with the substituted base): so a substituting home writes no layer and runs
 /// no compiler (cargo's for the verify tool included) for it. These are the steps
 /// `cache push` pushes (those that ship); the others are always built here.
-pub fn artifact_kinds(step: StepId) -> Option<crate::cache_config::ArtifactKinds> {
+pub fn artifact_kinds(step: StepId) -> Option<ArtifactKinds> {
     let (own, carried): (&str, &[&str]) = match step {
         StepId::Nvshmem => (commstack_nvshmem::BUILD_STEP, &[]),
         StepId::Dropin => (commstack_nvshmem::DROPIN_STEP, &[]),
@@ -689,7 +698,7 @@ pub fn artifact_kinds(step: StepId) -> Option<crate::cache_config::ArtifactKinds
         | StepId::Load
         | StepId::Runtime => return None,
     };
-    Some(crate::cache_config::ArtifactKinds {
+    Some(ArtifactKinds {
         own: own.to_string(),
         carried: carried.iter().map(|c| c.to_string()).collect(),
     })
