@@ -37,18 +37,42 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        match c {
-            '\t' => out.push(c),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x80 && c.is_control() => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
+        push_escaped(&mut out, c);
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// How many characters of an untrusted name (an archive entry, a link target, a file name
+/// from a server) a message shows: [`terminal_safe_capped`]'s usual cap.
+pub const SHOWN_NAME_MAX: usize = 256;
+
+/// [`terminal_safe`], cut after `max_chars` characters of the escaped text, the cut said
+/// with the original length: a name from untrusted input may be megabytes long, and a
+/// message must stay one readable line. Reads no further than the cut.
+pub fn terminal_safe_capped(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut shown = 0;
+    for c in text.chars() {
+        if shown >= max_chars {
+            out.push_str(&format!("... ({} bytes in all)", text.len()));
+            return out;
+        }
+        let before = out.len();
+        push_escaped(&mut out, c);
+        shown += out[before..].chars().count();
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\t' => out.push(c),
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        c if (c as u32) < 0x80 && c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
 }
 
 /// A writer that hashes and counts what passes through it, so a layer's diff_id or a
@@ -108,5 +132,18 @@ mod tests {
         let safe = terminal_safe(hostile);
         assert_eq!(safe, "x\\x1b]0;pwned\\x07\\x1b[2J\\r\\u{9b}31m");
         assert!(!safe.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn capped_names_stay_one_short_line() {
+        assert_eq!(terminal_safe_capped("a\nb", 10), "a\\nb");
+        let long = format!("{}\n{}", "x".repeat(300), "y".repeat(1 << 20));
+        let shown = terminal_safe_capped(&long, SHOWN_NAME_MAX);
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.len() < SHOWN_NAME_MAX + 40, "{}", shown.len());
+        assert!(
+            shown.ends_with(&format!("... ({} bytes in all)", long.len())),
+            "{shown}"
+        );
     }
 }
