@@ -11,7 +11,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use commstack_digest::{SHOWN_NAME_MAX, terminal_safe_capped};
+use commstack_digest::{SHOWN_NAME_MAX, terminal_safe_capped_bytes};
 
 use crate::limits::Budget;
 use crate::paths::{Blocked, Kind, Node, Paths, ROOT};
@@ -20,13 +20,7 @@ use crate::{Options, Strip};
 /// A name from the archive (an entry's path, a link's target), for a message: control
 /// characters escaped, cut to [`SHOWN_NAME_MAX`] characters.
 pub(crate) fn shown(raw: &[u8]) -> String {
-    // Names are bounded before they are shown; a name refused for its length shows its start.
-    let head = &raw[..raw.len().min(4 * SHOWN_NAME_MAX)];
-    let text = terminal_safe_capped(&String::from_utf8_lossy(head), SHOWN_NAME_MAX);
-    match head.len() < raw.len() {
-        true => format!("{text}... ({} bytes in all)", raw.len()),
-        false => text,
-    }
+    terminal_safe_capped_bytes(raw, SHOWN_NAME_MAX)
 }
 
 pub(crate) fn shown_path(path: &Path) -> String {
@@ -493,6 +487,10 @@ mod tests {
         assert_eq!(shown(b"a\nb"), "a\\nb");
         let long = vec![b'x'; 100_000];
         let s = shown(&long);
-        assert!(s.len() < 400 && s.ends_with("(100000 bytes in all)"), "{s}");
+        assert!(
+            s.len() < 400 && s.ends_with("x... (100000 bytes in all)"),
+            "{s}"
+        );
+        assert_eq!(s.matches("bytes in all").count(), 1, "{s}");
     }
 }

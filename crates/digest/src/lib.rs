@@ -50,11 +50,27 @@ pub const SHOWN_NAME_MAX: usize = 256;
 /// with the original length: a name from untrusted input may be megabytes long, and a
 /// message must stay one readable line. Reads no further than the cut.
 pub fn terminal_safe_capped(text: &str, max_chars: usize) -> String {
+    capped(text, max_chars, text.len())
+}
+
+/// [`terminal_safe_capped`] for bytes that should be text (an archive's entry names): read
+/// as UTF-8 (invalid sequences replaced), no more of them than can be shown.
+pub fn terminal_safe_capped_bytes(raw: &[u8], max_chars: usize) -> String {
+    // A character is at most 4 bytes: no more is converted than can be shown.
+    let head = &raw[..raw.len().min(max_chars.saturating_mul(4))];
+    let mut out = capped(&String::from_utf8_lossy(head), max_chars, raw.len());
+    if head.len() < raw.len() && !out.ends_with(" bytes in all)") {
+        out.push_str(&format!("... ({} bytes in all)", raw.len()));
+    }
+    out
+}
+
+fn capped(text: &str, max_chars: usize, total_bytes: usize) -> String {
     let mut out = String::new();
     let mut shown = 0;
     for c in text.chars() {
         if shown >= max_chars {
-            out.push_str(&format!("... ({} bytes in all)", text.len()));
+            out.push_str(&format!("... ({total_bytes} bytes in all)"));
             return out;
         }
         let before = out.len();
