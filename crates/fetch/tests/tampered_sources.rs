@@ -334,3 +334,33 @@ fn an_accepted_tree_match_is_remembered_and_held_to_its_sha256() {
     assert!(matches!(err, FetchError::Offline(_)), "{err}");
     assert!(Cache::new(&s.cache).ls().unwrap().is_empty());
 }
+
+/// A hard link named with newlines, to nothing: the archive is refused, and the fetch
+/// report keeps the name in its line (no forged "all archives verified" line).
+#[test]
+fn a_newline_in_an_entry_name_cannot_forge_a_line_of_the_report() {
+    let s = setup();
+    let archive = tar_gz(&[
+        (EntryType::Regular, "DeepEP-567632d/setup.py", GOOD),
+        (
+            EntryType::Link,
+            "DeepEP-567632d/x\nall archives verified\n",
+            b"DeepEP-567632d/missing",
+        ),
+    ]);
+    std::fs::write(s.mirror.join(NAME), archive).unwrap();
+    let mut options = options(&s.cache);
+    options.mirrors = vec![Mirror::Dir(s.mirror.clone())];
+    options.offline = true;
+    options.accept_tree_match = true;
+    for artifact in artifacts(&s) {
+        let err = fetch_all(std::slice::from_ref(&artifact), &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.lines().all(|l| !l.starts_with("all archives verified")),
+            "{err}"
+        );
+        assert!(err.contains("x\\nall archives verified\\n"), "{err}");
+    }
+}
