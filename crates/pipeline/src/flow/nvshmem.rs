@@ -207,12 +207,22 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetchArgs, name: &str) -> Result<(
     let inputs = serde_json::json!({ "source": name, "tree": tree });
     let key = commstack_store::StepKey::new(&format!("{name}-source"), &inputs);
     let archive = f.path.clone();
+    // Which archive the tree came from, by its own sha256 (the key is the tree's).
+    let record = serde_json::json!({
+        "filename": f.filename,
+        "sha256": f.sha256(),
+        "provenance": f.provenance,
+    });
     let outcome = store.run(&key, &inputs, false, |dir| {
         // The one unpacker (not GNU tar, which stores links pointing outside as a
         // success); TopDir is --strip-components=1 that insists on one top directory. The
         // tree it writes is hashed before it is moved into place (as DeepEP's source is).
         let src = dir.out.join("src");
         commstack_fetch::tree::place_verified(&archive, &src, Strip::TopDir, &tree)?;
+        std::fs::write(
+            dir.out.join("archive.json"),
+            serde_json::to_string_pretty(&record)?,
+        )?;
         Ok(())
     })?;
     Ok((outcome.path().join("src"), tree))
