@@ -172,7 +172,8 @@ pub struct SourceFetchArgs {
     /// Open no network connection.
     #[arg(long)]
     pub offline: bool,
-    /// Accept an archive whose tree hash equals the lock's although its sha256 differs.
+    /// Accept an archive whose tree hash equals the lock's although its sha256 differs
+    /// (recorded with its own sha256; later runs use it without the flag).
     #[arg(long)]
     pub accept_tree_match: bool,
 }
