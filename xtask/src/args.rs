@@ -190,7 +190,8 @@ pub struct SourceFetchArgs {
     /// Open no network connection.
     #[arg(long)]
     pub offline: bool,
-    /// Accept an archive whose tree hash equals the lock's although its sha256 differs.
+    /// Accept an archive whose tree hash equals the lock's although its sha256 differs
+    /// (recorded with its own sha256; later runs use it without the flag).
     #[arg(long)]
     pub accept_tree_match: bool,
 }
@@ -408,7 +409,8 @@ pub struct FetchFlags {
     pub retries: u32,
     /// Accept a source archive whose sha256 differs from the lock when its unpacked tree
     /// hash equals the lock's (the same release from another origin). Recorded in the
-    /// cache and reported by every run that uses it.
+    /// cache with the archive's own sha256: later runs use it without the flag, hold it
+    /// to that sha256, and report it.
     #[arg(long)]
     pub accept_tree_match: bool,
     /// Hash every cached file before trusting it; a damaged one is moved to the cache's

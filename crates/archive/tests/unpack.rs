@@ -10,137 +10,8 @@ use std::path::{Path, PathBuf};
 use commstack_archive::{Format, Limits, Options, Strip, copy_tree, copy_tree_except, unpack};
 use tar::EntryType;
 
-/// One tar entry, names and link targets written raw into the header (so `..` and
-/// absolute names can be made).
-struct E<'a> {
-    name: &'a str,
-    kind: EntryType,
-    mode: u32,
-    link: Option<&'a str>,
-    data: &'a [u8],
-}
-
-fn file<'a>(name: &'a str, mode: u32, data: &'a [u8]) -> E<'a> {
-    E {
-        name,
-        kind: EntryType::Regular,
-        mode,
-        link: None,
-        data,
-    }
-}
-fn dir(name: &str, mode: u32) -> E<'_> {
-    E {
-        name,
-        kind: EntryType::Directory,
-        mode,
-        link: None,
-        data: b"",
-    }
-}
-fn sym<'a>(name: &'a str, target: &'a str) -> E<'a> {
-    E {
-        name,
-        kind: EntryType::Symlink,
-        mode: 0o777,
-        link: Some(target),
-        data: b"",
-    }
-}
-fn hard<'a>(name: &'a str, target: &'a str) -> E<'a> {
-    E {
-        name,
-        kind: EntryType::Link,
-        mode: 0o644,
-        link: Some(target),
-        data: b"",
-    }
-}
-fn special(name: &str, kind: EntryType) -> E<'_> {
-    E {
-        name,
-        kind,
-        mode: 0o644,
-        link: None,
-        data: b"",
-    }
-}
-
-fn tar_bytes(entries: &[E]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for e in entries {
-        let mut h = tar::Header::new_gnu();
-        let old = h.as_old_mut();
-        old.name[..e.name.len()].copy_from_slice(e.name.as_bytes());
-        if let Some(l) = e.link {
-            old.linkname[..l.len()].copy_from_slice(l.as_bytes());
-        }
-        h.set_entry_type(e.kind);
-        h.set_mode(e.mode);
-        h.set_size(e.data.len() as u64);
-        h.set_cksum();
-        b.append(&h, e.data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gz(bytes: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
-}
-
-/// A sandbox: the archive in `in/`, the destination `out/dest`.
-struct Sandbox {
-    dir: tempfile::TempDir,
-    archive: PathBuf,
-}
-
-impl Sandbox {
-    fn new(name: &str, bytes: &[u8]) -> Sandbox {
-        let dir = tempfile::tempdir().unwrap();
-        fs::create_dir(dir.path().join("in")).unwrap();
-        let archive = dir.path().join("in").join(name);
-        fs::write(&archive, bytes).unwrap();
-        Sandbox { dir, archive }
-    }
-    fn dest(&self) -> PathBuf {
-        self.dir.path().join("out/dest")
-    }
-    /// Everything in the sandbox but the archive, relative.
-    fn written(&self) -> Vec<String> {
-        walkdir::WalkDir::new(self.dir.path())
-            .min_depth(1)
-            .into_iter()
-            .map(|e| e.unwrap().path().to_path_buf())
-            .filter(|p| p != &self.archive && p != &self.dir.path().join("in"))
-            .map(|p| {
-                p.strip_prefix(self.dir.path())
-                    .unwrap()
-                    .display()
-                    .to_string()
-            })
-            .collect()
-    }
-    /// Refused with an error mentioning each of `needles`, and nothing written anywhere
-    /// (`out/`, the destination's parent, is all that may exist, and empty).
-    fn refused(&self, options: &Options, needles: &[&str]) -> String {
-        let err = format!(
-            "{:#}",
-            unpack(&self.archive, &self.dest(), options).unwrap_err()
-        );
-        for n in needles {
-            assert!(err.contains(n), "{n:?} not in: {err}");
-        }
-        assert!(!self.dest().exists(), "{err}");
-        assert_eq!(self.written(), ["out"], "left behind after: {err}");
-        err
-    }
-}
-
-fn top() -> Options {
-    Options::strip(Strip::TopDir)
-}
+mod common;
+use common::*;
 
 #[test]
 fn absolute_paths_are_refused() {
@@ -207,7 +78,7 @@ fn chained_symlink_escape_is_refused() {
             sym("top/b", "a/.."),
         ]),
     );
-    s.refused(&top(), &["symlink top/b -> a/..", "leaves"]);
+    s.refused(&top(), &["entry top/b", "earlier entries lie under it"]);
     assert!(!s.dir.path().join("out/chain-escape.txt").exists());
 }
 
@@ -318,6 +189,7 @@ fn bombs_stop_at_the_limits() {
     let limits = Limits {
         max_bytes: 1 << 20,
         max_entries: 10,
+        ..Limits::default()
     };
     let options = Options {
         strip: Strip::TopDir,
@@ -339,10 +211,8 @@ fn bombs_stop_at_the_limits() {
     let names: Vec<String> = (0..50).map(|i| format!("top/f{i}")).collect();
     let entries: Vec<E> = names.iter().map(|n| file(n, 0o644, b"")).collect();
     let s = Sandbox::new("many.tar", &tar_bytes(&entries));
-    s.refused(
-        &options,
-        &["more than 10 entries", "top/f10", "max_entries"],
-    );
+    // Ten files and the directory they imply: eleven paths.
+    s.refused(&options, &["more than 10 paths", "top/f9", "max_entries"]);
 
     let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     z.start_file(
@@ -359,7 +229,7 @@ fn bombs_stop_at_the_limits() {
             limits,
             ..Options::default()
         },
-        &["more than 1048576 bytes", "zeros"],
+        &["declare 16777216 bytes", "more than 1048576", "max_bytes"],
     );
     // Exactly at the limit is fine.
     let s = Sandbox::new(

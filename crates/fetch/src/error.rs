@@ -4,6 +4,11 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use commstack_digest::terminal_safe_capped;
+
+/// The longest line of a failure report (a URL and a server's message fit many times).
+const LINE_MAX: usize = 4096;
+
 /// Why a fetch failed. `Display` is written for the person at the terminal.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -190,16 +195,19 @@ impl fmt::Display for SourceError {
 }
 
 impl ArtifactFailure {
+    /// Each line escaped as a whole: names, URLs and server messages are text from the
+    /// lock, the network or an archive, and must not start lines of their own.
     fn render(&self, out: &mut String) {
-        out.push_str(&format!(
-            "  {} ({}, {}):\n",
+        let line = |text: String| terminal_safe_capped(&text, LINE_MAX) + "\n";
+        out.push_str(&line(format!(
+            "  {} ({}, {}):",
             self.name, self.filename, self.pin
-        ));
+        )));
         if self.attempts.is_empty() {
             out.push_str("    no source: the artifact has no URL and no mirror was given\n");
         }
         for attempt in &self.attempts {
-            out.push_str(&format!("    {}: {}\n", attempt.url, attempt.error));
+            out.push_str(&line(format!("    {}: {}", attempt.url, attempt.error)));
         }
     }
 

@@ -41,7 +41,9 @@ pub struct FetchOptions {
     /// The longest silence while reading a response before the attempt counts as failed.
     pub read_timeout: Duration,
     /// Accept a source archive whose sha256 differs from the lock when its unpacked tree
-    /// hash equals the locked `tree_sha256`; recorded in the cache and in `Fetched`.
+    /// hash equals the locked `tree_sha256`; recorded in the cache (with the archive's own
+    /// sha256, which every later use is held to) and in `Fetched`. Later fetches use the
+    /// recorded archive without the flag, and still say it is a tree match.
     pub accept_tree_match: bool,
     /// `--source NAME=PATH`: use PATH instead of the locked artifact NAME.
     pub overrides: Vec<SourceOverride>,
@@ -636,10 +638,14 @@ impl Run<'_> {
                         let mut item = fetched(path, provenance, origin, bytes_downloaded);
                         for bad in attempts.iter().filter(|a| a.is_damage()) {
                             let line = format!("{} served bad bytes ({})", bad.url, bad.error);
-                            self.progress.println(&format!(
-                                "WARNING {}: {line}; fetched from {label} instead",
-                                artifact.filename
-                            ));
+                            self.progress
+                                .println(&commstack_digest::terminal_safe_capped(
+                                    &format!(
+                                        "WARNING {}: {line}; fetched from {label} instead",
+                                        artifact.filename
+                                    ),
+                                    4096,
+                                ));
                             item.bad_sources.push(line);
                         }
                         return Ok(item);
@@ -660,7 +666,10 @@ impl Run<'_> {
         Err(failure(attempts))
     }
 
-    /// The artifact as a previous run cached it.
+    /// The artifact as a previous run cached it. An archive accepted by tree hash (a tree
+    /// match the user accepted once, or the archive of a tree-pinned source) is found
+    /// through its record, with or without `accept_tree_match`, and is held to the sha256
+    /// the record names: re-hashed at every use, as nothing else pins those bytes.
     fn cached(&self, artifact: &Artifact) -> std::io::Result<Option<(PathBuf, Provenance)>> {
         let hit = match (&artifact.sha256, &artifact.tree_sha256) {
             (Some(sha256), _) => match self.cache.get(sha256, &artifact.filename)? {
@@ -670,11 +679,13 @@ impl Run<'_> {
                         sha256: sha256.clone(),
                     },
                 )),
-                None if self.options.accept_tree_match => self
+                None => self
                     .cache
                     .tree_match(sha256)?
+                    .filter(|(record, _)| {
+                        artifact.tree_sha256.as_ref() == Some(&record.tree_sha256)
+                    })
                     .map(|(record, path)| (path, tree_match_provenance(record))),
-                None => None,
             },
             (None, Some(tree)) => self.cache.by_tree(tree)?.map(|(record, path)| {
                 (
@@ -687,20 +698,20 @@ impl Run<'_> {
             }),
             (None, None) => None,
         };
-        // --verify: every kind of hit is re-hashed against the sha256 it was cached under.
-        if self.options.verify
-            && let Some((path, provenance)) = &hit
-        {
-            let cached_as = match provenance {
-                Provenance::Locked { sha256 } | Provenance::LockedTree { sha256, .. } => sha256,
-                Provenance::TreeMatch { actual_sha256, .. } => actual_sha256,
-                Provenance::Override { .. } => return Ok(hit),
-            };
-            if let Err(damaged) = crate::cache::check_cached_file(path, cached_as) {
-                // Quarantined: fall through to the sources.
-                self.progress.println(&format!("WARNING {damaged}"));
-                return Ok(None);
-            }
+        let Some((path, provenance)) = &hit else {
+            return Ok(hit);
+        };
+        let cached_as = match provenance {
+            // --verify: a file cached under the lock's own sha256 is re-hashed too.
+            Provenance::Locked { sha256 } if self.options.verify => sha256,
+            Provenance::Locked { .. } | Provenance::Override { .. } => return Ok(hit),
+            Provenance::LockedTree { sha256, .. } => sha256,
+            Provenance::TreeMatch { actual_sha256, .. } => actual_sha256,
+        };
+        if let Err(damaged) = crate::cache::check_cached_file(path, cached_as) {
+            // Quarantined: fall through to the sources.
+            self.progress.println(&format!("WARNING {damaged}"));
+            return Ok(None);
         }
         Ok(hit)
     }
@@ -831,14 +842,29 @@ fn tree_match_provenance(record: TreeMatchRecord) -> Provenance {
 }
 
 /// Compares the downloaded archive's tree hash with the locked one, if the lock has one.
+/// The archive is unpacked (by the one unpacker) next to it, in the cache's `tmp/`.
 async fn check_tree(artifact: &Artifact, part: &Path) -> TreeCheck {
     let Some(locked) = artifact.tree_sha256.clone() else {
         return TreeCheck::NotLocked;
     };
-    let (part, filename) = (part.to_path_buf(), artifact.filename.clone());
-    let actual = tokio::task::spawn_blocking(move || tree::tree_sha256(&part, &filename))
-        .await
-        .expect("tree hashing panicked");
+    if tree::ArchiveKind::from_name(&artifact.filename).is_none() {
+        return TreeCheck::Unreadable {
+            message: format!(
+                "{}: no tree hash for this file type",
+                commstack_digest::terminal_safe_capped(
+                    &artifact.filename,
+                    commstack_digest::SHOWN_NAME_MAX
+                )
+            ),
+        };
+    }
+    let part = part.to_path_buf();
+    let actual = tokio::task::spawn_blocking(move || {
+        let scratch = part.parent().map(Path::to_path_buf).unwrap_or_default();
+        tree::tree_sha256_archive_in(&part, &scratch)
+    })
+    .await
+    .expect("tree hashing panicked");
     match actual {
         Ok(actual) if actual == locked => TreeCheck::Matches,
         Ok(actual) => TreeCheck::Differs { actual },

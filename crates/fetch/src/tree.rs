@@ -7,11 +7,14 @@
 //!
 //! 1. Collect the entries: regular files (path, executable?, content) and symlinks (path,
 //!    target). Directories are ignored (so are empty ones), as are devices and FIFOs.
-//!    Paths are relative, `/`-separated, without a leading `./`. In an archive a later
-//!    entry of the same path replaces an earlier one; a tar hard link is a file with the
-//!    content and mode of its target.
+//!    Paths are relative, `/`-separated, without a leading `./`. An archive's entries are
+//!    those of the tree the one unpacker (commstack-archive) writes from it, unstripped:
+//!    a later entry of the same path replaces an earlier one; a tar hard link is a file
+//!    with the content and mode of the file its target finally is; a GNU sparse file is
+//!    its whole content. An archive the unpacker refuses has no tree hash.
 //! 2. Drop every entry with a path component named exactly `.git` (a checkout's `.git/`
-//!    directory or a submodule's `.git` file).
+//!    directory or a submodule's `.git` file). The unpacker never writes them in a source
+//!    tree ([`unpack_verified`]), so the tree built from is the tree hashed.
 //! 3. If every remaining entry lies under one and the same top-level directory (as in
 //!    `nvshmem_src/...` or `DeepEP-567632d/...`), strip that first component.
 //! 4. Sort the entries by path bytes. For each, append to one byte stream:
@@ -21,10 +24,19 @@
 //! 5. The tree hash is the sha256 of that stream, written `sha256:<lowercase hex>`.
 //!
 //! Owners, times and other mode bits never enter the hash.
+//!
+//! # One reading
+//!
+//! The tree hash of an archive is the tree hash of the directory the unpacker writes from
+//! it ([`tree_sha256_archive`]), and a source step unpacks through [`unpack_verified`],
+//! which hashes what it wrote before moving it into place. What is hashed and what is built
+//! are the same bytes, whatever the archive's tricks (a sparse entry, a hard link to a
+//! file replaced later, a `.git/` directory): a reader of its own here once disagreed with
+//! the unpacker on all three, and a changed `setup.py` hashed to the locked tree.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -43,6 +55,9 @@ type Entries = BTreeMap<Vec<u8>, Entry>;
 /// The archive formats [`tree_sha256`] reads, by file name: the unpacker's, so that what
 /// is hashed and what is unpacked are the same set.
 pub use commstack_archive::Format as ArchiveKind;
+pub use commstack_archive::Strip;
+
+use commstack_archive::Options;
 
 /// The tree hash of a directory, or of an archive whose format `name_hint` (usually the
 /// file name) tells; see the module docs for the definition.
@@ -50,7 +65,9 @@ pub fn tree_sha256(path: &Path, name_hint: &str) -> io::Result<String> {
     if path.is_dir() {
         return tree_sha256_dir(path);
     }
-    let kind = ArchiveKind::from_name(name_hint).ok_or_else(|| {
+    // The name says whether it is an archive at all; the unpacker reads its format from
+    // its first bytes.
+    ArchiveKind::from_name(name_hint).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::Unsupported,
             format!(
@@ -59,7 +76,7 @@ pub fn tree_sha256(path: &Path, name_hint: &str) -> io::Result<String> {
             ),
         )
     })?;
-    tree_sha256_archive(path, kind)
+    tree_sha256_archive(path)
 }
 
 /// The tree hash of a directory on disk (symlinks are not followed).
@@ -102,99 +119,74 @@ pub fn tree_sha256_dir(dir: &Path) -> io::Result<String> {
     Ok(digest(entries))
 }
 
-/// The tree hash of an archive.
-pub fn tree_sha256_archive(path: &Path, kind: ArchiveKind) -> io::Result<String> {
-    let file = File::open(path).map_err(|e| with_path(e, path))?;
-    let reader = BufReader::new(file);
-    let entries = match kind {
-        ArchiveKind::TarGz => tar_entries(flate2::read::GzDecoder::new(reader)),
-        ArchiveKind::Tar => tar_entries(reader),
-        ArchiveKind::Zip => zip_entries(path),
-    }
-    .map_err(|e| io::Error::new(e.kind(), format!("reading archive {}: {e}", path.display())))?;
-    Ok(digest(entries))
+/// The tree hash of an archive: of the tree the unpacker writes from it, in a scratch
+/// directory under the system's temporary directory.
+pub fn tree_sha256_archive(path: &Path) -> io::Result<String> {
+    tree_sha256_archive_in(path, &std::env::temp_dir())
 }
 
-fn tar_entries(reader: impl Read) -> io::Result<Entries> {
-    let mut archive = tar::Archive::new(reader);
-    let mut entries = Entries::new();
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let path = clean_path(&entry.path_bytes());
-        if path.is_empty() {
-            continue;
-        }
-        let header = entry.header();
-        let kind = header.entry_type();
-        if kind.is_symlink() {
-            let target = entry
-                .link_name_bytes()
-                .map(|t| t.into_owned())
-                .unwrap_or_default();
-            entries.insert(path, Entry::Symlink { target });
-        } else if kind.is_hard_link() {
-            let target = clean_path(&entry.link_name_bytes().unwrap_or_default());
-            let linked = entries.get(&target).cloned().ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "hard link {} points to {}, not seen before it",
-                        show(&path),
-                        show(&target)
-                    ),
-                )
-            })?;
-            entries.insert(path, linked);
-        } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            let executable = header.mode()? & 0o111 != 0;
-            entries.insert(
-                path,
-                Entry::File {
-                    executable,
-                    sha256: sha256_hex(&mut entry)?,
-                },
-            );
-        }
-    }
-    Ok(entries)
+/// [`tree_sha256_archive`], unpacking under `scratch` (created if missing; a directory of
+/// the filesystem the archive's bytes may fill, such as a cache's `tmp/`).
+pub fn tree_sha256_archive_in(path: &Path, scratch: &Path) -> io::Result<String> {
+    let options = Options {
+        drop_git: true,
+        ..Options::default()
+    };
+    commstack_archive::with_unpacked(path, scratch, &options, |root| Ok(tree_sha256_dir(root)?))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
 }
 
-fn zip_entries(path: &Path) -> io::Result<Entries> {
-    let file = File::open(path)?;
-    let mut archive = zip::ZipArchive::new(BufReader::new(file)).map_err(io::Error::other)?;
-    let mut entries = Entries::new();
-    for index in 0..archive.len() {
-        let mut item = archive.by_index(index).map_err(io::Error::other)?;
-        let name = clean_path(item.name_raw());
-        if name.is_empty() || item.is_dir() {
-            continue;
-        }
-        let mode = item.unix_mode().unwrap_or(0);
-        // S_IFLNK: zip stores a symlink as a file whose content is the target.
-        if mode & 0o170000 == 0o120000 {
-            let mut target = Vec::new();
-            item.read_to_end(&mut target)?;
-            entries.insert(name, Entry::Symlink { target });
-        } else {
-            entries.insert(
-                name,
-                Entry::File {
-                    executable: mode & 0o111 != 0,
-                    sha256: sha256_hex(&mut item)?,
-                },
-            );
-        }
+/// A source into `dest` (which must not exist), refused, leaving nothing, unless the tree
+/// written hashes to `expected`: a directory is copied without its `.git` ([`strip`] does
+/// not apply), an archive goes through [`unpack_verified`]. Every source step places its
+/// source through here.
+///
+/// [`strip`]: Strip
+pub fn place_verified(src: &Path, dest: &Path, strip: Strip, expected: &str) -> io::Result<()> {
+    if !src.is_dir() {
+        return unpack_verified(src, dest, strip, expected);
     }
-    Ok(entries)
+    let skip_git = |rel: &Path| rel.file_name() == Some(".git".as_ref());
+    commstack_archive::copy_tree_checked(src, dest, skip_git, |root| {
+        Ok(check_tree(src, root, expected)?)
+    })
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
 }
 
-/// `./a//b/` -> `a/b`.
-fn clean_path(raw: &[u8]) -> Vec<u8> {
-    let parts: Vec<&[u8]> = raw
-        .split(|&b| b == b'/')
-        .filter(|p| !p.is_empty() && *p != b".")
-        .collect();
-    parts.join(&b'/')
+/// `root`, written from `src`, must hash to `expected`.
+fn check_tree(src: &Path, root: &Path, expected: &str) -> io::Result<()> {
+    let got = tree_sha256_dir(root)?;
+    if got != expected {
+        return Err(io::Error::other(format!(
+            "{} gives the tree {got}, not the expected {expected}: refused, nothing written; \
+             if it is a cached download, it changed after it was checked (run `cargo xtask \
+             cache verify --remove`, then `cargo xtask fetch`)",
+            src.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Unpacks a source `archive` into `dest` (which must not exist), stripping as `strip`
+/// says, and refuses it, leaving nothing, unless the tree written hashes to `expected`:
+/// every tree-pinned source goes through here after it is fetched, whatever checked it
+/// before (the cache's file could have changed since). `.git` entries are not written.
+pub fn unpack_verified(
+    archive: &Path,
+    dest: &Path,
+    strip: Strip,
+    expected: &str,
+) -> io::Result<()> {
+    let options = Options {
+        strip,
+        drop_git: true,
+        ..Options::default()
+    };
+    commstack_archive::unpack_checked(archive, dest, &options, |root| {
+        Ok(check_tree(archive, root, expected)?)
+    })
+    .map(|_| ())
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
 }
 
 /// Steps 2 to 5 of the definition.
@@ -237,10 +229,6 @@ fn sha256_hex(mut reader: impl Read) -> io::Result<String> {
     let mut hasher = Sha256::new();
     io::copy(&mut reader, &mut hasher)?;
     Ok(hex::encode(hasher.finalize()))
-}
-
-fn show(path: &[u8]) -> String {
-    String::from_utf8_lossy(path).into_owned()
 }
 
 fn with_path(err: io::Error, path: &Path) -> io::Error {

@@ -81,7 +81,10 @@ impl Comparison {
                 DifferenceKind::ContentDiffers => "differs    ",
             };
             let why = d.explanation.as_deref().unwrap_or("UNEXPLAINED");
-            let _ = writeln!(s, "  {kind}  {}\n               {why}", d.path);
+            // Paths are the wheels' entry names (one of them NVIDIA's download).
+            let path =
+                commstack_digest::terminal_safe_capped(&d.path, commstack_digest::SHOWN_NAME_MAX);
+            let _ = writeln!(s, "  {kind}  {path}\n               {why}");
         }
         s
     }

@@ -42,7 +42,7 @@ impl FixedDir {
         let path = root.join(name);
         // Left by a crash: nothing in it is worth keeping (the store holds results).
         if fs::symlink_metadata(&path).is_ok() {
-            fs::remove_dir_all(&path).with_context(|| {
+            crate::remove_tree(&path).with_context(|| {
                 format!(
                     "cannot clear the fixed build directory {} (left by an earlier build, \
                      perhaps of another user: remove it)",
@@ -62,7 +62,7 @@ impl FixedDir {
 impl Drop for FixedDir {
     fn drop(&mut self) {
         // Best effort: the next acquire clears it anyway.
-        let _ = fs::remove_dir_all(&self.path);
+        let _ = crate::remove_tree(&self.path);
     }
 }
 

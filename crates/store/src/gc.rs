@@ -141,12 +141,9 @@ impl Store {
         ensure_inside(&self.root, &path)?;
         let bytes = crate::dir_size(&path);
         if !opts.dry_run {
-            let res = if path.is_dir() {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            res.with_context(|| format!("cannot remove {}", path.display()))?;
+            // Directories a step made read-only get their owner's access back first.
+            crate::remove_tree(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
         }
         report.removed.push((path, bytes));
         Ok(())

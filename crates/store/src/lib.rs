@@ -24,6 +24,7 @@
 mod atomic;
 mod fixed;
 mod gc;
+mod remove;
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,7 @@ pub use atomic::write_all_atomically;
 use commstack_digest::canonical_json;
 pub use fixed::{FIXED_BUILD_ROOT, FixedDir};
 pub use gc::{Cleared, GcOptions, GcReport};
+pub use remove::remove_tree;
 
 /// Name of the metadata file written into every complete step directory.
 pub const META_FILE: &str = ".step.json";
@@ -255,7 +257,7 @@ impl Store {
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         if tmp.exists() {
-            fs::remove_dir_all(&tmp).with_context(|| format!("cannot clear {}", tmp.display()))?;
+            remove_tree(&tmp).with_context(|| format!("cannot clear {}", tmp.display()))?;
         }
         let logs = tmp.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
@@ -270,7 +272,8 @@ impl Store {
         let started = Instant::now();
         if let Err(err) = build(&dir) {
             let failed = self.failed_path(key);
-            let _ = fs::remove_dir_all(&failed);
+            // The last attempt's output may hold read-only directories (an archive's).
+            let _ = remove_tree(&failed);
             return match fs::rename(&tmp, &failed) {
                 Ok(()) => Err(err.context(format!(
                     "step {} failed; its partial output and logs are kept in {}",
@@ -315,7 +318,7 @@ impl Store {
             fs::rename(&final_path, &old).with_context(|| {
                 format!("cannot move the old output {} aside", final_path.display())
             })?;
-            let _ = fs::remove_dir_all(&old);
+            let _ = remove_tree(&old);
         }
         fs::rename(&tmp, &final_path).with_context(|| {
             format!(
@@ -324,7 +327,7 @@ impl Store {
                 final_path.display()
             )
         })?;
-        let _ = fs::remove_dir_all(self.failed_path(key));
+        let _ = remove_tree(&self.failed_path(key));
         Ok(Outcome::Built {
             path: final_path,
             seconds,

@@ -361,3 +361,40 @@ fn a_name_read_from_outside_is_checked_not_asserted() {
         StepKey::new("fine-step_1", &json!({"a": 1}))
     );
 }
+
+/// A step whose output holds directories of mode 0555 and 0000 (an archive's) fails,
+/// twice, as a user who is not root: the second attempt replaces the first in `failed/`
+/// (nothing is left in `tmp/`), and `store gc` removes it all.
+#[test]
+fn a_normal_user_cleans_up_a_failed_step_with_read_only_directories() {
+    commstack_testkit::as_non_root(
+        "a_normal_user_cleans_up_a_failed_step_with_read_only_directories",
+        |dir| {
+            use std::os::unix::fs::PermissionsExt;
+            let store = Store::open(dir.join("store")).unwrap();
+            let inputs = json!({"source": "sha256:ro"});
+            let key = StepKey::new("nvshmem-source", &inputs);
+            for _ in 0..2 {
+                let err = store
+                    .run(&key, &inputs, false, |out| {
+                        for (name, mode) in [("ro", 0o555), ("none", 0o000)] {
+                            let d = out.out.join("src").join(name);
+                            fs::create_dir_all(d.join("sub")).unwrap();
+                            fs::write(d.join("sub/file.c"), b"x").unwrap();
+                            fs::set_permissions(&d, fs::Permissions::from_mode(mode)).unwrap();
+                        }
+                        anyhow::bail!("the tree hash differs")
+                    })
+                    .unwrap_err();
+                let err = format!("{err:#}");
+                assert!(err.contains("kept in"), "{err}");
+            }
+            let listed = |sub: &str| fs::read_dir(store.root().join(sub)).unwrap().count();
+            assert_eq!(listed("tmp"), 0, "a failed attempt was left in tmp/");
+            assert_eq!(listed("failed"), 1);
+            let report = store.gc(&GcOptions::default()).unwrap();
+            assert_eq!(report.removed.len(), 1);
+            assert_eq!((listed("tmp"), listed("failed")), (0, 0));
+        },
+    );
+}

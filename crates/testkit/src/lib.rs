@@ -29,16 +29,21 @@
 //! every connection once a given number of bytes has passed one way: a server gone in the
 //! middle of a blob, at a byte count. [`debian::ArchiveKey`] signs InRelease files with a
 //! throwaway gpg key, with whatever dates a test needs.
+//!
+//! [`as_non_root`] runs a scenario as a user who is not root (the test again, under
+//! `setpriv`, when the tests run as root), so that file permissions bite.
 
 pub mod cut_proxy;
 pub mod debian;
 mod http;
 pub mod native;
+mod non_root;
 pub mod pypi;
 pub mod registry;
 mod server;
 
 pub use cut_proxy::{CutProxy, Direction};
+pub use non_root::as_non_root;
 pub use registry::{
     REGISTRY_PASSWORD, REGISTRY_USER, RegistryAuthMode, TestRegistry, skip_registry_tests,
 };

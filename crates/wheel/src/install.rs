@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::read::{HashingWriter, RecordMismatch, Wheel, compare_record};
+use crate::read::{HashingWriter, RecordMismatch, Wheel, compare_record, shown};
 use crate::record::format_sha256;
 
 /// Where each part of a wheel goes (the install scheme).
@@ -76,14 +76,17 @@ pub fn install(wheel_path: &Path, layout: &InstallLayout) -> Result<Installed> {
         };
         let (scheme, path) = rest
             .split_once('/')
-            .with_context(|| format!("{inner}: a file directly in the .data directory"))?;
+            .with_context(|| format!("{}: a file directly in the .data directory", shown(inner)))?;
         let base = match scheme {
             "purelib" => &layout.purelib,
             "platlib" => &layout.platlib,
             "scripts" => &layout.scripts,
             "data" => &layout.data,
             "headers" => &layout.headers,
-            other => bail!("{inner}: unknown install scheme {other:?} in the .data directory"),
+            other => bail!(
+                "{}: unknown install scheme {other:?} in the .data directory",
+                shown(inner)
+            ),
         };
         Ok(base.join(path))
     })
@@ -101,7 +104,7 @@ fn extract(
         bail!(
             "{}: {} is a symlink; wheels cannot hold links",
             wheel.path.display(),
-            link.path
+            shown(&link.path)
         );
     }
     fs::create_dir_all(stage_in)
@@ -128,12 +131,19 @@ fn extract(
             .with_context(|| format!("{}: a non-UTF-8 name", wheel.path.display()))?
             .to_string();
         let path = tree.join(rel);
+        let unreadable = || {
+            format!(
+                "{}: cannot read entry {}",
+                wheel.path.display(),
+                shown(&inner)
+            )
+        };
         let mut hasher = HashingWriter::default();
         io::copy(
-            &mut File::open(&path).with_context(|| format!("cannot read {}", path.display()))?,
+            &mut File::open(&path).with_context(unreadable)?,
             &mut hasher,
         )
-        .with_context(|| format!("cannot read {}", path.display()))?;
+        .with_context(unreadable)?;
         seen.insert(
             inner.clone(),
             (
@@ -155,18 +165,24 @@ fn extract(
     let mut files = Vec::with_capacity(staged.len());
     for (inner, from) in staged {
         let target = target_of(&inner)?;
+        // The target's path holds the entry's name: shown escaped.
+        let target_shown = shown(&target.to_string_lossy());
         if let Some(parent) = target.parent() {
             fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
+                .with_context(|| format!("cannot create the directory of {target_shown}"))?;
         }
         let executable = fs::metadata(&from)?.permissions().mode() & 0o111 != 0;
         let mode = if executable { 0o755 } else { 0o644 };
-        fs::set_permissions(&from, fs::Permissions::from_mode(mode))
-            .with_context(|| format!("cannot set the mode of {}", from.display()))?;
+        fs::set_permissions(&from, fs::Permissions::from_mode(mode)).with_context(|| {
+            format!(
+                "{}: cannot set the mode of entry {}",
+                wheel.path.display(),
+                shown(&inner)
+            )
+        })?;
         place(&from, &target).with_context(|| {
             format!(
-                "cannot create {} (from {}; does another wheel own it?)",
-                target.display(),
+                "cannot create {target_shown} (from {}; does another wheel own it?)",
                 wheel.path.display()
             )
         })?;

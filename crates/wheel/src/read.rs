@@ -71,12 +71,13 @@ pub enum RecordProblem {
 
 impl fmt::Display for RecordProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Paths and hashes are the archive's text: one escaped line each.
         match self {
             RecordProblem::NotInRecord { path } => {
-                write!(f, "{path}: in the archive but not in RECORD")
+                write!(f, "{}: in the archive but not in RECORD", shown(path))
             }
             RecordProblem::MissingFromArchive { path } => {
-                write!(f, "{path}: in RECORD but not in the archive")
+                write!(f, "{}: in RECORD but not in the archive", shown(path))
             }
             RecordProblem::HashMismatch {
                 path,
@@ -85,7 +86,9 @@ impl fmt::Display for RecordProblem {
             } => {
                 write!(
                     f,
-                    "{path}: RECORD says {record}, the content hashes to {actual}"
+                    "{}: RECORD says {}, the content hashes to {actual}",
+                    shown(path),
+                    shown(record)
                 )
             }
             RecordProblem::SizeMismatch {
@@ -95,12 +98,19 @@ impl fmt::Display for RecordProblem {
             } => {
                 write!(
                     f,
-                    "{path}: RECORD says {record} bytes, the archive holds {actual}"
+                    "{}: RECORD says {record} bytes, the archive holds {actual}",
+                    shown(path)
                 )
             }
-            RecordProblem::NoHash { path } => write!(f, "{path}: RECORD gives no hash"),
+            RecordProblem::NoHash { path } => write!(f, "{}: RECORD gives no hash", shown(path)),
         }
     }
+}
+
+/// A name from a wheel (an entry's path, a RECORD field) for a message: control
+/// characters escaped, cut short.
+pub(crate) fn shown(text: &str) -> String {
+    commstack_digest::terminal_safe_capped(text, commstack_digest::SHOWN_NAME_MAX)
 }
 
 /// RECORD does not describe the archive; every problem is listed.
@@ -149,10 +159,10 @@ impl Wheel {
             let inner = format!("{dist_info}/{name}");
             let mut f = archive
                 .by_name(&inner)
-                .with_context(|| format!("{}: {inner} is missing", path.display()))?;
+                .with_context(|| format!("{}: {} is missing", path.display(), shown(&inner)))?;
             let mut s = String::new();
             f.read_to_string(&mut s)
-                .with_context(|| format!("{}: {inner} is not UTF-8", path.display()))?;
+                .with_context(|| format!("{}: {} is not UTF-8", path.display(), shown(&inner)))?;
             Ok(s)
         };
         let metadata = Headers::parse(&read_text(&mut archive, "METADATA")?)
@@ -232,10 +242,11 @@ impl Wheel {
         let mut archive = open_archive(&self.path)?;
         let mut f = archive
             .by_name(inner)
-            .with_context(|| format!("{}: no {inner} inside", self.path.display()))?;
-        let mut buf = Vec::with_capacity(f.size() as usize);
+            .with_context(|| format!("{}: no {} inside", self.path.display(), shown(inner)))?;
+        // The declared size is the archive's word: not an allocation to make up front.
+        let mut buf = Vec::with_capacity(f.size().min(1 << 20) as usize);
         f.read_to_end(&mut buf)
-            .with_context(|| format!("{}: cannot read {inner}", self.path.display()))?;
+            .with_context(|| format!("{}: cannot read {}", self.path.display(), shown(inner)))?;
         Ok(buf)
     }
 
@@ -251,8 +262,9 @@ impl Wheel {
             }
             let name = f.name()?.to_string();
             let mut hasher = HashingWriter::default();
-            io::copy(&mut f, &mut hasher)
-                .with_context(|| format!("{}: cannot read {name}", self.path.display()))?;
+            io::copy(&mut f, &mut hasher).with_context(|| {
+                format!("{}: cannot read {}", self.path.display(), shown(&name))
+            })?;
             actual.insert(name, (format_sha256(&hasher.hasher.finalize()), hasher.len));
         }
         let problems = compare_record(&self.record, &actual, &self.record_path());

@@ -313,3 +313,37 @@ fn a_dist_info_file_is_added_in_place() {
         .unwrap_err();
     assert!(format!("{err:#}").contains("already holds"), "{err:#}");
 }
+
+/// A file of the archive named with a newline (not in RECORD): each problem stays on its
+/// own line, escaped, so the name cannot forge a line of the report.
+#[test]
+fn a_newline_in_an_entry_name_stays_in_its_line_of_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = demo_builder(tmp.path()).write(tmp.path()).unwrap();
+    let bad_path = tmp.path().join("bad").join(good.filename.to_string());
+    fs::create_dir_all(bad_path.parent().unwrap()).unwrap();
+    {
+        let mut src = zip::ZipArchive::new(fs::File::open(&good.path).unwrap()).unwrap();
+        let mut dst = zip::ZipWriter::new(fs::File::create(&bad_path).unwrap());
+        for i in 0..src.len() {
+            dst.raw_copy_file(src.by_index(i).unwrap()).unwrap();
+        }
+        dst.start_file(
+            "x\nall wheels verified\n",
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        dst.finish().unwrap();
+    }
+    for err in [
+        Wheel::open(&bad_path).unwrap().verify().unwrap_err(),
+        unpack(&bad_path, &tmp.path().join("out")).unwrap_err(),
+    ] {
+        let text = format!("{err:#}");
+        assert!(
+            text.lines().all(|l| !l.starts_with("all wheels verified")),
+            "{text}"
+        );
+        assert!(text.contains("x\\nall wheels verified\\n"), "{text}");
+    }
+}

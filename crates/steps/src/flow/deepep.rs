@@ -363,7 +363,8 @@ fn dropin_wheel(
 }
 
 /// `--source PATH` (hashed, compared with the lock), else the lock's archive from the
-/// fetch cache (verified by its tree hash when it was fetched).
+/// fetch cache (verified by its tree hash when it was fetched, held to its recorded
+/// sha256 since, and by its tree again as it is unpacked: `SourceInput::materialize`).
 fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<SourceInput> {
     let locked = lock
         .sources
@@ -402,6 +403,7 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
         .next()
         .context("fetch returned nothing")?;
     Ok(SourceInput {
+        sha256: f.sha256().map(str::to_string),
         path: f.path,
         tree_sha256: tree,
         rev,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use commstack_fetch::tree::Strip;
 use commstack_nvshmem::{
     BuildRequest, Built, DropIn, DropInSpec, build, build_dropin_wheel, compare_wheels,
 };
@@ -212,19 +213,22 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetch, name: &str) -> Result<(Path
     let inputs = serde_json::json!({ "source": name, "tree": tree });
     let key = commstack_store::StepKey::new(&format!("{name}-source"), &inputs);
     let archive = f.path.clone();
+    // Which archive the tree came from, by its own sha256 (the key is the tree's).
+    let record = serde_json::json!({
+        "filename": f.filename,
+        "sha256": f.sha256(),
+        "provenance": f.provenance,
+    });
     let outcome = store.run(&key, &inputs, false, |dir| {
-        let src = dir.out.join("src");
         // The one unpacker (not GNU tar, which stores links pointing outside as a
-        // success); TopDir is --strip-components=1 that insists on one top directory.
-        let options = commstack_archive::Options::strip(commstack_archive::Strip::TopDir);
-        commstack_archive::unpack(&archive, &src, &options)?;
-        let got = commstack_fetch::tree::tree_sha256_dir(&src)?;
-        if got != tree {
-            bail!(
-                "{} unpacked to tree {got}, not the locked {tree}",
-                archive.display()
-            );
-        }
+        // success); TopDir is --strip-components=1 that insists on one top directory. The
+        // tree it writes is hashed before it is moved into place (as DeepEP's source is).
+        let src = dir.out.join("src");
+        commstack_fetch::tree::place_verified(&archive, &src, Strip::TopDir, &tree)?;
+        std::fs::write(
+            dir.out.join("archive.json"),
+            serde_json::to_string_pretty(&record)?,
+        )?;
         Ok(())
     })?;
     Ok((outcome.path().join("src"), tree))
