@@ -261,6 +261,156 @@ fn facts<T: for<'de> Deserialize<'de>>(done: &Done, step: StepId) -> Result<T> {
     serde_json::from_value(value).with_context(|| format!("the result of step {step}"))
 }
 
+/// The recipes of the steps whose run is more than one call (see [`Steps::run`]).
+impl StackSteps<'_> {
+    fn run_fetch(&self, say: &dyn Fn(&str)) -> Result<StepResult> {
+        let artifacts = self.artifacts()?;
+        let fetched = commstack_fetch::fetch_all(&artifacts, &self.fetch_options()?)?;
+        for f in &fetched {
+            if let Some(d) = f.deviation() {
+                say(&format!("WARNING {d}"));
+            }
+        }
+        let bytes: u64 = artifacts.iter().filter_map(|a| a.size).sum();
+        Ok(StepResult {
+            output: Some(self.ctx.cache_dir()),
+            facts: json!({ "artifacts": fetched.len(), "bytes": bytes }),
+        })
+    }
+
+    fn run_deepep(&self, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
+        let mut args = self.args.clone();
+        args.deepep.nvshmem = Some(output_of_step(done, StepId::Nvshmem)?);
+        args.deepep.nvshmem_wheel = Some(output_of_step(done, StepId::Dropin)?);
+        let made = crate::flow::deepep::deepep_step(self.ctx, &self.settings, &args, say)?;
+        Ok(StepResult {
+            output: Some(made.wheel.path.clone()),
+            facts: serde_json::to_value(DeepepFacts {
+                wheel: made.wheel,
+                dropin: made.dropin,
+                kind: made.kind,
+            })?,
+        })
+    }
+
+    fn run_wheelhouse(&self, done: &Done) -> Result<StepResult> {
+        let d: DeepepFacts = facts(done, StepId::Deepep)?;
+        let cache = commstack_fetch::Cache::new(self.ctx.cache_dir());
+        let runtime = match d.kind {
+            WheelhouseKind::Full => commstack_deepep::runtime_wheels(
+                &self.settings.lock,
+                &cache,
+                std::slice::from_ref(&d.dropin),
+            )?,
+            WheelhouseKind::Overlay => vec![d.dropin.clone()],
+        };
+        let house = crate::flow::deepep::wheelhouse_step(
+            self.ctx,
+            d.kind,
+            &runtime,
+            &d.dropin,
+            &d.wheel,
+            self.args.force,
+        )?;
+        Ok(StepResult {
+            output: Some(house.dir.clone()),
+            facts: json!({ "wheels": house.manifest.wheels.len() }),
+        })
+    }
+
+    fn run_image(&self, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
+        #[derive(Deserialize)]
+        struct KernelsFacts {
+            version: String,
+            source: String,
+        }
+        let k: KernelsFacts = facts(done, StepId::Kernels)?;
+        let selftest = crate::flow::image::tool_at(
+            "commstack-selftest",
+            &k.version,
+            output_of_step(done, StepId::Kernels)?,
+            k.source,
+        );
+        let verify = crate::flow::image::verify_tool_forced(self.ctx, self.args.force)?;
+        let image = crate::flow::image::image_step(
+            self.ctx,
+            &self.settings,
+            say,
+            &output_of_step(done, StepId::Base)?,
+            &output_of_step(done, StepId::Wheelhouse)?,
+            vec![selftest, verify],
+            self.args.force,
+        )?;
+        Ok(StepResult {
+            output: Some(image.dir.clone()),
+            facts: json!({ "id": image.id(), "tag": image.tag() }),
+        })
+    }
+
+    fn run_verify(&self, done: &Done) -> Result<StepResult> {
+        let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+        let base: BaseFacts = facts(done, StepId::Base)?;
+        let verdict = crate::flow::verify_static::verify_image_static(
+            self.ctx,
+            &self.settings,
+            &image,
+            &base.python,
+            &self.probes.verify_sources,
+        )?;
+        if verdict.exit != 0 {
+            bail!(
+                "verify's static level over the image's layers failed (exit {}): {}; report: {}",
+                verdict.exit,
+                describe_levels(&verdict.levels),
+                verdict.report.display()
+            );
+        }
+        Ok(StepResult {
+            output: Some(verdict.report.clone()),
+            facts: serde_json::to_value(&verdict)?,
+        })
+    }
+
+    fn run_runtime(&self, done: &Done) -> Result<StepResult> {
+        let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
+        let base: BaseFacts = facts(done, StepId::Base)?;
+        let verdict = crate::flow::verify_runtime::runtime_in_container(
+            self.ctx,
+            &self.settings,
+            &image,
+            &base.python,
+            self.image.gpus,
+        )?;
+        if verdict.exit != 0 {
+            let mut failed = Vec::new();
+            if !verdict.import_torch {
+                failed.push(format!(
+                    "`import torch` in the image (no GPU, no network) failed: see {}",
+                    crate::flow::verify_report::report_dir(self.ctx, &image)
+                        .join("import-torch.txt")
+                        .display()
+                ));
+            }
+            if !verdict.levels.is_empty() {
+                failed.push(format!(
+                    "verify's GPU levels in the image: {}; report: {}",
+                    describe_levels(&verdict.levels),
+                    verdict.report.display()
+                ));
+            }
+            bail!(
+                "what runs in the loaded image failed (exit {}): {}",
+                verdict.exit,
+                failed.join("; ")
+            );
+        }
+        Ok(StepResult {
+            output: Some(verdict.report.clone()),
+            facts: serde_json::to_value(&verdict)?,
+        })
+    }
+}
+
 impl Steps<StepId> for StackSteps<'_> {
     fn skipped(&self, step: StepId) -> Option<String> {
         let image_step = matches!(
@@ -395,20 +545,7 @@ impl Steps<StepId> for StackSteps<'_> {
                 output: Some(ctx.lock_path()),
                 facts: json!({ "resolved_again": self.lock_resolved }),
             }),
-            StepId::Fetch => {
-                let artifacts = self.artifacts()?;
-                let fetched = commstack_fetch::fetch_all(&artifacts, &self.fetch_options()?)?;
-                for f in &fetched {
-                    if let Some(d) = f.deviation() {
-                        say(&format!("WARNING {d}"));
-                    }
-                }
-                let bytes: u64 = artifacts.iter().filter_map(|a| a.size).sum();
-                Ok(StepResult {
-                    output: Some(ctx.cache_dir()),
-                    facts: json!({ "artifacts": fetched.len(), "bytes": bytes }),
-                })
-            }
+            StepId::Fetch => self.run_fetch(say),
             StepId::Toolchain => {
                 let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, args.force)?;
                 Ok(StepResult {
@@ -458,39 +595,8 @@ impl Steps<StepId> for StackSteps<'_> {
                     facts: json!({ "version": tool.version, "source": tool.source }),
                 })
             }
-            StepId::Deepep => {
-                let mut args = args.clone();
-                args.deepep.nvshmem = Some(output_of_step(done, StepId::Nvshmem)?);
-                args.deepep.nvshmem_wheel = Some(output_of_step(done, StepId::Dropin)?);
-                let made = crate::flow::deepep::deepep_step(ctx, s, &args, say)?;
-                Ok(StepResult {
-                    output: Some(made.wheel.path.clone()),
-                    facts: serde_json::to_value(DeepepFacts {
-                        wheel: made.wheel,
-                        dropin: made.dropin,
-                        kind: made.kind,
-                    })?,
-                })
-            }
-            StepId::Wheelhouse => {
-                let d: DeepepFacts = facts(done, StepId::Deepep)?;
-                let cache = commstack_fetch::Cache::new(ctx.cache_dir());
-                let runtime = match d.kind {
-                    WheelhouseKind::Full => commstack_deepep::runtime_wheels(
-                        &s.lock,
-                        &cache,
-                        std::slice::from_ref(&d.dropin),
-                    )?,
-                    WheelhouseKind::Overlay => vec![d.dropin.clone()],
-                };
-                let house = crate::flow::deepep::wheelhouse_step(
-                    ctx, d.kind, &runtime, &d.dropin, &d.wheel, args.force,
-                )?;
-                Ok(StepResult {
-                    output: Some(house.dir.clone()),
-                    facts: json!({ "wheels": house.manifest.wheels.len() }),
-                })
-            }
+            StepId::Deepep => self.run_deepep(done, say),
+            StepId::Wheelhouse => self.run_wheelhouse(done),
             StepId::Base => {
                 let base = crate::flow::image::base_step(ctx, s, args.force, say)?;
                 Ok(StepResult {
@@ -501,34 +607,7 @@ impl Steps<StepId> for StackSteps<'_> {
                     }),
                 })
             }
-            StepId::Image => {
-                #[derive(Deserialize)]
-                struct KernelsFacts {
-                    version: String,
-                    source: String,
-                }
-                let k: KernelsFacts = facts(done, StepId::Kernels)?;
-                let selftest = crate::flow::image::tool_at(
-                    "commstack-selftest",
-                    &k.version,
-                    output_of_step(done, StepId::Kernels)?,
-                    k.source,
-                );
-                let verify = crate::flow::image::verify_tool_forced(ctx, args.force)?;
-                let image = crate::flow::image::image_step(
-                    ctx,
-                    s,
-                    say,
-                    &output_of_step(done, StepId::Base)?,
-                    &output_of_step(done, StepId::Wheelhouse)?,
-                    vec![selftest, verify],
-                    args.force,
-                )?;
-                Ok(StepResult {
-                    output: Some(image.dir.clone()),
-                    facts: json!({ "id": image.id(), "tag": image.tag() }),
-                })
-            }
+            StepId::Image => self.run_image(done, say),
             StepId::Load => {
                 let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
                 let id = crate::flow::image::load_step(&image, self.early_load.take())?;
@@ -537,67 +616,8 @@ impl Steps<StepId> for StackSteps<'_> {
                     facts: json!({ "id": id, "tag": image.tag() }),
                 })
             }
-            StepId::Verify => {
-                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
-                let base: BaseFacts = facts(done, StepId::Base)?;
-                let verdict = crate::flow::verify_static::verify_image_static(
-                    ctx,
-                    s,
-                    &image,
-                    &base.python,
-                    &self.probes.verify_sources,
-                )?;
-                if verdict.exit != 0 {
-                    bail!(
-                        "verify's static level over the image's layers failed (exit {}): {}; report: {}",
-                        verdict.exit,
-                        describe_levels(&verdict.levels),
-                        verdict.report.display()
-                    );
-                }
-                Ok(StepResult {
-                    output: Some(verdict.report.clone()),
-                    facts: serde_json::to_value(&verdict)?,
-                })
-            }
-            StepId::Runtime => {
-                let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
-                let base: BaseFacts = facts(done, StepId::Base)?;
-                let verdict = crate::flow::verify_runtime::runtime_in_container(
-                    ctx,
-                    s,
-                    &image,
-                    &base.python,
-                    self.image.gpus,
-                )?;
-                if verdict.exit != 0 {
-                    let mut failed = Vec::new();
-                    if !verdict.import_torch {
-                        failed.push(format!(
-                            "`import torch` in the image (no GPU, no network) failed: see {}",
-                            crate::flow::verify_report::report_dir(ctx, &image)
-                                .join("import-torch.txt")
-                                .display()
-                        ));
-                    }
-                    if !verdict.levels.is_empty() {
-                        failed.push(format!(
-                            "verify's GPU levels in the image: {}; report: {}",
-                            describe_levels(&verdict.levels),
-                            verdict.report.display()
-                        ));
-                    }
-                    bail!(
-                        "what runs in the loaded image failed (exit {}): {}",
-                        verdict.exit,
-                        failed.join("; ")
-                    );
-                }
-                Ok(StepResult {
-                    output: Some(verdict.report.clone()),
-                    facts: serde_json::to_value(&verdict)?,
-                })
-            }
+            StepId::Verify => self.run_verify(done),
+            StepId::Runtime => self.run_runtime(done),
         }
     }
     /// A substituted image's first layer is the base's (the image artifact carries the
