@@ -11,6 +11,7 @@ use ed25519_dalek::SigningKey;
 use crate::artifact::{Artifact, write_artifact_layout};
 use crate::push::{PushOptions, push_layout};
 use crate::signed::push_signed;
+use crate::target::attachment_tag;
 
 /// A document set to attach to `subject`.
 pub struct Attachment {
@@ -32,15 +33,6 @@ pub struct Attached {
     pub manifest_digest: String,
     /// `host/repo:sha256-<hex>.sig` of the attachment's own manifest, when signed.
     pub signature: Option<String>,
-}
-
-/// The tag of `kind` attached to the manifest `digest` (`sig` for its signature).
-pub fn attachment_tag(digest: &str, kind: &str) -> Result<String> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64)
-        .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
-    Ok(format!("sha256-{hex}.{kind}"))
 }
 
 /// Pushes `attachment` with the manifest `subject` (digest and size, already in the

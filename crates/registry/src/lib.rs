@@ -8,7 +8,8 @@
 //! - [`pull`]: manifests found by tag, documents read whole within their bounds, blobs
 //!   downloaded with their sha256 checked as they stream, resumed after an interruption.
 //! - [`bounded`]: the bound of each document read from a registry (manifest, config,
-//!   signature, verify report), checked while it streams.
+//!   signature, verify report), checked while it streams; [`deadline`]: how slowly a
+//!   registry may send it.
 //! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
 //! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
 //!   what they sign, and fetching and verifying them.
@@ -18,6 +19,7 @@ pub mod artifact;
 pub mod attach;
 pub mod auth;
 pub mod bounded;
+pub mod deadline;
 pub mod layout;
 mod progress;
 pub mod pull;

@@ -212,7 +212,7 @@ impl Puller {
                     false => "received before it was refused",
                 }
             ),
-            Err(err) if crate::signed::is_not_found(&err) => Ok(None),
+            Err(err) if is_not_found(&err) => Ok(None),
             Err(err) => Err(self.site.fail(what, err)),
         }
     }
@@ -572,7 +572,7 @@ fn blob_unknown(err: &OciDistributionError) -> bool {
             .errors
             .iter()
             .any(|e| matches!(e.code, OciErrorCode::BlobUnknown | OciErrorCode::NotFound)),
-        _ => crate::signed::is_not_found(err),
+        _ => is_not_found(err),
     }
 }
 
@@ -618,4 +618,20 @@ pub fn pull_document(
     kind: Document,
 ) -> Result<Vec<u8>> {
     Puller::new(options)?.pull_document(digest, size, kind)
+}
+
+/// Whether the registry answered that the manifest or tag is not there.
+pub(crate) fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match err {
+        E::ImageManifestNotFoundError(_) => true,
+        E::ServerError { code: 404, .. } => true,
+        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::ManifestUnknown | OciErrorCode::NotFound
+            )
+        }),
+        _ => false,
+    }
 }

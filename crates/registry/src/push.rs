@@ -68,7 +68,7 @@ pub struct PushOptions {
     /// None: from the environment and Docker's config file ([`auth::credentials`]).
     pub credentials: Option<Credentials>,
     /// How slowly a registry may send what a pull reads (docs/bounds.md).
-    pub slowest: crate::bounded::Slowest,
+    pub slowest: crate::deadline::Slowest,
 }
 
 impl PushOptions {
@@ -81,7 +81,7 @@ impl PushOptions {
             retry: RetryPolicy::default(),
             progress: true,
             credentials: None,
-            slowest: crate::bounded::Slowest::default(),
+            slowest: crate::deadline::Slowest::default(),
         }
     }
 }

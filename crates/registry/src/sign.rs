@@ -126,7 +126,7 @@ pub fn verify(doc: &SignatureDoc, digest: &str, trusted: &[VerifyingKey]) -> Res
 /// The tag a signature artifact is pushed under: `sha256-<hex>.sig` (the tag scheme
 /// cosign uses, which registries without the referrers API serve too).
 pub fn signature_tag(digest: &str) -> Result<String> {
-    crate::attach::attachment_tag(digest, "sig")
+    crate::target::attachment_tag(digest, "sig")
 }
 
 #[cfg(test)]

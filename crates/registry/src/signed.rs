@@ -148,18 +148,3 @@ async fn fetch_signature_async(puller: &Puller, digest: &str) -> Result<Option<S
     })?;
     Ok(Some(doc))
 }
-
-pub(crate) fn is_not_found(err: &oci_client::errors::OciDistributionError) -> bool {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
-    match err {
-        E::ImageManifestNotFoundError(_) => true,
-        E::ServerError { code: 404, .. } => true,
-        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
-            matches!(
-                e.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NotFound
-            )
-        }),
-        _ => false,
-    }
-}

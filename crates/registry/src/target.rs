@@ -1,7 +1,7 @@
 //! Where to push: `HOST[:PORT]/REPO` (optionally `https://` or `http://` first), and the
 //! tags' grammar (distribution spec: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 /// A registry and a repository in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,6 +122,15 @@ pub fn lock_tag(lock_sha256: &str) -> Result<String> {
         bail!("{lock_sha256:?} is not a sha256 (64 hex digits)");
     }
     Ok(format!("lock-{}", lock_sha256.to_ascii_lowercase()))
+}
+
+/// The tag of `kind` attached to the manifest `digest` (`sig` for its signature).
+pub fn attachment_tag(digest: &str, kind: &str) -> Result<String> {
+    let hex = digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64)
+        .with_context(|| format!("{digest:?} is not a sha256 digest"))?;
+    Ok(format!("sha256-{hex}.{kind}"))
 }
 
 #[cfg(test)]

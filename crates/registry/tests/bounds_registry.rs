@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use common::{noise, options_for};
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
-use commstack_registry::bounded::Slowest;
+use commstack_registry::deadline::Slowest;
 use commstack_registry::pull::Puller;
 use commstack_registry::{
     Credentials, Document, Layout, PushOptions, RegistryAuth, Target, push_layout, push_signed,
