@@ -241,7 +241,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     };
     let json = serde_json::to_string_pretty(&summary)?;
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    commstack_steps::util::write_all_atomically(&[(&summary_file, &json)])?;
+    commstack_store::write_all_atomically(&[(&summary_file, &json)])?;
     match graph.json {
         true => println!("{json}"),
         false => print_summary(&summary, &summary_file),

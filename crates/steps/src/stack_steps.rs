@@ -268,7 +268,7 @@ impl StackSteps<'_> {
         let fetched = commstack_fetch::fetch_all(&artifacts, &self.fetch_options()?)?;
         for f in &fetched {
             if let Some(d) = f.deviation() {
-                say(&format!("WARNING {d}"));
+                crate::util::warn_once(say, &format!("WARNING {d}"));
             }
         }
         let bytes: u64 = artifacts.iter().filter_map(|a| a.size).sum();
@@ -282,7 +282,7 @@ impl StackSteps<'_> {
         let mut args = self.args.clone();
         args.deepep.nvshmem = Some(output_of_step(done, StepId::Nvshmem)?);
         args.deepep.nvshmem_wheel = Some(output_of_step(done, StepId::Dropin)?);
-        let made = crate::flow::deepep::deepep_step(self.ctx, &self.settings, &args, say)?;
+        let made = crate::flow::deepep::deepep_step(self.ctx, &self.settings, &args, say, say)?;
         Ok(StepResult {
             output: Some(made.wheel.path.clone()),
             facts: serde_json::to_value(DeepepFacts {
@@ -293,7 +293,7 @@ impl StackSteps<'_> {
         })
     }
 
-    fn run_wheelhouse(&self, done: &Done) -> Result<StepResult> {
+    fn run_wheelhouse(&self, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
         let d: DeepepFacts = facts(done, StepId::Deepep)?;
         let cache = commstack_fetch::Cache::new(self.ctx.cache_dir());
         let runtime = match d.kind {
@@ -311,6 +311,7 @@ impl StackSteps<'_> {
             &d.dropin,
             &d.wheel,
             self.args.force,
+            say,
         )?;
         Ok(StepResult {
             output: Some(house.dir.clone()),
@@ -347,7 +348,7 @@ impl StackSteps<'_> {
         })
     }
 
-    fn run_verify(&self, done: &Done) -> Result<StepResult> {
+    fn run_verify(&self, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
         let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
         let base: BaseFacts = facts(done, StepId::Base)?;
         let verdict = crate::flow::verify_static::verify_image_static(
@@ -356,6 +357,7 @@ impl StackSteps<'_> {
             &image,
             &base.python,
             &self.probes.verify_sources,
+            say,
         )?;
         if verdict.exit != 0 {
             bail!(
@@ -371,7 +373,7 @@ impl StackSteps<'_> {
         })
     }
 
-    fn run_runtime(&self, done: &Done) -> Result<StepResult> {
+    fn run_runtime(&self, done: &Done, say: &dyn Fn(&str)) -> Result<StepResult> {
         let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
         let base: BaseFacts = facts(done, StepId::Base)?;
         let verdict = crate::flow::verify_runtime::runtime_in_container(
@@ -380,6 +382,7 @@ impl StackSteps<'_> {
             &image,
             &base.python,
             self.image.gpus,
+            say,
         )?;
         if verdict.exit != 0 {
             let mut failed = Vec::new();
@@ -554,14 +557,15 @@ impl Steps<StepId> for StackSteps<'_> {
                 })
             }
             StepId::NvshmemSource => {
-                let (dir, tree) = crate::flow::nvshmem::locked_source(ctx, &args.fetch, "nvshmem")?;
+                let (dir, tree) =
+                    crate::flow::nvshmem::locked_source(ctx, &args.fetch, "nvshmem", say)?;
                 Ok(StepResult {
                     output: Some(dir),
                     facts: json!({ "tree": tree }),
                 })
             }
             StepId::Nvshmem => {
-                let built = crate::flow::nvshmem::nvshmem_step(ctx, s, args, say)?;
+                let built = crate::flow::nvshmem::nvshmem_step(ctx, s, args, say, say)?;
                 Ok(StepResult {
                     output: Some(built.outcome.path().to_path_buf()),
                     facts: json!({
@@ -574,7 +578,7 @@ impl Steps<StepId> for StackSteps<'_> {
             StepId::Dropin => {
                 let input = NvshmemInput::from_step(&output_of_step(done, StepId::Nvshmem)?)?;
                 let built = input.built.context("the NVSHMEM step is not a build")?;
-                let dropin = crate::flow::nvshmem::dropin_step(ctx, s, args, &built)?;
+                let dropin = crate::flow::nvshmem::dropin_step(ctx, s, args, &built, say)?;
                 Ok(StepResult {
                     output: Some(dropin.wheel.clone()),
                     facts: json!({ "version": dropin.version, "sha256": dropin.sha256 }),
@@ -596,7 +600,7 @@ impl Steps<StepId> for StackSteps<'_> {
                 })
             }
             StepId::Deepep => self.run_deepep(done, say),
-            StepId::Wheelhouse => self.run_wheelhouse(done),
+            StepId::Wheelhouse => self.run_wheelhouse(done, say),
             StepId::Base => {
                 let base = crate::flow::image::base_step(ctx, s, args.force, say)?;
                 Ok(StepResult {
@@ -610,14 +614,14 @@ impl Steps<StepId> for StackSteps<'_> {
             StepId::Image => self.run_image(done, say),
             StepId::Load => {
                 let image = commstack_image::Image::open(&output_of_step(done, StepId::Image)?)?;
-                let id = crate::flow::image::load_step(&image, self.early_load.take())?;
+                let id = crate::flow::image::load_step(&image, self.early_load.take(), say)?;
                 Ok(StepResult {
                     output: None,
                     facts: json!({ "id": id, "tag": image.tag() }),
                 })
             }
-            StepId::Verify => self.run_verify(done),
-            StepId::Runtime => self.run_runtime(done),
+            StepId::Verify => self.run_verify(done, say),
+            StepId::Runtime => self.run_runtime(done, say),
         }
     }
     /// A substituted image's first layer is the base's (the image artifact carries the

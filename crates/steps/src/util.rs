@@ -4,32 +4,6 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// Write several files so that either all of them are replaced or none is: each goes to a
-/// temporary file beside it first, and the renames happen only once every write succeeded.
-pub fn write_all_atomically(files: &[(&Path, &str)]) -> Result<()> {
-    let mut temps = Vec::new();
-    for (path, text) in files {
-        let tmp = path.with_file_name(format!(
-            ".{}.tmp.{}",
-            path.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id()
-        ));
-        if let Err(err) = std::fs::write(&tmp, text) {
-            for t in &temps {
-                let _ = std::fs::remove_file(t);
-            }
-            let _ = std::fs::remove_file(&tmp);
-            return Err(err).with_context(|| format!("cannot write {}", path.display()));
-        }
-        temps.push(tmp);
-    }
-    for ((path, _), tmp) in files.iter().zip(&temps) {
-        std::fs::rename(tmp, path)
-            .with_context(|| format!("cannot move {} into place", path.display()))?;
-    }
-    Ok(())
-}
-
 /// A multi-threaded runtime for the commands that use the network.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -92,4 +66,19 @@ pub fn builder() -> serde_json::Value {
         "kernel": read("/proc/sys/kernel/osrelease"),
         "arch": std::env::consts::ARCH,
     })
+}
+
+/// Says `line` through `say` unless this process said the same line already: a warning
+/// about an input (an archive accepted by its tree hash, a source override) is said by
+/// the first step that meets it, not again by each step that reads the same input.
+pub fn warn_once(say: &dyn Fn(&str), line: &str) {
+    static SAID: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = SAID
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(line.to_string());
+    if first {
+        say(line);
+    }
 }

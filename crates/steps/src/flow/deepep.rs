@@ -50,7 +50,7 @@ pub fn build_deepep(ctx: &Ctx, args: &BuildOptions) -> Result<PathBuf> {
     let say = |line: &str| ctx.say(line);
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
-    let made = deepep_step(ctx, &settings, args, &say)?;
+    let made = deepep_step(ctx, &settings, args, &say, &|l: &str| crate::out!("{l}"))?;
     let house = wheelhouse_step(
         ctx,
         made.kind,
@@ -58,6 +58,7 @@ pub fn build_deepep(ctx: &Ctx, args: &BuildOptions) -> Result<PathBuf> {
         &made.dropin,
         &made.wheel,
         args.force,
+        &|l: &str| crate::out!("{l}"),
     )?;
     if let Some(p) = &args.deepep.python {
         let dir = env_dir(&ctx.home, &made.python.env);
@@ -69,7 +70,7 @@ pub fn build_deepep(ctx: &Ctx, args: &BuildOptions) -> Result<PathBuf> {
             nvshmem_version: made.nvshmem_version.clone(),
             rdc_fix: made.rdc_fix,
         };
-        crate::util::write_all_atomically(&[(
+        commstack_store::write_all_atomically(&[(
             &dir.join(POINTER_FILE),
             &serde_json::to_string_pretty(&pointer)?,
         )])?;
@@ -102,6 +103,7 @@ pub fn deepep_step(
     settings: &Settings,
     args: &BuildOptions,
     say: &dyn Fn(&str),
+    result: &dyn Fn(&str),
 ) -> Result<DeepepMade> {
     let d = &args.deepep;
     let (stack, lock) = (&settings.stack, &settings.lock);
@@ -146,7 +148,7 @@ pub fn deepep_step(
 
     let source = deepep_source(ctx, lock, args.source.as_deref())?;
     if !source.is_locked() {
-        crate::out!("WARNING deepep: {}", source.provenance);
+        crate::util::warn_once(say, &format!("WARNING deepep: {}", source.provenance));
     }
     let req = BuildRequest {
         api: stack.deepep.api,
@@ -166,16 +168,17 @@ pub fn deepep_step(
     };
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
-        Outcome::Cached { path } => crate::out!(
+        Outcome::Cached { path } => result(&format!(
             "deepep: already built with these inputs, nothing to do: {}",
             path.display()
-        ),
-        Outcome::Built { path, seconds } => {
-            crate::out!("deepep: built in {seconds:.1} s: {}", path.display())
-        }
+        )),
+        Outcome::Built { path, seconds } => result(&format!(
+            "deepep: built in {seconds:.1} s: {}",
+            path.display()
+        )),
     }
     let r = &built.report;
-    crate::out!(
+    result(&format!(
         "wheel: {} (needs {}; TORCH_CUDA_ARCH_LIST={}, RDC fix {}, NVSHMEM {} NCCL={})",
         built.wheel.display(),
         r.wheel.needed.join(", "),
@@ -190,7 +193,7 @@ pub fn deepep_step(
             Some(false) => "OFF",
             _ => "?",
         }
-    );
+    ));
     Ok(DeepepMade {
         wheel: LockedWheel {
             name: commstack_wheel::normalize_name(&r.wheel.name),
@@ -217,10 +220,11 @@ pub fn wheelhouse_step(
     dropin: &LockedWheel,
     deepep: &LockedWheel,
     force: bool,
+    result: &dyn Fn(&str),
 ) -> Result<Wheelhouse> {
     let store = Store::open(ctx.store_dir())?;
     let house = assemble_wheelhouse(&store, kind, runtime, dropin, deepep, force)?;
-    crate::out!(
+    result(&format!(
         "wheelhouse{}: {} ({} wheels; {})",
         if house.outcome.was_cached() {
             " (cached)"
@@ -230,7 +234,7 @@ pub fn wheelhouse_step(
         house.dir.display(),
         house.manifest.wheels.len(),
         house.manifest.install
-    );
+    ));
     Ok(house)
 }
 

@@ -208,17 +208,19 @@ pub fn image_step(
         force,
         say,
     )?;
-    print_image(&image);
+    print_image(&image, say);
     Ok(image)
 }
 
 /// The image in Docker under its tag (loaded unless Docker has it), finishing the load
 /// `early` started while the image was pulled, where there is one.
-pub fn load_step(image: &Image, early: Option<EarlyLoad>) -> Result<String> {
+pub fn load_step(image: &Image, early: Option<EarlyLoad>, say: &dyn Fn(&str)) -> Result<String> {
     let t = Instant::now();
     let loaded = commstack_image::docker_load_with(image, early)?;
     if let Some(why) = &loaded.fallback {
-        crate::out!("the load begun during the pull failed ({why}); loaded again from the store");
+        say(&format!(
+            "the load begun during the pull failed ({why}); loaded again from the store"
+        ));
     }
     let early = match loaded.early {
         0 => String::new(),
@@ -229,12 +231,12 @@ pub fn load_step(image: &Image, early: Option<EarlyLoad>) -> Result<String> {
         (sent, 0) => format!("{sent} layers sent{early}"),
         (sent, kept) => format!("{sent} layers sent{early}, {kept} Docker had"),
     };
-    crate::out!(
+    say(&format!(
         "loaded: {} as {} ({sent}; {:.1} s)",
         loaded.id,
         image.tag(),
         t.elapsed().as_secs_f64()
-    );
+    ));
     Ok(loaded.id)
 }
 
@@ -344,21 +346,25 @@ pub fn tool_at(name: &str, version: &str, host_path: PathBuf, source: String) ->
     }
 }
 
-fn print_image(image: &Image) {
+fn print_image(image: &Image, say: &dyn Fn(&str)) {
     let m = &image.manifest;
     let total: u64 = m.layers.iter().map(|l| l.size).sum();
-    crate::out!(
+    say(&format!(
         "image: {}{}",
         image.id(),
         if image.cached { " (cached)" } else { "" }
-    );
-    crate::out!("tag:   {}", image.tag());
-    crate::out!("size:  {} in {} layers", human(total), m.layers.len());
+    ));
+    say(&format!("tag:   {}", image.tag()));
+    say(&format!(
+        "size:  {} in {} layers",
+        human(total),
+        m.layers.len()
+    ));
     for (i, l) in m.layers.iter().enumerate() {
-        crate::out!("  {i:>2} {:>10}  {}", human(l.size), l.holds);
+        say(&format!("  {i:>2} {:>10}  {}", human(l.size), l.holds));
     }
-    crate::out!(
+    say(&format!(
         "files: {} (image.json, config.json, sbom.spdx.json, provenance.json)",
         image.dir.display()
-    );
+    ));
 }

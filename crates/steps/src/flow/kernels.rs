@@ -77,7 +77,10 @@ pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::proces
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {
             let say = |line: &str| ctx.say(line);
-            let built = crate::flow::nvshmem::nvshmem_step(ctx, &settings, args, &say)?;
+            let built =
+                crate::flow::nvshmem::nvshmem_step(ctx, &settings, args, &say, &|l: &str| {
+                    crate::out!("{l}")
+                })?;
             let prefix = built.prefix;
             NvshmemForKernels {
                 describe: format!("the stack's NVSHMEM at {}", prefix.display()),

@@ -109,7 +109,7 @@ pub fn resolve_and_write(
     ))?;
     let lock = locked.lock;
     let text = lock.render(previous);
-    crate::util::write_all_atomically(&[
+    commstack_store::write_all_atomically(&[
         (&lock_path, &text),
         (&req_path, &lock.requirements_txt()),
     ])?;

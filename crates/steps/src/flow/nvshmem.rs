@@ -29,7 +29,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &BuildOptions) -> Result<(ExitCode, PathBu
     settings.print_notes();
     let say = |line: &str| ctx.say(line);
     if let Some(work) = &args.configure_only {
-        let (source, tree) = nvshmem_source(ctx, args)?;
+        let (source, tree) = nvshmem_source(ctx, args, &|l| crate::out!("{l}"))?;
         let tc = resolve(ctx, &args.toolchain, false)?;
         let python3 = Settings::python3(args)?;
         let req = request(&settings, &source, &tree, &tc, python3, &say);
@@ -44,8 +44,8 @@ pub fn nvshmem_build(ctx: &Ctx, args: &BuildOptions) -> Result<(ExitCode, PathBu
         );
         return Ok((ExitCode::SUCCESS, work.clone()));
     }
-    let built = nvshmem_step(ctx, &settings, args, &say)?;
-    let dropin = dropin_step(ctx, &settings, args, &built)?;
+    let built = nvshmem_step(ctx, &settings, args, &say, &|l: &str| crate::out!("{l}"))?;
+    let dropin = dropin_step(ctx, &settings, args, &built, &|l: &str| crate::out!("{l}"))?;
     let mut code = ExitCode::SUCCESS;
     if let Some(theirs) = &args.compare_with {
         let cmp = compare_wheels(&dropin.wheel, theirs, &settings.nvshmem)?;
@@ -64,7 +64,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &BuildOptions) -> Result<(ExitCode, PathBu
 }
 
 /// The source to build: `--source DIR` (an override, hashed here) or the locked one.
-fn nvshmem_source(ctx: &Ctx, args: &BuildOptions) -> Result<(PathBuf, String)> {
+fn nvshmem_source(ctx: &Ctx, args: &BuildOptions, say: &dyn Fn(&str)) -> Result<(PathBuf, String)> {
     match &args.source {
         Some(dir) => {
             let dir = dir
@@ -72,13 +72,16 @@ fn nvshmem_source(ctx: &Ctx, args: &BuildOptions) -> Result<(PathBuf, String)> {
                 .with_context(|| format!("no source tree at {}", dir.display()))?;
             let tree = commstack_fetch::tree::tree_sha256_dir(&dir)
                 .with_context(|| format!("cannot hash {}", dir.display()))?;
-            crate::out!(
-                "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
-                dir.display()
+            crate::util::warn_once(
+                say,
+                &format!(
+                    "WARNING nvshmem: OVERRIDE: building {} (tree {tree}), not the locked source",
+                    dir.display()
+                ),
             );
             Ok((dir, tree))
         }
-        None => locked_source(ctx, &args.fetch, "nvshmem"),
+        None => locked_source(ctx, &args.fetch, "nvshmem", say),
     }
 }
 
@@ -108,8 +111,9 @@ pub fn nvshmem_step(
     settings: &Settings,
     args: &BuildOptions,
     say: &dyn Fn(&str),
+    result: &dyn Fn(&str),
 ) -> Result<Built> {
-    let (source, tree) = nvshmem_source(ctx, args)?;
+    let (source, tree) = nvshmem_source(ctx, args, say)?;
     let tc = resolve(ctx, &args.toolchain, false)?;
     say(&format!("toolchain: {}", tc.describe()));
     let python3 = Settings::python3(args)?;
@@ -117,16 +121,17 @@ pub fn nvshmem_step(
     let store = Store::open(ctx.store_dir())?;
     let built = build(&store, &req, args.force)?;
     match &built.outcome {
-        Outcome::Cached { path } => crate::out!(
+        Outcome::Cached { path } => result(&format!(
             "nvshmem: already built with these inputs, nothing to do: {}",
             path.display()
-        ),
-        Outcome::Built { path, seconds } => {
-            crate::out!("nvshmem: built in {seconds:.1} s: {}", path.display())
-        }
+        )),
+        Outcome::Built { path, seconds } => result(&format!(
+            "nvshmem: built in {seconds:.1} s: {}",
+            path.display()
+        )),
     }
     let p = &built.report.proof;
-    crate::out!(
+    result(&format!(
         "proof: NVSHMEM_USE_NCCL={}, {} option(s) as asked, {} libnccl name(s), NVSHMEM {}, SASS {:?}, GLIBC {} / GLIBCXX {} -> {}",
         p.use_nccl,
         built
@@ -144,15 +149,15 @@ pub fn nvshmem_step(
         p.newest_glibc.as_deref().unwrap_or("-"),
         p.newest_glibcxx.as_deref().unwrap_or("-"),
         p.manylinux
-    );
-    crate::out!(
+    ));
+    result(&format!(
         "report: {}",
         built
             .outcome
             .path()
             .join(commstack_nvshmem::REPORT_FILE)
             .display()
-    );
+    ));
     Ok(built)
 }
 
@@ -162,6 +167,7 @@ pub fn dropin_step(
     settings: &Settings,
     args: &BuildOptions,
     built: &Built,
+    result: &dyn Fn(&str),
 ) -> Result<DropIn> {
     let store = Store::open(ctx.store_dir())?;
     let spec = DropInSpec {
@@ -173,7 +179,7 @@ pub fn dropin_step(
         allow_version_mismatch: settings.allow_version_mismatch,
     };
     let (dropin, outcome) = build_dropin_wheel(&store, built, &spec, args.force)?;
-    crate::out!(
+    result(&format!(
         "wheel{}: {}",
         if outcome.was_cached() {
             " (cached)"
@@ -181,16 +187,21 @@ pub fn dropin_step(
             ""
         },
         dropin.wheel.display()
-    );
+    ));
     for note in &dropin.notes {
-        crate::out!("  note: {note}");
+        result(&format!("  note: {note}"));
     }
     Ok(dropin)
 }
 
 /// The locked source `name`: fetched (or found in the cache), verified, and unpacked into
 /// a store step keyed by its tree hash. Returns the source directory and its tree hash.
-pub fn locked_source(ctx: &Ctx, fetch: &SourceFetch, name: &str) -> Result<(PathBuf, String)> {
+pub fn locked_source(
+    ctx: &Ctx,
+    fetch: &SourceFetch,
+    name: &str,
+    say: &dyn Fn(&str),
+) -> Result<(PathBuf, String)> {
     let lock = read_lock(ctx)?;
     let artifacts: Vec<_> = artifacts_of_parts(&lock, &[Part::Sources])?
         .into_iter()
@@ -203,7 +214,7 @@ pub fn locked_source(ctx: &Ctx, fetch: &SourceFetch, name: &str) -> Result<(Path
     let fetched = commstack_fetch::fetch_all(&artifacts, &options)?;
     let f = &fetched[0];
     if let Some(d) = f.deviation() {
-        crate::out!("WARNING {d}");
+        crate::util::warn_once(say, &format!("WARNING {d}"));
     }
     let tree = artifacts[0]
         .tree_sha256

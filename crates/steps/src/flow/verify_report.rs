@@ -74,7 +74,7 @@ pub fn report_dir(ctx: &Ctx, image: &Image) -> PathBuf {
 }
 
 /// One line per check of the verify report; returns each level's status.
-pub fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
+pub fn print_verdicts(report: &serde_json::Value, say: &dyn Fn(&str)) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Some(levels) = report.get("levels").and_then(|l| l.as_array()) else {
         return out;
@@ -83,19 +83,19 @@ pub fn print_verdicts(report: &serde_json::Value) -> Vec<(String, String)> {
         let name = level.get("level").and_then(|v| v.as_str()).unwrap_or("?");
         let status = level.get("status").and_then(|v| v.as_str()).unwrap_or("?");
         out.push((name.to_string(), status.to_string()));
-        crate::out!("verify {name}: {status}");
+        say(&format!("verify {name}: {status}"));
         for check in level
             .get("checks")
             .and_then(|c| c.as_array())
             .into_iter()
             .flatten()
         {
-            crate::out!(
+            say(&format!(
                 "  {:<8} {:<40} {}",
                 check.get("status").and_then(|v| v.as_str()).unwrap_or("?"),
                 check.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
                 check.get("detail").and_then(|v| v.as_str()).unwrap_or("")
-            );
+            ));
         }
     }
     out

@@ -38,6 +38,7 @@ pub fn runtime_in_container(
     image: &Image,
     python_full: &str,
     gpus: bool,
+    say: &dyn Fn(&str),
 ) -> Result<RuntimeVerdict> {
     let report_dir = report_dir(ctx, image);
     std::fs::create_dir_all(&report_dir)
@@ -51,10 +52,11 @@ pub fn runtime_in_container(
             image,
             python_full,
             &report_dir,
+            say,
         )),
         false => None,
     };
-    let imports = finish_import_without_gpu(import, &report_dir)?;
+    let imports = finish_import_without_gpu(import, &report_dir, say)?;
     let import_file = report_dir.join("import-torch.txt");
     let Some(gpu_levels) = gpu_levels else {
         return Ok(RuntimeVerdict {
@@ -96,6 +98,7 @@ fn verify_gpu_levels(
     image: &Image,
     python_full: &str,
     report_dir: &Path,
+    say: &dyn Fn(&str),
 ) -> Result<GpuLevels> {
     let site = image_site_packages(python_full);
     // The same expectations as the static level's, as the verify tool's flags.
@@ -137,17 +140,20 @@ fn verify_gpu_levels(
         .context("cannot run `docker run`: is Docker installed and its daemon running?")?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let report_file = report_dir.join("verify-gpus.json");
-    crate::util::write_all_atomically(&[(&report_file, &stdout)])?;
+    commstack_store::write_all_atomically(&[(&report_file, &stdout)])?;
     let code = out.status.code().unwrap_or(1);
     let value: Option<serde_json::Value> = serde_json::from_str(&stdout).ok();
     let levels = match &value {
-        Some(v) => print_verdicts(v),
+        Some(v) => print_verdicts(v, say),
         None => bail!(
             "the verify tool in the image gave no report (exit {code}): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ),
     };
-    crate::out!("verify report: {} (exit {code})", report_file.display());
+    say(&format!(
+        "verify report: {} (exit {code})",
+        report_file.display()
+    ));
     Ok(GpuLevels {
         code,
         report: report_file,
@@ -177,7 +183,11 @@ fn start_import_without_gpu(image: &Image) -> Result<std::process::Child> {
         .context("cannot run `docker run`")
 }
 
-fn finish_import_without_gpu(child: std::process::Child, report_dir: &Path) -> Result<bool> {
+fn finish_import_without_gpu(
+    child: std::process::Child,
+    report_dir: &Path,
+    say: &dyn Fn(&str),
+) -> Result<bool> {
     let out = child
         .wait_with_output()
         .context("docker run (import torch)")?;
@@ -187,16 +197,16 @@ fn finish_import_without_gpu(child: std::process::Child, report_dir: &Path) -> R
         String::from_utf8_lossy(&out.stderr)
     );
     let file = report_dir.join("import-torch.txt");
-    crate::util::write_all_atomically(&[(&file, &text)])?;
+    commstack_store::write_all_atomically(&[(&file, &text)])?;
     let ok = out.status.success();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    crate::out!(
+    say(&format!(
         "import torch (no GPU, no network): {} {}",
         if ok { "passed" } else { "FAILED" },
         stdout.lines().last().unwrap_or("").trim()
-    );
+    ));
     if !ok {
-        crate::out!("  output: {}", file.display());
+        say(&format!("  output: {}", file.display()));
     }
     Ok(ok)
 }

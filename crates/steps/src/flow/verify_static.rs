@@ -127,18 +127,22 @@ pub fn verify_image_static(
     image: &Image,
     python_full: &str,
     verify_sources: &str,
+    say: &dyn Fn(&str),
 ) -> Result<StaticVerdict> {
-    at_lower_priority(|| {
+    // Said here once the thread is done: `say` is this thread's.
+    let lines = std::sync::Mutex::new(Vec::<String>::new());
+    let verdict = at_lower_priority(|| {
+        let say = |line: &str| lines.lock().expect("lines lock").push(line.to_string());
         let site = image_site_packages(python_full);
         let expect = image_expectations(settings, &site)?;
         let store = Store::open(ctx.store_dir())?;
         let (indexes, seen) = layer_indexes(&store, &image.layers(), image.id(), verify_sources)?;
         let layers_read = seen.iter().filter(|l| l.read).count();
         let layers_reused = seen.len() - layers_read;
-        crate::out!(
+        say(&format!(
             "verify (static, from the image's {} layers): {layers_read} read, {layers_reused} known from an earlier verify",
             seen.len()
-        );
+        ));
         let files = ImageFiles::new(indexes);
         let python = format!("{IMAGE_VENV}/bin/python");
         let report = commstack_verify::verify_image_static(
@@ -161,11 +165,11 @@ pub fn verify_image_static(
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let file = dir.join("verify-static.json");
         let text = report.to_json();
-        crate::util::write_all_atomically(&[(&file, &text)])?;
+        commstack_store::write_all_atomically(&[(&file, &text)])?;
         let value: serde_json::Value = serde_json::from_str(&text)?;
-        let levels = print_verdicts(&value);
+        let levels = print_verdicts(&value, &say);
         let exit = report.exit_code();
-        crate::out!("verify report: {} (exit {exit})", file.display());
+        say(&format!("verify report: {} (exit {exit})", file.display()));
         Ok(StaticVerdict {
             exit,
             report: file,
@@ -173,7 +177,11 @@ pub fn verify_image_static(
             layers_read,
             layers_reused,
         })
-    })
+    });
+    for line in lines.into_inner().expect("lines lock") {
+        say(&line);
+    }
+    verdict
 }
 
 #[cfg(test)]
