@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
+use commstack_stack::rules::{self, RuleId};
 use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
@@ -271,12 +272,18 @@ fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
             "{python} has no torch: DeepEP builds against the environment's torch (managed mode makes one from the lock)"
         );
     };
+    let cuda_major = u64::from(tc.cuda_major());
     match env.torch_cuda() {
-        Some(cuda) if cuda.split('.').next() == Some(&tc.cuda_major().to_string()) => {}
+        Some(cuda)
+            if cuda
+                .parse()
+                .is_ok_and(|v| rules::same_cuda_major(&v, cuda_major)) => {}
         Some(cuda) => bail!(
-            "torch {torch} in {python} is built for CUDA {cuda}, the toolchain is CUDA {} ({}): DeepEP must be compiled with torch's CUDA major",
+            "torch {torch} in {python} is built for CUDA {cuda}, the toolchain is CUDA {} ({}) [rule {}]: {}",
             tc.versions.cuda,
-            tc.nvcc.display()
+            tc.nvcc.display(),
+            RuleId::TorchCudaMajor.as_str(),
+            RuleId::TorchCudaMajor.reason()
         ),
         None => bail!(
             "torch {torch} in {python} is a CPU build (torch.version.cuda is None): DeepEP needs a CUDA torch"
@@ -365,11 +372,13 @@ pub fn v2_nccl_root(
         Some(other) if own_ok && same_dir(other, &own) => Ok(own),
         Some(other) if allow_second => Ok(other.to_path_buf()),
         Some(other) => bail!(
-            "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710). \
-             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow it explicitly if you accept what it breaks",
+            "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710) [rule {}]. \
+             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow rule {} (resolve.allow in stack.toml, or --allow-second-nccl) if you accept what it breaks",
             other.display(),
             own.display(),
-            commstack_stack::rules::DEEPEP_V2_MIN_NCCL
+            RuleId::DeepEpV2Nccl.as_str(),
+            rules::DEEPEP_V2_MIN_NCCL,
+            RuleId::DeepEpV2Nccl.as_str()
         ),
     }
 }

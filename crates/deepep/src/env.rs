@@ -157,7 +157,7 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     // CUDA 13 moved libcu++ (cuda/std/...) under include/cccl; g++ compiling DeepEP's
     // .cpp files does not look there (rule deepep-v1-cccl; V2's setup.py hard-codes
     // /usr/local/cuda/include/cccl, which a wheel toolchain does not have).
-    if tc.cuda_major() >= 13 {
+    if commstack_stack::rules::libcxx_under_cccl(u64::from(tc.cuda_major())) {
         let cccl: Vec<&PathBuf> = tc
             .cuda_include_dirs
             .iter()
