@@ -12,7 +12,8 @@ use std::path::Path;
 const LAYERS: &[(u32, &[&str])] = &[
     // Naming bytes, and real parts for tests: below everything.
     (0, &["commstack-digest", "commstack-testkit"]),
-    // Formats and the store: archives, ELF, the step store, the log knowledge base.
+    // Formats and the store: archives, ELF, the step store, the log knowledge base;
+    // running external programs (a failed one as one typed error).
     (
         1,
         &[
@@ -20,6 +21,7 @@ const LAYERS: &[(u32, &[&str])] = &[
             "commstack-elf",
             "commstack-store",
             "commstack-logscan",
+            "commstack-exec",
         ],
     ),
     // The manifest and lock model; wheels (read, written, installed through archives).

@@ -37,9 +37,10 @@ use crate::reproducible::{
     Relocated, RpathRewrite, canonical_wheel, needles, nvcc_has_objtemp, prefix_maps, real_ld,
     relocate, set_times, through, write_ld_wrapper,
 };
-use crate::run::{CommandFailed, run_logged};
+use crate::run::run_logged;
 use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
 use crate::wheel_check::{Expect, WheelFacts, check_wheel};
+use commstack_exec::CommandFailed;
 
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 /// The store step name of DeepEP's wheel build.
@@ -404,10 +405,8 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
     let outcome = match result {
         Ok(o) => o,
         Err(err) => {
-            let log = err
-                .chain()
-                .find_map(|e| e.downcast_ref::<CommandFailed>())
-                .and_then(|f| f.log.file_name().map(PathBuf::from));
+            let log = CommandFailed::in_chain(&err)
+                .and_then(|f| f.log.as_ref()?.file_name().map(PathBuf::from));
             return Err(match log {
                 Some(name) => err.context(format!(
                     "full log: {}",

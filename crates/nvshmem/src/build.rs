@@ -16,6 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_exec::CommandFailed;
 use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,6 @@ use crate::cmake::{INSTALL_PREFIX, RdmaCore, build_env_extra, cmake_defines, fin
 use crate::env::hermetic_env;
 use crate::options::NvshmemOptions;
 use crate::proof::{Expected, Proof, prove};
-use crate::run::{CommandFailed, run_logged};
 use crate::source::{copy_tree, source_version};
 use crate::wheelset::{self, Selection};
 
@@ -152,10 +152,8 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
         Ok(o) => o,
         Err(err) => {
             // The log moved with the failed step: point at where it is now.
-            let log = err
-                .chain()
-                .find_map(|e| e.downcast_ref::<CommandFailed>())
-                .and_then(|f| f.log.file_name().map(PathBuf::from));
+            let log = CommandFailed::in_chain(&err)
+                .and_then(|f| f.log.as_ref()?.file_name().map(PathBuf::from));
             return Err(match log {
                 Some(name) => err.context(format!(
                     "full log: {}",
@@ -380,10 +378,9 @@ fn run_build(
         .env_clear()
         .envs(&env);
     let shown = ninja_cmd.to_string();
-    let built = crate::run::run_command_with_progress(
+    let built = commstack_exec::run_logged_with_progress(
         ninja_cmd.into(),
         &format!("$ {shown}\n"),
-        &shown,
         &logs.join("build.log"),
         "ninja build",
         Some(req.progress),
@@ -480,4 +477,11 @@ fn keep_ninja_logs(build: &Path, logs: &Path) {
         };
         let _ = fs::create_dir_all(&dest).and_then(|_| fs::copy(entry.path(), dest.join(&name)));
     }
+}
+
+/// Run an xshell command with its output in `log` (the command line first): see
+/// [`commstack_exec::run_logged`]. Returns seconds taken.
+fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
+    let shown = cmd.to_string();
+    commstack_exec::run_logged(cmd.into(), &format!("$ {shown}\n"), log, what)
 }
