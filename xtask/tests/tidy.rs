@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "tidy/fn_length.rs"]
+mod fn_length;
+
 /// The workspace root (xtask lives one level below it).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -396,6 +399,132 @@ fn ci_files_name_only_xtask_commands() {
     );
 }
 
+// ---- (f) no long functions ---------------------------------------------------------------
+
+/// The most lines a function of the crates' code (crates/*, kernels, xtask) may have, from
+/// its `fn` to its closing brace: past that it does several things, each of which wants a
+/// name of its own.
+const FN_MAX_LINES: usize = 120;
+
+/// The same for test code (`#[cfg(test)]` modules, `#[test]` functions, tests/ directories):
+/// a test of a real part often reads best as one story (set up, act, check each effect), so
+/// it may be longer, but not without bound.
+const TEST_FN_MAX_LINES: usize = 250;
+
+/// Functions of crates/pipeline over the limit today: the lead engineer splits them while
+/// refactoring that crate (issue 27) and empties this list. Nothing outside crates/pipeline
+/// may be added. (file, function, its length now: it may shrink, not grow.)
+const LONG_FUNCTIONS_ALLOWED: &[(&str, &str, usize)] = &[
+    ("crates/pipeline/src/flow/cache_push.rs", "step_layout", 132),
+    (
+        "crates/pipeline/src/flow/substitute.rs",
+        "Substituter::pull",
+        285,
+    ),
+    ("crates/pipeline/src/graph.rs", "Engine::plan", 231),
+    ("crates/pipeline/src/stack_steps.rs", "StackSteps::run", 215),
+];
+
+/// Functions over the limit in crates that other branches of issue 27 are changing
+/// (crates/archive, crates/fetch, crates/registry), left untouched here so that the
+/// branches merge cleanly: split when those branches are merged, then this list is
+/// emptied and removed. Nothing else may be added.
+const LONG_FUNCTIONS_OF_OTHER_BRANCHES: &[(&str, &str, usize)] = &[
+    ("crates/archive/src/lib.rs", "Unpacker::finish", 123),
+    ("crates/fetch/src/download.rs", "receive", 132),
+    ("crates/registry/src/pull.rs", "pull_blob_in", 159),
+    ("crates/registry/src/push.rs", "push_layout_async", 125),
+];
+
+/// The functions of `text` (the file `path`) over the limit: (function, lines, message).
+/// Test code (`test` for a whole file under tests/) has the higher limit.
+fn long_functions(path: &str, text: &str, test: bool) -> Vec<(String, usize, String)> {
+    let functions = fn_length::functions(text).unwrap_or_else(|e| {
+        let at = e.span().start();
+        panic!(
+            "{path}:{}:{}: syn cannot parse it: {e}",
+            at.line,
+            at.column + 1
+        )
+    });
+    functions
+        .into_iter()
+        .filter_map(|f| {
+            let test = test || f.test;
+            let max = if test {
+                TEST_FN_MAX_LINES
+            } else {
+                FN_MAX_LINES
+            };
+            (f.lines > max).then(|| {
+                let message = format!(
+                    "{path}:{}: {} is {} lines (at most {max}{})",
+                    f.line,
+                    f.name,
+                    f.lines,
+                    if test { " for test code" } else { "" }
+                );
+                (f.name, f.lines, message)
+            })
+        })
+        .collect()
+}
+
+/// Whether `path` (from the root) is a file of tests: under a tests/ or benches/ directory.
+fn test_file(path: &str) -> bool {
+    path.split('/')
+        .any(|part| part == "tests" || part == "benches")
+}
+
+#[test]
+fn no_function_is_longer_than_the_limit() {
+    for (path, _, _) in LONG_FUNCTIONS_ALLOWED {
+        assert!(
+            path.starts_with("crates/pipeline/"),
+            "LONG_FUNCTIONS_ALLOWED is for crates/pipeline only, not {path}: split the function"
+        );
+    }
+    for (path, _, _) in LONG_FUNCTIONS_OF_OTHER_BRANCHES {
+        assert!(
+            ["crates/archive/", "crates/fetch/", "crates/registry/"]
+                .iter()
+                .any(|c| path.starts_with(c)),
+            "LONG_FUNCTIONS_OF_OTHER_BRANCHES is for the crates other branches change, not {path}: split the function"
+        );
+    }
+    let allowed: Vec<&(&str, &str, usize)> = LONG_FUNCTIONS_ALLOWED
+        .iter()
+        .chain(LONG_FUNCTIONS_OF_OTHER_BRANCHES)
+        .collect();
+    let mut problems = Vec::new();
+    let mut allowed_seen = Vec::new();
+    for dir in ["crates", "kernels", "xtask"] {
+        for (rel, text) in rust_files(dir) {
+            let path = format!("{dir}/{rel}");
+            for (name, lines, message) in long_functions(&path, &text, test_file(&path)) {
+                match allowed.iter().find(|(p, n, _)| *p == path && *n == name) {
+                    Some((_, _, now)) if lines <= *now => allowed_seen.push((path.clone(), name)),
+                    Some((_, _, now)) => {
+                        problems.push(format!("{message}: grew past its allowed {now}"))
+                    }
+                    None => problems.push(message),
+                }
+            }
+        }
+    }
+    for (path, name, _) in &allowed {
+        if !allowed_seen.iter().any(|(p, n)| p == path && n == name) {
+            problems.push(format!(
+                "{path}: {name} is no longer over the limit: remove it from its allow-list"
+            ));
+        }
+    }
+    fail_if_any(
+        "functions over the limit (split each into named steps)",
+        problems,
+    );
+}
+
 // ---- each check fails on a bad input ----------------------------------------------------
 
 #[test]
@@ -595,4 +724,42 @@ jobs:
         "{:?}",
         unknown_xtask_commands("ci/x.yml", fine, &known)
     );
+}
+
+#[test]
+fn long_functions_catches_a_function_over_the_limit() {
+    let function = |name: &str, lines: usize| {
+        // `fn` line, body lines, closing brace.
+        format!(
+            "fn {name}() {{\n{}}}\n",
+            "    let _ = 1;\n".repeat(lines - 2)
+        )
+    };
+    let long = function("long", FN_MAX_LINES + 1);
+    assert_eq!(
+        long_functions("crates/x/src/a.rs", &long, false)
+            .into_iter()
+            .map(|(_, _, m)| m)
+            .collect::<Vec<_>>(),
+        [format!(
+            "crates/x/src/a.rs:1: long is {} lines (at most {FN_MAX_LINES})",
+            FN_MAX_LINES + 1
+        )]
+    );
+    let method = format!("impl A {{\n{}}}\n", function("long", FN_MAX_LINES + 1));
+    assert_eq!(
+        long_functions("a.rs", &method, false)[0].0,
+        "A::long",
+        "a method"
+    );
+    assert!(long_functions("a.rs", &function("fits", FN_MAX_LINES), false).is_empty());
+    // Test code has the higher limit, in a #[cfg(test)] module or in a tests/ file.
+    let in_tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    assert!(long_functions("a.rs", &in_tests, false).is_empty());
+    assert!(long_functions("tests/t.rs", &long, true).is_empty());
+    let too_long = function("story", TEST_FN_MAX_LINES + 1);
+    assert_eq!(long_functions("tests/t.rs", &too_long, true).len(), 1);
+    let too_long = format!("#[cfg(test)]\nmod tests {{\n{too_long}}}\n");
+    assert_eq!(long_functions("a.rs", &too_long, false).len(), 1);
+    assert!(test_file("crates/x/tests/common/mod.rs") && !test_file("crates/x/src/a.rs"));
 }
