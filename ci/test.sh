@@ -10,14 +10,14 @@ step() { printf '\n::: [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
 step "formatting (cargo fmt --check): run \`cargo fmt\` to fix"
 cargo fmt --all --check
 
-step "build and test every crate but the kernel crate (it needs nvcc: last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
-cargo test --locked --workspace --exclude commstack-kernels
+step "build and test every crate (the kernel crate without its CUDA parts: they need nvcc, last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
+cargo test --locked --workspace
 
 step "the image step with the network cut: the fixture image tests again in a new network namespace (unshare -n; Docker is reached through its socket)"
 unshare -n cargo test --locked --offline -p commstack-image --test image_step
 
-step "clippy, warnings as errors (the kernel crate's clippy runs with its build, last step)"
-cargo clippy --locked --workspace --exclude commstack-kernels --all-targets -- -D warnings
+step "clippy, warnings as errors (the kernel crate's CUDA parts: with their build, last step)"
+cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "the shipped locks match their manifests and the rules (offline): the default (Debian 12) and the GPU machine's adopt stack"
 cargo xtask lock --check
@@ -30,7 +30,7 @@ if [ ! -x .tools/uv-venv/bin/uv ]; then
 fi
 COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
 
-step "the kernel crate: the default stack's locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests run"
+step "the kernel crate with its feature cuda: the default stack's locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests and clippy run"
 cargo xtask --quiet fetch --only toolchain,replaced
 cargo xtask toolchain
 cargo xtask build kernels --nvshmem-from nvidia-wheel --test

@@ -1,4 +1,6 @@
-//! Compiles the CUDA sources in `cu/` with nvcc (through `cc`) against NVSHMEM.
+//! Compiles the CUDA sources in `cu/` with nvcc (through `cc`) against NVSHMEM, when the
+//! feature `cuda` is on; without it there is nothing to compile (the crate is then its
+//! pure-Rust parts, and no binary is built: see Cargo.toml).
 //!
 //! Inputs (environment; `cargo xtask build kernels` sets them from the provisioned
 //! toolchain, or set them by hand for standalone use, see kernels/dev-env.sh):
@@ -62,6 +64,20 @@ fn run() -> Result<(), String> {
     }
     for file in CU_SOURCES.iter().chain(CU_HEADERS) {
         println!("cargo:rerun-if-changed={file}");
+    }
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        // Said, not silent: someone who set up nvcc and NVSHMEM meant to build the kernels.
+        if let Some(var) = ["COMMSTACK_NVCC", "NVSHMEM_HOME"]
+            .into_iter()
+            .find(|v| env::var_os(v).is_some())
+        {
+            println!(
+                "cargo:warning={var} is set but the feature `cuda` is off: the CUDA kernels \
+                 and commstack-selftest are not built (add `--features cuda`, as `cargo xtask \
+                 build kernels` does)"
+            );
+        }
+        return Ok(());
     }
 
     let nvcc = find_nvcc()?;

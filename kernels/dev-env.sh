@@ -1,8 +1,8 @@
 # Development environment for commstack-kernels on a machine without a system CUDA.
 #
 #   source kernels/dev-env.sh        # first time: installs the pinned wheels (~165 MB)
-#   cargo build -p commstack-kernels
-#   cargo test  -p commstack-kernels
+#   cargo build -p commstack-kernels --features cuda
+#   cargo test  -p commstack-kernels --features cuda
 #
 # It installs NVIDIA's CUDA 13.0.2 compiler wheels (the set torch 2.11.0 pins through
 # cuda-toolkit 13.0.2) and the NVSHMEM 3.4.5 wheel into <repo>/.tools (git-ignored),

@@ -9,7 +9,7 @@ pub enum DriverError {
         "no CUDA driver: libcuda.so.1 (NVIDIA's driver library) could not be loaded, so this \
          machine has no usable NVIDIA GPU. Run commstack-selftest on a GPU machine (a GPU \
          bundle carries it there); on this machine only the CPU tests apply \
-         (`cargo test -p commstack-kernels`)"
+         (`cargo xtask build kernels --test`)"
     )]
     NotFound,
     #[error(

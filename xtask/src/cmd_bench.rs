@@ -142,6 +142,37 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
 
 fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) -> Result<ExitCode> {
     let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
+    let (cold, noop) = time_our_lock(ctx, runs)?;
+    let t = &stack.target;
+    let py = format!("{}.{}", t.python.0, t.python.1);
+    println!(
+        "| `cargo xtask lock` cold (empty cache, whole process) | {} |",
+        stats(&cold, 2)
+    );
+    println!(
+        "| `cargo xtask lock` no-op (lock up to date) | {} |",
+        stats(&noop, 3)
+    );
+    if let Some(uv) = with_uv {
+        let times = time_uv(&stack, uv, runs, &py)?;
+        println!(
+            "| `uv pip compile --generate-hashes --no-cache` ({}) | {} |",
+            uv.display(),
+            stats(&times, 2)
+        );
+    }
+    if with_pip {
+        let times = time_pip(&stack, runs, &py)?;
+        println!(
+            "| `pip install --dry-run --report` (same target) | {} |",
+            stats(&times, 1)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo xtask lock` in a fresh home, `runs` times: (cold, then no-op) seconds.
+fn time_our_lock(ctx: &Ctx, runs: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let mut cold = Vec::new();
     let mut noop = Vec::new();
@@ -174,97 +205,86 @@ fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) ->
         cold.push(c);
         noop.push(n);
     }
+    Ok((cold, noop))
+}
+
+/// `uv pip compile` of torch for the same target, `runs` times: seconds.
+fn time_uv(stack: &commstack_stack::Stack, uv: &Path, runs: usize, py: &str) -> Result<Vec<f64>> {
     let t = &stack.target;
-    let py = format!("{}.{}", t.python.0, t.python.1);
-    println!(
-        "| `cargo xtask lock` cold (empty cache, whole process) | {} |",
-        stats(&cold, 2)
-    );
-    println!(
-        "| `cargo xtask lock` no-op (lock up to date) | {} |",
-        stats(&noop, 3)
-    );
-    if let Some(uv) = with_uv {
-        let mut times = Vec::new();
-        for _ in 0..runs {
-            let dir = tempfile::tempdir()?;
-            std::fs::write(
-                dir.path().join("in.txt"),
-                format!("torch=={}\n", stack.torch.version),
-            )?;
-            let t0 = Instant::now();
-            let out = Command::new(uv)
-                .args([
-                    "pip",
-                    "compile",
-                    "--quiet",
-                    "--no-cache",
-                    "--generate-hashes",
-                    "in.txt",
-                ])
-                .args([
-                    "--python-version",
-                    &py,
-                    "--python-platform",
-                    &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1),
-                ])
-                .args(["--index-url", &stack.resolve.index_url])
-                .current_dir(dir.path())
-                .output()?;
-            if !out.status.success() {
-                bail!("uv failed: {}", String::from_utf8_lossy(&out.stderr));
-            }
-            times.push(t0.elapsed().as_secs_f64());
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(
+            dir.path().join("in.txt"),
+            format!("torch=={}\n", stack.torch.version),
+        )?;
+        let t0 = Instant::now();
+        let out = Command::new(uv)
+            .args([
+                "pip",
+                "compile",
+                "--quiet",
+                "--no-cache",
+                "--generate-hashes",
+                "in.txt",
+            ])
+            .args([
+                "--python-version",
+                py,
+                "--python-platform",
+                &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1),
+            ])
+            .args(["--index-url", &stack.resolve.index_url])
+            .current_dir(dir.path())
+            .output()?;
+        if !out.status.success() {
+            bail!("uv failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        println!(
-            "| `uv pip compile --generate-hashes --no-cache` ({}) | {} |",
-            uv.display(),
-            stats(&times, 2)
-        );
+        times.push(t0.elapsed().as_secs_f64());
     }
-    if with_pip {
-        let mut times = Vec::new();
-        for _ in 0..runs {
-            let dir = tempfile::tempdir()?;
-            let t0 = Instant::now();
-            let out = Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--dry-run",
-                    "--ignore-installed",
-                    "--no-cache-dir",
-                    "--quiet",
-                ])
-                .args(["--only-binary=:all:", "--python-version", &py])
-                // pip matches each --platform exactly: name every manylinux level up to the target.
-                .args(
-                    pip_platforms(t.glibc.1, t.arch.as_str())
-                        .iter()
-                        .flat_map(|p| ["--platform".to_string(), p.clone()]),
-                )
-                .arg("--target")
-                .arg(dir.path().join("t"))
-                .args([
-                    "--report",
-                    "report.json",
-                    &format!("torch=={}", stack.torch.version),
-                ])
-                .env("PIP_FIND_LINKS", "")
-                .current_dir(dir.path())
-                .output()?;
-            if !out.status.success() {
-                bail!("pip failed: {}", String::from_utf8_lossy(&out.stderr));
-            }
-            times.push(t0.elapsed().as_secs_f64());
+    Ok(times)
+}
+
+/// `pip install --dry-run --report` of torch for the same target, `runs` times: seconds.
+fn time_pip(stack: &commstack_stack::Stack, runs: usize, py: &str) -> Result<Vec<f64>> {
+    let t = &stack.target;
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let dir = tempfile::tempdir()?;
+        let t0 = Instant::now();
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--no-cache-dir",
+                "--quiet",
+            ])
+            .args(["--only-binary=:all:", "--python-version", py])
+            // pip matches each --platform exactly: name every manylinux level up to the target.
+            .args(
+                pip_platforms(t.glibc.1, t.arch.as_str())
+                    .iter()
+                    .flat_map(|p| ["--platform".to_string(), p.clone()]),
+            )
+            .arg("--target")
+            .arg(dir.path().join("t"))
+            .args([
+                "--report",
+                "report.json",
+                &format!("torch=={}", stack.torch.version),
+            ])
+            .env("PIP_FIND_LINKS", "")
+            .current_dir(dir.path())
+            .output()?;
+        if !out.status.success() {
+            bail!("pip failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        println!(
-            "| `pip install --dry-run --report` (same target) | {} |",
-            stats(&times, 1)
-        );
+        times.push(t0.elapsed().as_secs_f64());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(times)
 }
 
 fn pip_platforms(glibc_minor: u32, arch: &str) -> Vec<String> {

@@ -13,7 +13,8 @@ const LAYERS: &[(u32, &[&str])] = &[
     // Naming bytes, and real parts for tests: below everything.
     (0, &["commstack-digest", "commstack-testkit"]),
     // Formats and the store: archives, ELF, the step store, the log knowledge base; the one
-    // HTTP client builder (bounded reads, retries) of the index, the mirror and fetch.
+    // HTTP client builder (bounded reads, retries) of the index, the mirror and fetch;
+    // running external programs (a failed one as one typed error).
     (
         1,
         &[
@@ -22,6 +23,7 @@ const LAYERS: &[(u32, &[&str])] = &[
             "commstack-elf",
             "commstack-store",
             "commstack-logscan",
+            "commstack-exec",
         ],
     ),
     // The manifest and lock model; wheels (read, written, installed through archives);

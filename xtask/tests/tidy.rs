@@ -2,8 +2,14 @@
 //! Each check is a function over a file's path and text, so that the unit tests at the
 //! bottom can show it catches a bad input; the `#[test]`s above them run it over the tree.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "tidy/fn_length.rs"]
+mod fn_length;
+#[path = "tidy/imports.rs"]
+mod imports;
 
 /// The workspace root (xtask lives one level below it).
 fn root() -> PathBuf {
@@ -396,6 +402,195 @@ fn ci_files_name_only_xtask_commands() {
     );
 }
 
+// ---- (f) no long functions ---------------------------------------------------------------
+
+/// The most lines a function of the crates' code (crates/*, kernels, xtask) may have, from
+/// its `fn` to its closing brace: past that it does several things, each of which wants a
+/// name of its own.
+const FN_MAX_LINES: usize = 120;
+
+/// The same for test code (`#[cfg(test)]` modules, `#[test]` functions, tests/ directories):
+/// a test of a real part often reads best as one story (set up, act, check each effect), so
+/// it may be longer, but not without bound.
+const TEST_FN_MAX_LINES: usize = 250;
+
+/// The functions of `text` (the file `path`) over the limit: (function, lines, message).
+/// Test code (`test` for a whole file under tests/) has the higher limit.
+fn long_functions(path: &str, text: &str, test: bool) -> Vec<(String, usize, String)> {
+    let functions = fn_length::functions(text).unwrap_or_else(|e| {
+        let at = e.span().start();
+        panic!(
+            "{path}:{}:{}: syn cannot parse it: {e}",
+            at.line,
+            at.column + 1
+        )
+    });
+    functions
+        .into_iter()
+        .filter_map(|f| {
+            let test = test || f.test;
+            let max = if test {
+                TEST_FN_MAX_LINES
+            } else {
+                FN_MAX_LINES
+            };
+            (f.lines > max).then(|| {
+                let message = format!(
+                    "{path}:{}: {} is {} lines (at most {max}{})",
+                    f.line,
+                    f.name,
+                    f.lines,
+                    if test { " for test code" } else { "" }
+                );
+                (f.name, f.lines, message)
+            })
+        })
+        .collect()
+}
+
+/// Whether `path` (from the root) is a file of tests: under a tests/ or benches/ directory.
+fn test_file(path: &str) -> bool {
+    path.split('/')
+        .any(|part| part == "tests" || part == "benches")
+}
+
+#[test]
+fn no_function_is_longer_than_the_limit() {
+    let mut problems = Vec::new();
+    for dir in ["crates", "kernels", "xtask"] {
+        for (rel, text) in rust_files(dir) {
+            let path = format!("{dir}/{rel}");
+            problems.extend(
+                long_functions(&path, &text, test_file(&path))
+                    .into_iter()
+                    .map(|(_, _, message)| message),
+            );
+        }
+    }
+    fail_if_any(
+        "functions over the limit (split each into named steps)",
+        problems,
+    );
+}
+
+// ---- (g) no import circle between the files of a crate ---------------------------------
+
+/// `util`-style helper modules: below everything else of their crate, they import none of it.
+const HELPER_FILE_NAMES: &[&str] = &["util.rs", "utils.rs", "helpers.rs"];
+
+/// The crate roots of the package in `dir` (relative paths among `files`): lib, main,
+/// bins, build script, tests, benches, examples.
+fn crate_roots(files: &BTreeMap<String, String>, dir: &str) -> Vec<String> {
+    files
+        .keys()
+        .filter(|path| {
+            let Some(rel) = path.strip_prefix(&format!("{dir}/")) else {
+                return false;
+            };
+            let parts: Vec<&str> = rel.split('/').collect();
+            matches!(
+                parts.as_slice(),
+                ["src", "lib.rs" | "main.rs"]
+                    | ["build.rs"]
+                    | ["src", "bin", _]
+                    | ["src", "bin", _, "main.rs"]
+                    | ["tests" | "benches" | "examples", _]
+                    | ["tests" | "benches" | "examples", _, "main.rs"]
+            ) && rel.ends_with(".rs")
+        })
+        .cloned()
+        .collect()
+}
+
+/// The import graphs of every crate of the package in `dir`.
+fn package_graphs(files: &BTreeMap<String, String>, dir: &str) -> Vec<imports::Graph> {
+    crate_roots(files, dir)
+        .iter()
+        .map(|root| imports::graph(files, root).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+/// Every circle of `graphs`, each a problem.
+fn circle_problems(graphs: &[imports::Graph]) -> Vec<String> {
+    let mut problems: Vec<String> = graphs
+        .iter()
+        .flat_map(imports::circles)
+        .map(|circle| format!("a circle of {circle}"))
+        .collect();
+    problems.sort();
+    problems.dedup();
+    problems
+}
+
+/// What helper modules (by [`HELPER_FILE_NAMES`]) of `graphs` import of their own crate.
+fn helper_problems(graphs: &[imports::Graph]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for graph in graphs {
+        for ((from, to), names) in &graph.edges {
+            let name = from.rsplit('/').next().unwrap_or(from);
+            if HELPER_FILE_NAMES.contains(&name) {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                problems.push(format!(
+                    "{from} imports {to} ({}): a helper module imports nothing of its crate",
+                    names.join(", ")
+                ));
+            }
+        }
+    }
+    problems.sort();
+    problems.dedup();
+    problems
+}
+
+/// Every `.rs` file of the packages (crates/*, kernels, xtask), by path from the root.
+fn package_files() -> (BTreeMap<String, String>, Vec<String>) {
+    let mut files = BTreeMap::new();
+    for dir in ["crates", "kernels", "xtask"] {
+        for (rel, text) in rust_files(dir) {
+            files.insert(format!("{dir}/{rel}"), text);
+        }
+    }
+    let mut packages: Vec<String> = std::fs::read_dir(root().join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .map(|d| format!("crates/{}", d.file_name().unwrap().to_string_lossy()))
+        .collect();
+    packages.sort();
+    packages.extend(["kernels".to_string(), "xtask".to_string()]);
+    (files, packages)
+}
+
+#[test]
+fn no_import_circle_between_the_files_of_a_crate() {
+    let (files, packages) = package_files();
+    let graphs: Vec<imports::Graph> = packages
+        .iter()
+        .flat_map(|p| package_graphs(&files, p))
+        .collect();
+    assert!(
+        graphs.iter().any(|g| g.edges.len() > 10),
+        "the import graphs have (almost) no edges: the reading is broken"
+    );
+    fail_if_any(
+        "import circles between the files of a crate (move what they share into a module of its own, below both)",
+        circle_problems(&graphs),
+    );
+}
+
+#[test]
+fn helper_modules_import_nothing_of_their_crate() {
+    let (files, packages) = package_files();
+    let graphs: Vec<imports::Graph> = packages
+        .iter()
+        .flat_map(|p| package_graphs(&files, p))
+        .collect();
+    fail_if_any(
+        "util-style helper modules that import their own crate (move what they use below them, or move them up)",
+        helper_problems(&graphs),
+    );
+}
+
 // ---- each check fails on a bad input ----------------------------------------------------
 
 #[test]
@@ -595,4 +790,205 @@ jobs:
         "{:?}",
         unknown_xtask_commands("ci/x.yml", fine, &known)
     );
+}
+
+#[test]
+fn long_functions_catches_a_function_over_the_limit() {
+    let function = |name: &str, lines: usize| {
+        // `fn` line, body lines, closing brace.
+        format!(
+            "fn {name}() {{\n{}}}\n",
+            "    let _ = 1;\n".repeat(lines - 2)
+        )
+    };
+    let long = function("long", FN_MAX_LINES + 1);
+    assert_eq!(
+        long_functions("crates/x/src/a.rs", &long, false)
+            .into_iter()
+            .map(|(_, _, m)| m)
+            .collect::<Vec<_>>(),
+        [format!(
+            "crates/x/src/a.rs:1: long is {} lines (at most {FN_MAX_LINES})",
+            FN_MAX_LINES + 1
+        )]
+    );
+    let method = format!("impl A {{\n{}}}\n", function("long", FN_MAX_LINES + 1));
+    assert_eq!(
+        long_functions("a.rs", &method, false)[0].0,
+        "A::long",
+        "a method"
+    );
+    assert!(long_functions("a.rs", &function("fits", FN_MAX_LINES), false).is_empty());
+    // Test code has the higher limit, in a #[cfg(test)] module or in a tests/ file.
+    let in_tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    assert!(long_functions("a.rs", &in_tests, false).is_empty());
+    assert!(long_functions("tests/t.rs", &long, true).is_empty());
+    let too_long = function("story", TEST_FN_MAX_LINES + 1);
+    assert_eq!(long_functions("tests/t.rs", &too_long, true).len(), 1);
+    let too_long = format!("#[cfg(test)]\nmod tests {{\n{too_long}}}\n");
+    assert_eq!(long_functions("a.rs", &too_long, false).len(), 1);
+    assert!(test_file("crates/x/tests/common/mod.rs") && !test_file("crates/x/src/a.rs"));
+}
+
+/// A small crate in memory: `files` as (path, text) under `c/`.
+fn crate_of(files: &[(&str, &str)]) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|(p, t)| (format!("c/{p}"), t.to_string()))
+        .collect()
+}
+
+/// The circles of the crate `files` (root c/src/lib.rs), as sorted file lists.
+fn circles_of(files: &BTreeMap<String, String>) -> Vec<Vec<String>> {
+    let graph = imports::graph(files, "c/src/lib.rs").unwrap();
+    imports::circles(&graph)
+        .into_iter()
+        .map(|c| c.files.into_iter().collect())
+        .collect()
+}
+
+#[test]
+fn import_circles_are_found_whichever_way_a_file_names_another() {
+    let lib = "mod a;\nmod b;\nmod c;\npub use a::A;\n";
+    // The negative control: a.rs and b.rs import each other.
+    let circle = crate_of(&[
+        ("src/lib.rs", lib),
+        ("src/a.rs", "use crate::b::B;\npub struct A;\n"),
+        (
+            "src/b.rs",
+            "pub struct B;\nfn f() { let _ = crate::a::A; }\n",
+        ),
+        ("src/c.rs", "use crate::a::A;\n"),
+    ]);
+    assert_eq!(circles_of(&circle), [["c/src/a.rs", "c/src/b.rs"]]);
+    let graph = imports::graph(&circle, "c/src/lib.rs").unwrap();
+    let found = imports::circles(&graph);
+    assert_eq!(
+        found[0].to_string(),
+        "2 files: c/src/a.rs, c/src/b.rs\n      c/src/a.rs -> c/src/b.rs: B\n      c/src/b.rs -> c/src/a.rs: A"
+    );
+    // Without b's path to a, no circle: lib.rs's `mod` declarations are not imports, and
+    // its `pub use a::A` does not tie it to c.rs, which names a's A.
+    let no_circle = crate_of(&[
+        ("src/lib.rs", lib),
+        ("src/a.rs", "use crate::b::B;\npub struct A;\n"),
+        ("src/b.rs", "pub struct B;\n"),
+        ("src/c.rs", "use crate::a::A;\n"),
+    ]);
+    assert!(circles_of(&no_circle).is_empty());
+    // Each other way of naming a file: a re-export through the root, a macro's argument,
+    // super::, a `use` of the module then a path through it, a nested module dir, #[path],
+    // an inline test module's `use super::*` and a child module's name.
+    let ways = [
+        ("src/b.rs", "pub struct B;\nfn f() { let _ = crate::A; }\n"),
+        (
+            "src/b.rs",
+            "pub struct B;\nfn f() { println!(\"{}\", crate::a::x()); }\n",
+        ),
+        (
+            "src/b.rs",
+            "pub struct B;\nfn f() -> super::a::A { todo!() }\n",
+        ),
+        (
+            "src/b.rs",
+            "use crate::a;\npub struct B;\nfn f() { a::x(); }\n",
+        ),
+        (
+            "src/b.rs",
+            "pub struct B;\n#[cfg(test)]\nmod tests {\n    use super::*;\n    fn f() { let _ = crate::a::A; }\n}\n",
+        ),
+    ];
+    for (path, text) in ways {
+        let files = crate_of(&[
+            ("src/lib.rs", lib),
+            (
+                "src/a.rs",
+                "use crate::b::B;\npub struct A;\npub fn x() {}\n",
+            ),
+            (path, text),
+            ("src/c.rs", ""),
+        ]);
+        assert_eq!(circles_of(&files), [["c/src/a.rs", "c/src/b.rs"]], "{text}");
+    }
+    let nested = crate_of(&[
+        ("src/lib.rs", "mod flow;\nmod d;\n"),
+        ("src/flow/mod.rs", "pub mod image;\nmod kernels;\n"),
+        (
+            "src/flow/image.rs",
+            "use super::kernels::K;\npub struct I;\n",
+        ),
+        (
+            "src/flow/kernels.rs",
+            "#[path = \"../d_impl.rs\"]\nmod dimpl;\npub struct K(crate::d::D);\n",
+        ),
+        ("src/d_impl.rs", ""),
+        ("src/d.rs", "pub struct D(crate::flow::image::I);\n"),
+    ]);
+    assert_eq!(
+        circles_of(&nested),
+        [["c/src/d.rs", "c/src/flow/image.rs", "c/src/flow/kernels.rs"]]
+    );
+    // The parent names its child's item: an import, the other way than `mod`.
+    let parent = crate_of(&[
+        (
+            "src/lib.rs",
+            "mod a;\nfn f() { a::x(); }\npub fn helper() {}\n",
+        ),
+        ("src/a.rs", "pub fn x() { crate::helper(); }\n"),
+    ]);
+    assert_eq!(circles_of(&parent), [["c/src/a.rs", "c/src/lib.rs"]]);
+    // A `mod` whose file is missing is an error, not a smaller graph.
+    let missing = crate_of(&[("src/lib.rs", "mod gone;\n")]);
+    assert!(
+        imports::graph(&missing, "c/src/lib.rs")
+            .unwrap_err()
+            .contains("gone")
+    );
+}
+
+#[test]
+fn circle_problems_name_each_circle() {
+    let files = crate_of(&[
+        ("src/lib.rs", "mod a;\nmod b;\nmod c;\n"),
+        ("src/a.rs", "use crate::b::B;\npub struct A;\n"),
+        ("src/b.rs", "pub struct B;\nuse crate::a::A;\n"),
+        ("src/c.rs", "pub struct C;\n"),
+    ]);
+    let graphs = [imports::graph(&files, "c/src/lib.rs").unwrap()];
+    let found = circle_problems(&graphs);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("a circle of 2 files: c/src/a.rs, c/src/b.rs"),
+        "{found:?}"
+    );
+    let no_circle = crate_of(&[
+        ("src/lib.rs", "mod a;\nmod b;\n"),
+        ("src/a.rs", "use crate::b::B;\n"),
+        ("src/b.rs", "pub struct B;\n"),
+    ]);
+    assert!(circle_problems(&[imports::graph(&no_circle, "c/src/lib.rs").unwrap()]).is_empty());
+}
+
+#[test]
+fn helper_problems_catch_a_helper_module_importing_its_crate() {
+    let files = crate_of(&[
+        ("src/lib.rs", "mod a;\nmod util;\n"),
+        ("src/a.rs", "use crate::util::human;\npub struct A;\n"),
+        (
+            "src/util.rs",
+            "pub fn human() {}\npub fn f(_: crate::a::A) {}\n",
+        ),
+    ]);
+    let graphs = [imports::graph(&files, "c/src/lib.rs").unwrap()];
+    assert_eq!(
+        helper_problems(&graphs),
+        ["c/src/util.rs imports c/src/a.rs (A): a helper module imports nothing of its crate"]
+    );
+    let below = crate_of(&[
+        ("src/lib.rs", "mod a;\nmod util;\n"),
+        ("src/a.rs", "use crate::util::human;\n"),
+        ("src/util.rs", "pub fn human() {}\n"),
+    ]);
+    let graphs = [imports::graph(&below, "c/src/lib.rs").unwrap()];
+    assert!(helper_problems(&graphs).is_empty());
 }

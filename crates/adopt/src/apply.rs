@@ -20,7 +20,7 @@ use commstack_wheel::{InstallLayout, install, record_hash};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::plan::{INSTALLER, Plan};
+use crate::plan::{INSTALLER, Plan, PlanStep};
 use commstack_deepep::python::PythonEnv;
 
 pub const MANIFEST: &str = "manifest.json";
@@ -119,95 +119,12 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
     let files = gen_dir.join("files");
     fs::create_dir_all(&files).with_context(|| format!("cannot create {}", files.display()))?;
 
-    let mut created_dirs = Vec::new();
-    for t in &plan.added {
-        let mut missing = Vec::new();
-        let mut d = t.parent();
-        while let Some(dir) = d {
-            if dir.exists() {
-                break;
-            }
-            missing.push(dir.to_path_buf());
-            d = dir.parent();
-        }
-        for m in missing {
-            if !created_dirs.contains(&m) {
-                created_dirs.push(m);
-            }
-        }
-    }
-    let steps: Vec<_> = plan.steps.iter().filter(|s| s.skip.is_none()).collect();
-    let mut manifest = Manifest {
-        schema: 1,
-        python: env.python.clone(),
-        prefix: env.prefix.clone(),
-        created: jiff::Timestamp::now().to_string(),
-        state: State::Applying,
-        moved: plan
-            .backup
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Moved {
-                path: p.clone(),
-                backup: format!("{i:05}"),
-                sha256: None,
-                mode: None,
-                symlink: None,
-            })
-            .collect(),
-        added: plan.added.clone(),
-        created_dirs,
-        installed: steps
-            .iter()
-            .map(|s| {
-                (
-                    s.wheel.name.clone(),
-                    s.wheel.version.clone(),
-                    s.wheel.filename.clone(),
-                )
-            })
-            .collect(),
-        replaced: steps.iter().filter_map(|s| s.replaces.clone()).collect(),
-    };
-    // Record what each file is before moving it, so undo can prove it restored it.
-    for m in &mut manifest.moved {
-        let meta = fs::symlink_metadata(&m.path)
-            .with_context(|| format!("cannot read {}", m.path.display()))?;
-        if meta.file_type().is_symlink() {
-            m.symlink = Some(fs::read_link(&m.path)?);
-        } else {
-            m.sha256 = Some(commstack_digest::sha256_file(&m.path)?);
-            m.mode = Some(meta.permissions().mode() & 0o7777);
-        }
-    }
+    let steps: Vec<&PlanStep> = plan.steps.iter().filter(|s| s.skip.is_none()).collect();
+    let mut manifest = new_manifest(plan, env, &steps);
+    record_moved(&mut manifest)?;
     write_manifest(&gen_dir, &manifest)?;
 
-    let result = (|| -> Result<()> {
-        for m in &manifest.moved {
-            move_file(&m.path, &files.join(&m.backup))?;
-        }
-        remove_emptied_dirs(
-            &manifest
-                .moved
-                .iter()
-                .map(|m| m.path.clone())
-                .collect::<Vec<_>>(),
-            &plan.site_packages,
-        );
-        let layout = InstallLayout {
-            purelib: env.paths.purelib.clone(),
-            platlib: env.paths.platlib.clone(),
-            scripts: env.paths.scripts.clone(),
-            data: env.paths.data.clone(),
-            headers: env.paths.include.clone(),
-        };
-        for s in &steps {
-            let installed = install(&s.wheel.path, &layout)
-                .with_context(|| format!("cannot install {}", s.wheel.filename))?;
-            mark_installer(&installed.wheel, &layout)?;
-        }
-        Ok(())
-    })();
+    let result = change_env(plan, env, &manifest, &steps, &files);
     if let Err(err) = result {
         return match undo_generation(&gen_dir) {
             Ok(()) => {
@@ -226,6 +143,113 @@ pub fn apply(plan: &Plan, env: &PythonEnv, root: &Path) -> Result<PathBuf> {
     manifest.state = State::Applied;
     write_manifest(&gen_dir, &manifest)?;
     Ok(gen_dir)
+}
+
+/// The directories the added files need that do not exist yet (undo removes them).
+fn dirs_to_create(plan: &Plan) -> Vec<PathBuf> {
+    let mut created_dirs = Vec::new();
+    for t in &plan.added {
+        let mut missing = Vec::new();
+        let mut d = t.parent();
+        while let Some(dir) = d {
+            if dir.exists() {
+                break;
+            }
+            missing.push(dir.to_path_buf());
+            d = dir.parent();
+        }
+        for m in missing {
+            if !created_dirs.contains(&m) {
+                created_dirs.push(m);
+            }
+        }
+    }
+    created_dirs
+}
+
+/// The generation's manifest before anything moves: state Applying.
+fn new_manifest(plan: &Plan, env: &PythonEnv, steps: &[&PlanStep]) -> Manifest {
+    Manifest {
+        schema: 1,
+        python: env.python.clone(),
+        prefix: env.prefix.clone(),
+        created: jiff::Timestamp::now().to_string(),
+        state: State::Applying,
+        moved: plan
+            .backup
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Moved {
+                path: p.clone(),
+                backup: format!("{i:05}"),
+                sha256: None,
+                mode: None,
+                symlink: None,
+            })
+            .collect(),
+        added: plan.added.clone(),
+        created_dirs: dirs_to_create(plan),
+        installed: steps
+            .iter()
+            .map(|s| {
+                (
+                    s.wheel.name.clone(),
+                    s.wheel.version.clone(),
+                    s.wheel.filename.clone(),
+                )
+            })
+            .collect(),
+        replaced: steps.iter().filter_map(|s| s.replaces.clone()).collect(),
+    }
+}
+
+/// Record what each file is before moving it, so undo can prove it restored it.
+fn record_moved(manifest: &mut Manifest) -> Result<()> {
+    for m in &mut manifest.moved {
+        let meta = fs::symlink_metadata(&m.path)
+            .with_context(|| format!("cannot read {}", m.path.display()))?;
+        if meta.file_type().is_symlink() {
+            m.symlink = Some(fs::read_link(&m.path)?);
+        } else {
+            m.sha256 = Some(commstack_digest::sha256_file(&m.path)?);
+            m.mode = Some(meta.permissions().mode() & 0o7777);
+        }
+    }
+    Ok(())
+}
+
+/// Move the backed-up files away and install the plan's wheels.
+fn change_env(
+    plan: &Plan,
+    env: &PythonEnv,
+    manifest: &Manifest,
+    steps: &[&PlanStep],
+    files: &Path,
+) -> Result<()> {
+    for m in &manifest.moved {
+        move_file(&m.path, &files.join(&m.backup))?;
+    }
+    remove_emptied_dirs(
+        &manifest
+            .moved
+            .iter()
+            .map(|m| m.path.clone())
+            .collect::<Vec<_>>(),
+        &plan.site_packages,
+    );
+    let layout = InstallLayout {
+        purelib: env.paths.purelib.clone(),
+        platlib: env.paths.platlib.clone(),
+        scripts: env.paths.scripts.clone(),
+        data: env.paths.data.clone(),
+        headers: env.paths.include.clone(),
+    };
+    for s in steps {
+        let installed = install(&s.wheel.path, &layout)
+            .with_context(|| format!("cannot install {}", s.wheel.filename))?;
+        mark_installer(&installed.wheel, &layout)?;
+    }
+    Ok(())
 }
 
 /// Write `INSTALLER` into the new dist-info and list it in RECORD (as pip does), so

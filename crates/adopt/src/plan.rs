@@ -90,23 +90,7 @@ pub const INSTALLER: &str = "commstack";
 /// Plan installing `wheels` into `env`.
 pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
     let site = env.site_packages().to_path_buf();
-    let replaced_names: BTreeSet<String> = wheels.iter().map(|w| normalize(&w.name)).collect();
-    // Which files other distributions own: a new wheel must not overwrite them, and the
-    // replaced distribution's files that they also own stay in place.
-    let mut owners: BTreeMap<PathBuf, String> = BTreeMap::new();
-    for d in &env.dists {
-        if replaced_names.contains(&normalize(&d.name)) {
-            continue;
-        }
-        if let Some(info) = &d.dist_info {
-            // Entries outside the environment are never touched, so they own nothing here.
-            let inside = record_entries(info, &env.prefix).map(|(inside, _)| inside);
-            for f in inside.unwrap_or_default() {
-                owners.insert(f, d.name.clone());
-            }
-        }
-    }
-
+    let owners = other_owners(env, wheels);
     let mut steps = Vec::new();
     let mut backup: BTreeSet<PathBuf> = BTreeSet::new();
     let mut added: BTreeSet<PathBuf> = BTreeSet::new();
@@ -116,35 +100,15 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
         let targets = targets_of(&wheel, env)?;
         let installed = env.dist(&w.name);
         let replaces = installed.map(|d| (d.name.clone(), d.version.clone()));
-        let mut old_files: Vec<PathBuf> = Vec::new();
-        if let Some(d) = installed {
-            let info = d.dist_info.as_ref().with_context(|| {
-                format!(
-                    "{} {} is installed without a .dist-info directory: remove it by hand first",
-                    d.name, d.version
-                )
-            })?;
-            if same_build(info, &wheel)? {
-                steps.push(PlanStep {
-                    wheel: w.clone(),
-                    replaces,
-                    skip: Some("this exact build is installed".into()),
-                    targets,
-                });
-                continue;
-            }
-            old_files = record_files(info, &env.prefix)
-                .with_context(|| format!("{} {} cannot be replaced safely", d.name, d.version))?;
-            // Files in the dist-info that RECORD does not list (INSTALLER, REQUESTED, ...).
-            for e in walkdir::WalkDir::new(info)
-                .into_iter()
-                .filter_map(|e| e.ok())
-            {
-                if !e.file_type().is_dir() {
-                    old_files.push(e.path().to_path_buf());
-                }
-            }
-        }
+        let Some(old_files) = files_replaced(env, &wheel, installed)? else {
+            steps.push(PlanStep {
+                wheel: w.clone(),
+                replaces,
+                skip: Some("this exact build is installed".into()),
+                targets,
+            });
+            continue;
+        };
         for f in old_files {
             if owners.contains_key(&f) {
                 continue; // shared with another distribution: stays
@@ -175,8 +139,74 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
             targets,
         });
     }
-    // Bytecode Python cached for the modules being replaced goes with them (undo removes
-    // the new modules' caches, so the old ones must be in the backup to come back).
+    add_bytecode(&mut backup, &owners);
+    check_contained(env, backup.iter().chain(&added))?;
+    Ok(Plan {
+        python: env.python.clone(),
+        prefix: env.prefix.clone(),
+        site_packages: site,
+        steps,
+        backup: backup.into_iter().collect(),
+        added: added.into_iter().collect(),
+    })
+}
+
+/// Which files other distributions own (those `wheels` do not replace): a new wheel must
+/// not overwrite them, and the replaced distribution's files that they also own stay.
+fn other_owners(env: &PythonEnv, wheels: &[LockedWheel]) -> BTreeMap<PathBuf, String> {
+    let replaced_names: BTreeSet<String> = wheels.iter().map(|w| normalize(&w.name)).collect();
+    let mut owners: BTreeMap<PathBuf, String> = BTreeMap::new();
+    for d in &env.dists {
+        if replaced_names.contains(&normalize(&d.name)) {
+            continue;
+        }
+        if let Some(info) = &d.dist_info {
+            // Entries outside the environment are never touched, so they own nothing here.
+            let inside = record_entries(info, &env.prefix).map(|(inside, _)| inside);
+            for f in inside.unwrap_or_default() {
+                owners.insert(f, d.name.clone());
+            }
+        }
+    }
+    owners
+}
+
+/// The files of the installed distribution `installed` that `wheel` replaces (none when
+/// nothing is installed); None when this exact build is installed already.
+fn files_replaced(
+    env: &PythonEnv,
+    wheel: &Wheel,
+    installed: Option<&commstack_deepep::python::Dist>,
+) -> Result<Option<Vec<PathBuf>>> {
+    let mut old_files: Vec<PathBuf> = Vec::new();
+    if let Some(d) = installed {
+        let info = d.dist_info.as_ref().with_context(|| {
+            format!(
+                "{} {} is installed without a .dist-info directory: remove it by hand first",
+                d.name, d.version
+            )
+        })?;
+        if same_build(info, wheel)? {
+            return Ok(None);
+        }
+        old_files = record_files(info, &env.prefix)
+            .with_context(|| format!("{} {} cannot be replaced safely", d.name, d.version))?;
+        // Files in the dist-info that RECORD does not list (INSTALLER, REQUESTED, ...).
+        for e in walkdir::WalkDir::new(info)
+            .into_iter()
+            .filter_map(|e| e.ok())
+        {
+            if !e.file_type().is_dir() {
+                old_files.push(e.path().to_path_buf());
+            }
+        }
+    }
+    Ok(Some(old_files))
+}
+
+/// Bytecode Python cached for the modules being replaced goes with them (undo removes
+/// the new modules' caches, so the old ones must be in the backup to come back).
+fn add_bytecode(backup: &mut BTreeSet<PathBuf>, owners: &BTreeMap<PathBuf, String>) {
     let sources: Vec<PathBuf> = backup
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "py"))
@@ -189,8 +219,12 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
             }
         }
     }
-    // What the wheels write comes from their own entry names: the same containment.
-    for p in backup.iter().chain(&added) {
+}
+
+/// Every path adopt touches is inside the environment: what the wheels write comes from
+/// their own entry names, so the same containment as an install's.
+fn check_contained<'a>(env: &PythonEnv, paths: impl Iterator<Item = &'a PathBuf>) -> Result<()> {
+    for p in paths {
         let rel = p.strip_prefix(&env.prefix).map_err(|_| {
             anyhow::anyhow!(
                 "adopt would touch {}, outside the environment {}: refusing",
@@ -202,14 +236,7 @@ pub fn plan(env: &PythonEnv, wheels: &[LockedWheel]) -> Result<Plan> {
             anyhow::anyhow!("adopt would touch {}, which {why}: refusing", p.display())
         })?;
     }
-    Ok(Plan {
-        python: env.python.clone(),
-        prefix: env.prefix.clone(),
-        site_packages: site,
-        steps,
-        backup: backup.into_iter().collect(),
-        added: added.into_iter().collect(),
-    })
+    Ok(())
 }
 
 /// The wheel must run here: a `cpXY` wheel on Python X.Y (or a py3 one).

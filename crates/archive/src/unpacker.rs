@@ -14,8 +14,8 @@ use anyhow::{Context, Result, bail};
 use commstack_digest::{SHOWN_NAME_MAX, terminal_safe_capped_bytes};
 
 use crate::limits::Budget;
+use crate::options::{Options, Strip};
 use crate::paths::{Blocked, Kind, Node, Paths, ROOT};
-use crate::{Options, Strip};
 
 /// A name from the archive (an entry's path, a link's target), for a message: control
 /// characters escaped, cut to [`SHOWN_NAME_MAX`] characters.

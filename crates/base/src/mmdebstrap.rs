@@ -108,29 +108,6 @@ pub fn arguments(r: &Run<'_>) -> Vec<String> {
     args
 }
 
-/// A failed mmdebstrap: its exit status and the last lines of its log.
-#[derive(Debug)]
-pub struct Failed {
-    pub status: String,
-    pub tail: Vec<String>,
-}
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "mmdebstrap failed ({}); last lines of its log:",
-            self.status
-        )?;
-        for l in &self.tail {
-            writeln!(f, "  | {l}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Failed {}
-
 /// Run it, output appended to `r.log`. Returns the command line as shown in the log.
 pub fn run(r: &Run<'_>) -> Result<String> {
     let args = arguments(r);
@@ -178,12 +155,15 @@ pub fn run(r: &Run<'_>) -> Result<String> {
         .status()
         .with_context(|| format!("cannot start {}", program.display()))?;
     if !status.success() {
+        // The last lines of its log: apt's and mmdebstrap's own `E:` lines come last.
         let text = std::fs::read_to_string(r.log).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        let tail = lines[lines.len().saturating_sub(15)..].to_vec();
-        bail!(Failed {
+        bail!(commstack_exec::CommandFailed {
+            what: "mmdebstrap".into(),
+            program: program.display().to_string(),
+            args: full,
             status: status.to_string(),
-            tail
+            stderr_tail: commstack_exec::last_lines(&text, 15),
+            log: Some(r.log.to_path_buf()),
         });
     }
     Ok(shown)

@@ -25,26 +25,25 @@ pub fn write_repo(dir: &Path, base: &BaseLock, debs: &[(&Deb, PathBuf)]) -> Resu
                 format!("cannot copy {} to {}", cached.display(), linked.display())
             })?;
         }
-        let control = Command::new("dpkg-deb")
-            .arg("-f")
-            .arg(&linked)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("LC_ALL", "C.UTF-8")
-            .output()
-            .context(
-                "cannot run dpkg-deb (Debian's dpkg package): it reads each .deb's control fields",
-            )?;
-        if !control.status.success() {
-            bail!(
-                "dpkg-deb -f {} failed for deb {} ({}): {}; the cached file may be damaged: \
+        let control = commstack_exec::output(
+            "dpkg-deb (Debian's dpkg package: it reads each .deb's control fields)",
+            Command::new("dpkg-deb")
+                .arg("-f")
+                .arg(&linked)
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .env("LC_ALL", "C.UTF-8"),
+        )
+        .map_err(|e| match commstack_exec::CommandFailed::in_chain(&e) {
+            // It ran and refused the file: the file, not the tool, is at fault.
+            Some(_) => e.context(format!(
+                "deb {} ({}) has no readable control fields: the cached file may be damaged: \
                  run `cargo xtask fetch --verify`",
-                cached.display(),
                 deb.name,
-                control.status,
-                String::from_utf8_lossy(&control.stderr).trim()
-            );
-        }
+                cached.display()
+            )),
+            None => e,
+        })?;
         let text = String::from_utf8(control.stdout)
             .with_context(|| format!("{}: the control fields are not UTF-8", cached.display()))?;
         packages.push_str(text.trim_end_matches('\n'));

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
+use commstack_stack::rules::{self, RuleId};
 use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
@@ -36,9 +37,10 @@ use crate::reproducible::{
     Relocated, RpathRewrite, canonical_wheel, needles, nvcc_has_objtemp, prefix_maps, real_ld,
     relocate, set_times, through, write_ld_wrapper,
 };
-use crate::run::{CommandFailed, run_logged};
+use crate::run::run_logged;
 use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
 use crate::wheel_check::{Expect, WheelFacts, check_wheel};
+use commstack_exec::CommandFailed;
 
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 /// The store step name of DeepEP's wheel build.
@@ -271,12 +273,18 @@ fn check_python(env: &PythonEnv, tc: &Toolchain) -> Result<()> {
             "{python} has no torch: DeepEP builds against the environment's torch (managed mode makes one from the lock)"
         );
     };
+    let cuda_major = u64::from(tc.cuda_major());
     match env.torch_cuda() {
-        Some(cuda) if cuda.split('.').next() == Some(&tc.cuda_major().to_string()) => {}
+        Some(cuda)
+            if cuda
+                .parse()
+                .is_ok_and(|v| rules::same_cuda_major(&v, cuda_major)) => {}
         Some(cuda) => bail!(
-            "torch {torch} in {python} is built for CUDA {cuda}, the toolchain is CUDA {} ({}): DeepEP must be compiled with torch's CUDA major",
+            "torch {torch} in {python} is built for CUDA {cuda}, the toolchain is CUDA {} ({}) [rule {}]: {}",
             tc.versions.cuda,
-            tc.nvcc.display()
+            tc.nvcc.display(),
+            RuleId::TorchCudaMajor.as_str(),
+            RuleId::TorchCudaMajor.reason()
         ),
         None => bail!(
             "torch {torch} in {python} is a CPU build (torch.version.cuda is None): DeepEP needs a CUDA torch"
@@ -365,11 +373,13 @@ pub fn v2_nccl_root(
         Some(other) if own_ok && same_dir(other, &own) => Ok(own),
         Some(other) if allow_second => Ok(other.to_path_buf()),
         Some(other) => bail!(
-            "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710). \
-             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow it explicitly if you accept what it breaks",
+            "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710) [rule {}]. \
+             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow rule {} (resolve.allow in stack.toml, or --allow-second-nccl) if you accept what it breaks",
             other.display(),
             own.display(),
-            commstack_stack::rules::DEEPEP_V2_MIN_NCCL
+            RuleId::DeepEpV2Nccl.as_str(),
+            rules::DEEPEP_V2_MIN_NCCL,
+            RuleId::DeepEpV2Nccl.as_str()
         ),
     }
 }
@@ -395,10 +405,8 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
     let outcome = match result {
         Ok(o) => o,
         Err(err) => {
-            let log = err
-                .chain()
-                .find_map(|e| e.downcast_ref::<CommandFailed>())
-                .and_then(|f| f.log.file_name().map(PathBuf::from));
+            let log = CommandFailed::in_chain(&err)
+                .and_then(|f| f.log.as_ref()?.file_name().map(PathBuf::from));
             return Err(match log {
                 Some(name) => err.context(format!(
                     "full log: {}",
@@ -466,28 +474,103 @@ fn run_build(
 ) -> Result<BuildReport> {
     // Results go to the store step; setup.py runs at a path that depends on the key only.
     let (out, logs) = (std::path::absolute(out)?, std::path::absolute(logs)?);
-    let (out, logs) = (out.as_path(), logs.as_path());
     let fixed = FixedDir::acquire(&p.key)?;
-    let root = fixed.path().to_path_buf();
-    let root = root.as_path();
-    let (src, home, tmp, raw_dist, deps) = (
-        root.join("src"),
-        root.join("home"),
-        root.join("tmp"),
-        root.join("dist"),
-        root.join("deps"),
-    );
-    let dist = out.join("dist");
-    for d in [&home, &tmp, &raw_dist, &deps, &dist] {
-        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    let dirs = BuildDirs::make(fixed.path(), &out)?;
+    let rdc_fix = prepare_source(req, &dirs.src, &dirs.root)?;
+    let views = Views::make(p, req, &dirs)?;
+    let link = LinkSetup::make(p, req, &views, &dirs.root)?;
+    let run = run_setup_py(p, req, &views, &link, &dirs, &logs)?;
+    let (raw, wheel) = canonical_output(p, req, &dirs)?;
+    let facts = check_output(p, req, &views, &dirs, &wheel, store_root)?;
+    let declared = declared_version(&dirs.src);
+    let bdist_wheel_sha256 = commstack_digest::sha256_file(&raw)?;
+    drop(fixed);
+    Ok(BuildReport {
+        schema: 2,
+        step: p.key.dir_name(),
+        api: req.api.as_str().into(),
+        source: req.source.clone(),
+        declared_version: declared,
+        rdc_fix,
+        nvshmem: NvshmemFacts {
+            prefix: req.nvshmem.prefix.clone(),
+            identity: req.nvshmem.identity.clone(),
+            version: req.nvshmem.version(),
+            host_soname: p.host_soname.clone(),
+            use_nccl: req.nvshmem.host.build_vars.use_nccl(),
+        },
+        nccl_root: p.nccl_root.clone(),
+        rdma_core: p.rdma.clone(),
+        python: python_facts(req),
+        toolchain: req.toolchain.describe(),
+        toolchain_identity: req.toolchain.identity(),
+        torch_cuda_arch_list: p.arch_list.clone(),
+        environment: run.env,
+        command: std::iter::once(views.python.display().to_string())
+            .chain(run.args)
+            .collect(),
+        jobs: req.jobs,
+        build_seconds: run.seconds,
+        reproducibility: Reproducibility {
+            fixed_build_dir: dirs.root,
+            source_date_epoch: req.source_date_epoch,
+            relocated: views.relocated,
+            prefix_maps: views.maps,
+            nvcc_objtemp: link.objtemp,
+            ld: link.ld,
+            rpath_rewrites: link.rewrites,
+            bdist_wheel_sha256,
+        },
+        wheel: facts,
+    })
+}
+
+/// The directories of one build: under the fixed directory `root` (the same for the same
+/// key), and the step's `dist/`.
+struct BuildDirs {
+    root: PathBuf,
+    src: PathBuf,
+    home: PathBuf,
+    tmp: PathBuf,
+    raw_dist: PathBuf,
+    deps: PathBuf,
+    dist: PathBuf,
+}
+
+impl BuildDirs {
+    fn make(root: &Path, out: &Path) -> Result<BuildDirs> {
+        let dirs = BuildDirs {
+            root: root.to_path_buf(),
+            src: root.join("src"),
+            home: root.join("home"),
+            tmp: root.join("tmp"),
+            raw_dist: root.join("dist"),
+            deps: root.join("deps"),
+            dist: out.join("dist"),
+        };
+        for d in [
+            &dirs.home,
+            &dirs.tmp,
+            &dirs.raw_dist,
+            &dirs.deps,
+            &dirs.dist,
+        ] {
+            fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        Ok(dirs)
     }
+}
+
+/// The source copied into `src` (in the fixed directory `root`), of the API the stack
+/// says; for V1, whether it has the RDC fix (an error when it is needed and absent).
+fn prepare_source(req: &BuildRequest<'_>, src: &Path, root: &Path) -> Result<Option<bool>> {
     (req.progress)(&format!(
         "preparing the source {} in {} ...",
         req.source.path.display(),
         root.display()
     ));
-    req.source.materialize(&src)?;
-    let found = detect_api(&src)?;
+    req.source.materialize(src)?;
+    let found = detect_api(src)?;
     if found != req.api {
         bail!(
             "the source {} (tree {}) is DeepEP {}, the stack says deepep.api = {:?}",
@@ -497,115 +580,183 @@ fn run_build(
             req.api.as_str()
         );
     }
-    let rdc_fix = match req.api {
+    Ok(match req.api {
         DeepEpApi::V1 => Some(check_rdc_fix(
-            &src,
+            src,
             req.nvshmem.version().as_deref(),
             req.allow_missing_rdc_fix,
         )?),
         DeepEpApi::V2 => None,
-    };
+    })
+}
 
-    // Every input through a view in the fixed directory (crate::reproducible): the
-    // paths the compilers see, and the times of the headers they read, are the same for
-    // the same key on any machine. The source copy gets the same times.
-    let epoch = req.source_date_epoch;
-    set_times(&src, epoch)?;
-    let mut relocated: Vec<Relocated> = Vec::new();
-    let nvshmem = relocate(&deps, "nvshmem", &req.nvshmem.prefix, epoch)?;
-    relocated.push(nvshmem.clone());
-    let tc = toolchain_view(req.toolchain, &deps, epoch, &mut relocated)?;
-    let py = &req.python.env;
-    // A venv is seen through deps/python (its python finds pyvenv.cfg there, so
-    // sys.prefix, torch's include path, site-packages are all under it); an
-    // interpreter's own prefix (/usr) is the same on every machine of its kind.
-    let python_link = if py.prefix != py.base_prefix && py.python.starts_with(&py.prefix) {
-        let r = relocate(&deps, "python", &py.prefix, epoch)?;
-        relocated.push(r.clone());
-        Some(r)
-    } else {
-        None
-    };
-    let py_path = |path: &Path| match &python_link {
-        Some(r) => through(r, &py.prefix, path),
-        None => path.to_path_buf(),
-    };
-    let python = py_path(&py.python);
-    let nccl_root = match &p.nccl_root {
-        Some(n) if py_path(n) != *n => Some(py_path(n)),
-        Some(n) => {
-            let r = relocate(&deps, "nccl", n, epoch)?;
+/// Every input through a view in the fixed directory (crate::reproducible): the paths
+/// the compilers see, and the times of the headers they read, are the same for the same
+/// key on any machine.
+struct Views {
+    relocated: Vec<Relocated>,
+    nvshmem: Relocated,
+    /// The toolchain as seen through its view.
+    tc: Toolchain,
+    /// The venv's view (deps/python), None for an interpreter's own prefix.
+    python_link: Option<Relocated>,
+    /// The interpreter setup.py runs with, through its view.
+    python: PathBuf,
+    nccl_root: Option<PathBuf>,
+    extra_include: Vec<(PathBuf, String)>,
+    maps: Vec<String>,
+}
+
+impl Views {
+    fn make(p: &Prepared, req: &BuildRequest<'_>, dirs: &BuildDirs) -> Result<Views> {
+        // The source copy gets the same times as the views' headers.
+        let (deps, epoch) = (&dirs.deps, req.source_date_epoch);
+        set_times(&dirs.src, epoch)?;
+        let mut relocated: Vec<Relocated> = Vec::new();
+        let nvshmem = relocate(deps, "nvshmem", &req.nvshmem.prefix, epoch)?;
+        relocated.push(nvshmem.clone());
+        let tc = toolchain_view(req.toolchain, deps, epoch, &mut relocated)?;
+        let py = &req.python.env;
+        // A venv is seen through deps/python (its python finds pyvenv.cfg there, so
+        // sys.prefix, torch's include path, site-packages are all under it); an
+        // interpreter's own prefix (/usr) is the same on every machine of its kind.
+        let python_link = if py.prefix != py.base_prefix && py.python.starts_with(&py.prefix) {
+            let r = relocate(deps, "python", &py.prefix, epoch)?;
             relocated.push(r.clone());
-            Some(r.link)
+            Some(r)
+        } else {
+            None
+        };
+        let mut views = Views {
+            relocated,
+            nvshmem,
+            tc,
+            python_link,
+            python: PathBuf::new(),
+            nccl_root: None,
+            extra_include: Vec::new(),
+            maps: Vec::new(),
+        };
+        views.python = views.py_path(req, &py.python);
+        views.nccl_root = match &p.nccl_root {
+            Some(n) if views.py_path(req, n) != *n => Some(views.py_path(req, n)),
+            Some(n) => {
+                let r = relocate(deps, "nccl", n, epoch)?;
+                views.relocated.push(r.clone());
+                Some(r.link)
+            }
+            None => None,
+        };
+        if let Some(r) = p.rdma.as_ref().filter(|r| !r.system) {
+            let view = relocate(deps, "rdma-core", &r.include_dir, epoch)?;
+            views.relocated.push(view.clone());
+            views.extra_include.push((
+                view.link,
+                "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into(),
+            ));
         }
-        None => None,
-    };
-    let mut extra_include: Vec<(PathBuf, String)> = Vec::new();
-    if let Some(r) = p.rdma.as_ref().filter(|r| !r.system) {
-        let view = relocate(&deps, "rdma-core", &r.include_dir, epoch)?;
-        relocated.push(view.clone());
-        extra_include.push((
-            view.link,
-            "NVSHMEM's IBGDA headers include infiniband/mlx5dv.h".into(),
-        ));
+        for dir in &p.cuda_lib_include {
+            views.extra_include.push((views.py_path(req, dir), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
+        }
+        views.maps = prefix_maps(&dirs.src, &views.relocated);
+        Ok(views)
     }
-    for dir in &p.cuda_lib_include {
-        extra_include.push((py_path(dir), "torch's ATen headers include the CUDA library headers (cusparse.h, cublas_v2.h, ...) the toolchain lacks: the environment's NVIDIA wheels".into()));
-    }
-    let maps = prefix_maps(&src, &relocated);
 
-    // The extension finds the drop-in wheels relative to itself: V1's deep_ep_cpp sits
-    // at site-packages' top, V2's deep_ep/_C one level down.
-    let up = match req.api {
-        DeepEpApi::V1 => "",
-        DeepEpApi::V2 => "../",
-    };
-    let mut rewrites: Vec<RpathRewrite> = [&nvshmem.link, &nvshmem.target]
-        .into_iter()
-        .map(|prefix| RpathRewrite {
-            from: prefix.join("lib").display().to_string(),
-            to: format!("$ORIGIN/{up}nvidia/nvshmem/lib"),
+    /// `path` of the Python environment, as seen through its view.
+    fn py_path(&self, req: &BuildRequest<'_>, path: &Path) -> PathBuf {
+        match &self.python_link {
+            Some(r) => through(r, &req.python.env.prefix, path),
+            None => path.to_path_buf(),
+        }
+    }
+}
+
+/// The linker wrapper that rewrites the build's rpaths to the drop-in wheels' places.
+struct LinkSetup {
+    ld: PathBuf,
+    ld_dir: PathBuf,
+    rewrites: Vec<RpathRewrite>,
+    objtemp: bool,
+}
+
+impl LinkSetup {
+    fn make(p: &Prepared, req: &BuildRequest<'_>, v: &Views, root: &Path) -> Result<LinkSetup> {
+        // The extension finds the drop-in wheels relative to itself: V1's deep_ep_cpp sits
+        // at site-packages' top, V2's deep_ep/_C one level down.
+        let up = match req.api {
+            DeepEpApi::V1 => "",
+            DeepEpApi::V2 => "../",
+        };
+        let mut rewrites: Vec<RpathRewrite> = [&v.nvshmem.link, &v.nvshmem.target]
+            .into_iter()
+            .map(|prefix| RpathRewrite {
+                from: prefix.join("lib").display().to_string(),
+                to: format!("$ORIGIN/{up}nvidia/nvshmem/lib"),
+            })
+            .collect();
+        if let (Some(seen), Some(real)) = (&v.nccl_root, &p.nccl_root)
+            && v.py_path(req, real) == *seen
+        {
+            for root in [seen, real] {
+                rewrites.push(RpathRewrite {
+                    from: root.join("lib").display().to_string(),
+                    to: format!("$ORIGIN/{up}nvidia/nccl/lib"),
+                });
+            }
+        }
+        let mut search: Vec<PathBuf> = vec![PathBuf::from("/usr/bin"), PathBuf::from("/bin")];
+        search.extend(v.tc.bin_dirs());
+        let ld = real_ld(&v.tc.cc, &search)?;
+        let ld_dir = root.join("ld");
+        write_ld_wrapper(&ld_dir, &ld, &rewrites)?;
+        Ok(LinkSetup {
+            ld,
+            ld_dir,
+            rewrites,
+            objtemp: nvcc_has_objtemp(&v.tc.nvcc),
         })
-        .collect();
-    if let (Some(seen), Some(real)) = (&nccl_root, &p.nccl_root)
-        && py_path(real) == *seen
-    {
-        for root in [seen, real] {
-            rewrites.push(RpathRewrite {
-                from: root.join("lib").display().to_string(),
-                to: format!("$ORIGIN/{up}nvidia/nccl/lib"),
-            });
-        }
     }
-    let mut search: Vec<PathBuf> = vec![PathBuf::from("/usr/bin"), PathBuf::from("/bin")];
-    search.extend(tc.bin_dirs());
-    let ld = real_ld(&tc.cc, &search)?;
-    let ld_dir = root.join("ld");
-    write_ld_wrapper(&ld_dir, &ld, &rewrites)?;
-    let objtemp = nvcc_has_objtemp(&tc.nvcc);
+}
 
+/// What setup.py ran with, and how long it took.
+struct SetupPyRun {
+    env: BuildEnv,
+    args: Vec<String>,
+    seconds: f64,
+}
+
+/// `setup.py bdist_wheel` in the source copy, with exactly the build environment, its
+/// output in `logs/build.log`.
+fn run_setup_py(
+    p: &Prepared,
+    req: &BuildRequest<'_>,
+    v: &Views,
+    link: &LinkSetup,
+    dirs: &BuildDirs,
+    logs: &Path,
+) -> Result<SetupPyRun> {
     let env = build_env(&EnvInputs {
         api: req.api,
-        python_bin_dir: &py_path(&py.bin_dir()),
-        toolchain: &tc,
-        nvshmem_prefix: &nvshmem.link,
-        nccl_root: nccl_root.as_deref(),
-        extra_include: &extra_include,
+        python_bin_dir: &v.py_path(req, &req.python.env.bin_dir()),
+        toolchain: &v.tc,
+        nvshmem_prefix: &v.nvshmem.link,
+        nccl_root: v.nccl_root.as_deref(),
+        extra_include: &v.extra_include,
         torch_cuda_arch_list: &p.arch_list,
         jobs: req.jobs,
-        home: &home,
-        tmp: &tmp,
-        git_ceiling: root,
-        prefix_maps: &maps,
-        nvcc_objtemp: objtemp,
-        ld_wrapper_dir: Some(&ld_dir),
+        home: &dirs.home,
+        tmp: &dirs.tmp,
+        git_ceiling: &dirs.root,
+        prefix_maps: &v.maps,
+        nvcc_objtemp: link.objtemp,
+        ld_wrapper_dir: Some(&link.ld_dir),
         source_date_epoch: req.source_date_epoch,
     })?;
     let args: Vec<String> = vec![
         "setup.py".into(),
         "bdist_wheel".into(),
         "--dist-dir".into(),
-        raw_dist.display().to_string(),
+        dirs.raw_dist.display().to_string(),
     ];
     let log = logs.join("build.log");
     (req.progress)(&format!(
@@ -614,16 +765,25 @@ fn run_build(
         log.display()
     ));
     let seconds = run_logged(
-        &python,
+        &v.python,
         &args,
-        &src,
+        &dirs.src,
         &env.vars,
         &log,
         "setup.py bdist_wheel",
         Some(req.progress),
     )?;
+    Ok(SetupPyRun { env, args, seconds })
+}
 
-    let wheels: Vec<PathBuf> = fs::read_dir(&raw_dist)?
+/// The one wheel bdist_wheel left, and the step's canonical copy of it (with the build
+/// record for V1): bdist_wheel's zip keeps the umask's modes and its own order.
+fn canonical_output(
+    p: &Prepared,
+    req: &BuildRequest<'_>,
+    dirs: &BuildDirs,
+) -> Result<(PathBuf, PathBuf)> {
+    let wheels: Vec<PathBuf> = fs::read_dir(&dirs.raw_dist)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "whl"))
         .collect();
@@ -631,7 +791,7 @@ fn run_build(
         bail!(
             "setup.py bdist_wheel left {} wheel(s) in {}, expected one (see logs/build.log)",
             wheels.len(),
-            raw_dist.display()
+            dirs.raw_dist.display()
         );
     };
     let mut extra: Vec<(&str, Vec<u8>)> = Vec::new();
@@ -651,19 +811,31 @@ fn run_build(
             (commstack_digest::canonical_json(&record) + "\n").into_bytes(),
         ));
     }
-    // bdist_wheel's zip keeps the umask's modes and its own order: written again
-    // canonically, with the build record in the same pass.
-    let wheel = dist.join(raw.file_name().context("a wheel file name")?);
+    // Written again canonically, with the build record in the same pass.
+    let wheel = dirs
+        .dist
+        .join(raw.file_name().context("a wheel file name")?);
     let extra_refs: Vec<(&str, &[u8])> = extra.iter().map(|(n, b)| (*n, b.as_slice())).collect();
     canonical_wheel(raw, &wheel, req.source_date_epoch, &extra_refs)?;
+    Ok((raw.clone(), wheel))
+}
 
+/// The wheel checked: what it links, its search paths, no path of this machine.
+fn check_output(
+    p: &Prepared,
+    req: &BuildRequest<'_>,
+    v: &Views,
+    dirs: &BuildDirs,
+    wheel: &Path,
+    store_root: &Path,
+) -> Result<WheelFacts> {
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
         DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],
     };
     let stubs: Vec<&Path> = [
         req.toolchain.cuda_stubs_dir.as_deref(),
-        tc.cuda_stubs_dir.as_deref(),
+        v.tc.cuda_stubs_dir.as_deref(),
     ]
     .into_iter()
     .flatten()
@@ -672,23 +844,23 @@ fn run_build(
     // build root are the same for the same key; check_wheel tells them apart.
     let mut forbidden: Vec<&Path> = vec![store_root, &req.source.path, &req.nvshmem.prefix];
     forbidden.extend(req.home);
-    forbidden.extend(relocated.iter().map(|r| r.target.as_path()));
+    forbidden.extend(v.relocated.iter().map(|r| r.target.as_path()));
     let forbidden = needles(&forbidden);
     let required_runpath = match req.api {
         DeepEpApi::V1 => vec!["$ORIGIN/nvidia/nvshmem/lib".to_string()],
         DeepEpApi::V2 => Vec::new(),
     };
     let facts = check_wheel(
-        &wheel,
+        wheel,
         &Expect {
             api: req.api,
             needed: &needed,
             forbidden_search_dirs: &stubs,
             required_runpath: &required_runpath,
             forbidden_paths: &forbidden,
-            fixed_dir: Some(root),
+            fixed_dir: Some(&dirs.root),
         },
-        &tmp,
+        &dirs.tmp,
     )?;
     for k in &facts.build_paths_kept {
         (req.progress)(&format!(
@@ -696,54 +868,19 @@ fn run_build(
             k.file, k.path, k.count, k.why
         ));
     }
-    let declared = declared_version(&src);
-    let bdist_wheel_sha256 = commstack_digest::sha256_file(raw)?;
-    drop(fixed);
-    Ok(BuildReport {
-        schema: 2,
-        step: p.key.dir_name(),
-        api: req.api.as_str().into(),
-        source: req.source.clone(),
-        declared_version: declared,
-        rdc_fix,
-        nvshmem: NvshmemFacts {
-            prefix: req.nvshmem.prefix.clone(),
-            identity: req.nvshmem.identity.clone(),
-            version: req.nvshmem.version(),
-            host_soname: p.host_soname.clone(),
-            use_nccl: req.nvshmem.host.build_vars.use_nccl(),
-        },
-        nccl_root: p.nccl_root.clone(),
-        rdma_core: p.rdma.clone(),
-        python: PythonFacts {
-            mode: req.python.mode.clone(),
-            executable: py.python.clone(),
-            version: py.version.clone(),
-            torch: py.torch_version().map(str::to_string),
-            torch_cuda: py.torch_cuda().map(str::to_string),
-            identity: req.python.identity.clone(),
-        },
-        toolchain: req.toolchain.describe(),
-        toolchain_identity: req.toolchain.identity(),
-        torch_cuda_arch_list: p.arch_list.clone(),
-        environment: env,
-        command: std::iter::once(python.display().to_string())
-            .chain(args)
-            .collect(),
-        jobs: req.jobs,
-        build_seconds: seconds,
-        reproducibility: Reproducibility {
-            fixed_build_dir: root.to_path_buf(),
-            source_date_epoch: req.source_date_epoch,
-            relocated,
-            prefix_maps: maps,
-            nvcc_objtemp: objtemp,
-            ld,
-            rpath_rewrites: rewrites,
-            bdist_wheel_sha256,
-        },
-        wheel: facts,
-    })
+    Ok(facts)
+}
+
+fn python_facts(req: &BuildRequest<'_>) -> PythonFacts {
+    let py = &req.python.env;
+    PythonFacts {
+        mode: req.python.mode.clone(),
+        executable: py.python.clone(),
+        version: py.version.clone(),
+        torch: py.torch_version().map(str::to_string),
+        torch_cuda: py.torch_cuda().map(str::to_string),
+        identity: req.python.identity.clone(),
+    }
 }
 
 #[cfg(test)]

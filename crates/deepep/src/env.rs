@@ -102,9 +102,21 @@ pub struct BuildEnv {
 
 /// The whole environment of the DeepEP build.
 pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
+    let mut env = BuildEnv {
+        vars: BTreeMap::new(),
+        notes: Vec::new(),
+    };
+    process_env(i, &mut env);
+    compilers(i, &mut env)?;
+    include_path(i, &mut env)?;
+    link_stub(i, &mut env)?;
+    reproducible_flags(i, &mut env);
+    Ok(env)
+}
+
+/// PATH, HOME, TMPDIR, the locale, the time and Python's switches.
+fn process_env(i: &EnvInputs<'_>, env: &mut BuildEnv) {
     let tc = i.toolchain;
-    let mut vars = BTreeMap::new();
-    let mut notes = Vec::new();
     let mut path: Vec<String> = vec![abs(i.python_bin_dir)];
     for dir in tc.bin_dirs() {
         push_unique(&mut path, abs(&dir));
@@ -113,30 +125,38 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     for dir in ["/usr/bin", "/bin"] {
         push_unique(&mut path, dir.to_string());
     }
-    vars.insert("PATH".into(), path.join(":"));
-    vars.insert("HOME".into(), abs(i.home));
-    vars.insert("TMPDIR".into(), abs(i.tmp));
-    vars.insert("LANG".into(), "C.UTF-8".into());
-    vars.insert("LC_ALL".into(), "C.UTF-8".into());
-    vars.insert("TZ".into(), "UTC".into());
+    env.vars.insert("PATH".into(), path.join(":"));
+    env.vars.insert("HOME".into(), abs(i.home));
+    env.vars.insert("TMPDIR".into(), abs(i.tmp));
+    env.vars.insert("LANG".into(), "C.UTF-8".into());
+    env.vars.insert("LC_ALL".into(), "C.UTF-8".into());
+    env.vars.insert("TZ".into(), "UTC".into());
     // bdist_wheel stamps zip entries with it (the wheel is rewritten with it anyway),
     // gcc's __DATE__/__TIME__ too.
-    vars.insert("SOURCE_DATE_EPOCH".into(), i.source_date_epoch.to_string());
-    vars.insert("GIT_CEILING_DIRECTORIES".into(), abs(i.git_ceiling));
-    vars.insert("PYTHONNOUSERSITE".into(), "1".into());
-    vars.insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
-    vars.insert("PYTHONHASHSEED".into(), "0".into());
+    env.vars
+        .insert("SOURCE_DATE_EPOCH".into(), i.source_date_epoch.to_string());
+    env.vars
+        .insert("GIT_CEILING_DIRECTORIES".into(), abs(i.git_ceiling));
+    env.vars.insert("PYTHONNOUSERSITE".into(), "1".into());
+    env.vars
+        .insert("PYTHONDONTWRITEBYTECODE".into(), "1".into());
+    env.vars.insert("PYTHONHASHSEED".into(), "0".into());
+}
 
-    vars.insert("CUDA_HOME".into(), abs(&tc.cuda_home));
-    vars.insert("CC".into(), abs(&tc.cc));
-    vars.insert("CXX".into(), abs(&tc.cxx));
-    vars.insert("MAX_JOBS".into(), i.jobs.max(1).to_string());
-    vars.insert(
+/// The compilers, the jobs and archs, NVSHMEM and (V2) NCCL.
+fn compilers(i: &EnvInputs<'_>, env: &mut BuildEnv) -> Result<()> {
+    let tc = i.toolchain;
+    env.vars.insert("CUDA_HOME".into(), abs(&tc.cuda_home));
+    env.vars.insert("CC".into(), abs(&tc.cc));
+    env.vars.insert("CXX".into(), abs(&tc.cxx));
+    env.vars
+        .insert("MAX_JOBS".into(), i.jobs.max(1).to_string());
+    env.vars.insert(
         "TORCH_CUDA_ARCH_LIST".into(),
         i.torch_cuda_arch_list.to_string(),
     );
-    vars.insert("NVSHMEM_DIR".into(), abs(i.nvshmem_prefix));
-    notes.push(format!(
+    env.vars.insert("NVSHMEM_DIR".into(), abs(i.nvshmem_prefix));
+    env.notes.push(format!(
         "NVSHMEM_DIR: the stack's NVSHMEM install {}",
         abs(i.nvshmem_prefix)
     ));
@@ -147,17 +167,22 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
                 "DeepEP V2 builds against NCCL's device API: the build needs the environment's NCCL (nvidia/nccl)"
             );
         };
-        vars.insert("NCCL_DIR".into(), abs(nccl));
-        notes.push(format!(
+        env.vars.insert("NCCL_DIR".into(), abs(nccl));
+        env.notes.push(format!(
             "NCCL_DIR: the environment's own NCCL {} (one libnccl per process)",
             nccl.display()
         ));
     }
+    Ok(())
+}
 
+/// CPATH: libcu++'s directory (CUDA 13) and the extra include directories.
+fn include_path(i: &EnvInputs<'_>, env: &mut BuildEnv) -> Result<()> {
+    let tc = i.toolchain;
     // CUDA 13 moved libcu++ (cuda/std/...) under include/cccl; g++ compiling DeepEP's
     // .cpp files does not look there (rule deepep-v1-cccl; V2's setup.py hard-codes
     // /usr/local/cuda/include/cccl, which a wheel toolchain does not have).
-    if tc.cuda_major() >= 13 {
+    if commstack_stack::rules::libcxx_under_cccl(u64::from(tc.cuda_major())) {
         let cccl: Vec<&PathBuf> = tc
             .cuda_include_dirs
             .iter()
@@ -171,22 +196,27 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
             );
         }
         let joined: Vec<String> = cccl.iter().map(|d| abs(d)).collect();
-        vars.insert("CPATH".into(), joined.join(":"));
-        notes.push(format!(
+        env.vars.insert("CPATH".into(), joined.join(":"));
+        env.notes.push(format!(
             "CPATH: {} (CUDA {}: cuda/std/tuple lives there; rule deepep-v1-cccl)",
             joined.join(":"),
             tc.versions.cuda
         ));
     }
     for (dir, why) in i.extra_include {
-        let cpath = vars.entry("CPATH".to_string()).or_default();
+        let cpath = env.vars.entry("CPATH".to_string()).or_default();
         if !cpath.is_empty() {
             cpath.push(':');
         }
         cpath.push_str(&abs(dir));
-        notes.push(format!("CPATH: + {} ({why})", abs(dir)));
+        env.notes.push(format!("CPATH: + {} ({why})", abs(dir)));
     }
+    Ok(())
+}
 
+/// LIBRARY_PATH: the libcuda link stub.
+fn link_stub(i: &EnvInputs<'_>, env: &mut BuildEnv) -> Result<()> {
+    let tc = i.toolchain;
     // DeepEP links -lcuda. The stub (SONAME libcuda.so.1) is found through LIBRARY_PATH,
     // which gcc searches after the -L directories and before the system ones: the link
     // is the same on a machine with a driver and one without.
@@ -196,18 +226,22 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
             tc.cuda_home.display()
         );
     };
-    vars.insert("LIBRARY_PATH".into(), abs(stubs));
-    notes.push(format!(
+    env.vars.insert("LIBRARY_PATH".into(), abs(stubs));
+    env.notes.push(format!(
         "LIBRARY_PATH: the libcuda link stub in {} (never shipped)",
         abs(stubs)
     ));
+    Ok(())
+}
 
+/// The flags that make the bytes reproducible.
+fn reproducible_flags(i: &EnvInputs<'_>, env: &mut BuildEnv) {
     // Reproducible bytes (crate::reproducible says why each is needed).
     if !i.prefix_maps.is_empty() {
         // CPPFLAGS, not CFLAGS: setuptools appends CPPFLAGS to Python's own compile flags
         // (-DNDEBUG, -g, ...) where CFLAGS would replace them.
-        vars.insert("CPPFLAGS".into(), i.prefix_maps.join(" "));
-        notes.push(
+        env.vars.insert("CPPFLAGS".into(), i.prefix_maps.join(" "));
+        env.notes.push(
             "CPPFLAGS: -ffile-prefix-map for each input and the source tree: __FILE__ and DWARF name no build path".into(),
         );
     }
@@ -217,8 +251,8 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     }
     nvcc.extend(i.prefix_maps.iter().map(|m| format!("-Xcompiler={m}")));
     if !nvcc.is_empty() {
-        vars.insert("NVCC_APPEND_FLAGS".into(), nvcc.join(" "));
-        notes.push(format!(
+        env.vars.insert("NVCC_APPEND_FLAGS".into(), nvcc.join(" "));
+        env.notes.push(format!(
             "NVCC_APPEND_FLAGS: {}the same -ffile-prefix-map for nvcc's host compiler and preprocessor (every nvcc call of cpp_extension, the device link too)",
             if i.nvcc_objtemp {
                 "-objtemp (the STT_FILE of each object names <object>.cudafe1.cpp, not tmpxft_<pid>_...), "
@@ -228,13 +262,13 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
         ));
     }
     if let Some(dir) = i.ld_wrapper_dir {
-        vars.insert("LDFLAGS".into(), format!("-B{}/", abs(dir)));
-        notes.push(format!(
+        env.vars
+            .insert("LDFLAGS".into(), format!("-B{}/", abs(dir)));
+        env.notes.push(format!(
             "LDFLAGS: -B{}/: the link runs its ld, which rewrites the build machine's NVSHMEM rpath to $ORIGIN (each rewrite is in the log)",
             abs(dir)
         ));
     }
-    Ok(BuildEnv { vars, notes })
 }
 
 /// Absolute (the build runs in another directory), symlinks kept as they are.

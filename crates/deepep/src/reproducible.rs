@@ -254,12 +254,13 @@ pub struct RpathRewrite {
 /// The linker gcc would run (`cc -print-prog-name=ld`), resolved on `path_dirs` when it
 /// is a bare name.
 pub fn real_ld(cc: &Path, path_dirs: &[PathBuf]) -> Result<PathBuf> {
-    let out = std::process::Command::new(cc)
-        .arg("-print-prog-name=ld")
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .with_context(|| format!("cannot run {} -print-prog-name=ld", cc.display()))?;
+    let out = commstack_exec::output(
+        "the host compiler's linker query",
+        std::process::Command::new(cc)
+            .arg("-print-prog-name=ld")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin"),
+    )?;
     let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if name.is_empty() {
         bail!("{} -print-prog-name=ld printed nothing", cc.display());

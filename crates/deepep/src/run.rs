@@ -1,13 +1,13 @@
 //! Running one command with exactly the environment given, its output in a log file,
-//! and the first error lines read back when it fails (the same [`CommandFailed`] the
-//! NVSHMEM build reports, so callers print both alike).
+//! and the first error lines read back when it fails (a [`CommandFailed`], as every
+//! command the stack runs reports).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
-pub use commstack_nvshmem::{CommandFailed, first_error_lines};
+use commstack_exec::shell_quote;
 
 /// Run `program args...` in `cwd` with `env` as its whole environment, stdout and stderr
 /// appended to `log` as they come (`tail -f` works); `progress` hears ninja's
@@ -36,28 +36,20 @@ pub fn run_logged(
     header.push_str(&format!("$ {shown}\n"));
     let mut command = Command::new(program);
     command.args(args).current_dir(cwd).env_clear().envs(env);
-    commstack_nvshmem::run_command_with_progress(command, &header, &shown, log, what, progress)
+    commstack_exec::run_logged_with_progress(command, &header, log, what, progress)
 }
 
-/// Run a short command with `env` as its whole environment and return its stdout;
-/// the error holds stderr.
+/// Run a short command with `env` as its whole environment and return its stdout; a
+/// failure is a [`commstack_exec::CommandFailed`] (its stderr's last lines).
 pub fn output(program: &Path, args: &[&str], env: &BTreeMap<String, String>) -> Result<String> {
-    let out = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(env)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {}", program.display()))?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "{} {} failed ({}): {}",
-            program.display(),
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+        .stdin(Stdio::null());
+    let what = program.file_name().unwrap_or_default().to_string_lossy();
+    let out = commstack_exec::output(&what, &mut command)?;
     String::from_utf8(out.stdout)
         .with_context(|| format!("{} printed non-UTF-8 output", program.display()))
 }
@@ -76,17 +68,6 @@ pub fn tool_env(home: &Path) -> BTreeMap<String, String> {
     env.insert("PIP_DISABLE_PIP_VERSION_CHECK".into(), "1".into());
     env.insert("PIP_NO_INPUT".into(), "1".into());
     env
-}
-
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
 
 #[cfg(test)]
@@ -113,9 +94,9 @@ mod tests {
             None,
         )
         .unwrap_err();
-        let failed = err.downcast_ref::<CommandFailed>().unwrap();
+        let failed = err.downcast_ref::<commstack_exec::CommandFailed>().unwrap();
         assert_eq!(
-            failed.first_errors[0],
+            failed.stderr_tail[0],
             "/usr/bin/ld: cannot find -l:libnvshmem_host.so"
         );
         let text = std::fs::read_to_string(&log).unwrap();

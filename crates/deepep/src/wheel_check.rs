@@ -10,7 +10,7 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use commstack_elf::ElfFile;
+use commstack_elf::{DynamicInfo, ElfFile};
 use commstack_stack::manifest::DeepEpApi;
 use commstack_wheel::Wheel;
 use serde::{Deserialize, Serialize};
@@ -69,6 +69,39 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
         .filter(|e| !e.is_dir)
         .map(|e| e.path.clone())
         .collect();
+    let extension = the_extension(wheel_path, &files, expect.api)?;
+    fs::create_dir_all(scratch)?;
+    let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
+    let so_bytes = wheel.read(&extension)?;
+    fs::write(&so, &so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
+    let info = ElfFile::open(&so)?.dynamic_info()?;
+    fs::remove_file(&so).ok();
+    check_linking(wheel_path, &extension, &info, expect)?;
+    let kept = check_paths(wheel_path, expect)?;
+    let bytes = fs::read(wheel_path)?;
+    Ok(WheelFacts {
+        filename: wheel_path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        name: wheel.name().to_string(),
+        version: wheel.version()?.to_string(),
+        files,
+        extension,
+        extension_sha256: hex::encode(Sha256::digest(&so_bytes)),
+        needed: info.needed,
+        runpath: info.runpath,
+        rpath: info.rpath,
+        file_sha256: crate::reproducible::file_sha256s(wheel_path)?,
+        scanned_for: expect.forbidden_paths.to_vec(),
+        build_paths_kept: kept,
+    })
+}
+
+/// The wheel's one extension module; no libcuda stub beside it.
+fn the_extension(wheel_path: &Path, files: &[String], api: DeepEpApi) -> Result<String> {
     if let Some(stub) = files.iter().find(|f| {
         f.rsplit('/')
             .next()
@@ -79,7 +112,7 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
             wheel_path.display()
         );
     }
-    let prefix = match expect.api {
+    let prefix = match api {
         DeepEpApi::V1 => "deep_ep_cpp",
         DeepEpApi::V2 => "deep_ep/_C",
     };
@@ -95,13 +128,17 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
             extensions
         );
     };
-    let extension = extension.clone();
-    fs::create_dir_all(scratch)?;
-    let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
-    let so_bytes = wheel.read(&extension)?;
-    fs::write(&so, &so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
-    let info = ElfFile::open(&so)?.dynamic_info()?;
-    fs::remove_file(&so).ok();
+    Ok(extension.clone())
+}
+
+/// What the extension needs and where it searches: the stack's libraries, the driver's
+/// SONAME, no stub directory, every search path relative to it.
+fn check_linking(
+    wheel_path: &Path,
+    extension: &str,
+    info: &DynamicInfo,
+    expect: &Expect<'_>,
+) -> Result<()> {
     for soname in expect.needed {
         if !info.needed.contains(soname) {
             bail!(
@@ -163,6 +200,15 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
             );
         }
     }
+    Ok(())
+}
+
+/// No build path of this machine in any file; the fixed directory's paths only where
+/// they are the same for the same key (returned, to be recorded).
+fn check_paths(
+    wheel_path: &Path,
+    expect: &Expect<'_>,
+) -> Result<Vec<crate::reproducible::KeptPath>> {
     let found = crate::reproducible::scan_wheel(wheel_path, expect.forbidden_paths)?;
     if !found.is_empty() {
         bail!(
@@ -204,24 +250,5 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
             );
         }
     }
-    let bytes = fs::read(wheel_path)?;
-    Ok(WheelFacts {
-        filename: wheel_path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned(),
-        sha256: hex::encode(Sha256::digest(&bytes)),
-        name: wheel.name().to_string(),
-        version: wheel.version()?.to_string(),
-        files,
-        extension,
-        extension_sha256: hex::encode(Sha256::digest(&so_bytes)),
-        needed: info.needed,
-        runpath: info.runpath,
-        rpath: info.rpath,
-        file_sha256: crate::reproducible::file_sha256s(wheel_path)?,
-        scanned_for: expect.forbidden_paths.to_vec(),
-        build_paths_kept: kept,
-    })
+    Ok(kept)
 }

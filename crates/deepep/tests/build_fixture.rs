@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use commstack_deepep::build::{BuildRequest, PythonTarget, build};
-use commstack_deepep::run::CommandFailed;
 use commstack_deepep::{NvshmemInput, SourceInput};
+use commstack_exec::CommandFailed;
 use commstack_stack::CudaArch;
 use commstack_stack::manifest::DeepEpApi;
 use commstack_store::Store;
@@ -523,9 +523,9 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
         .find_map(|e| e.downcast_ref::<CommandFailed>())
         .expect("a CommandFailed in the chain");
     assert!(
-        failed.first_errors.iter().any(|l| l.contains("error:")),
+        failed.stderr_tail.iter().any(|l| l.contains("error:")),
         "{:?}",
-        failed.first_errors
+        failed.stderr_tail
     );
     let text = format!("{err:#}");
     let log = text

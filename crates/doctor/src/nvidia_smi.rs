@@ -79,31 +79,18 @@ fn recorded(dir: &Path, name: &str) -> Result<String, String> {
         .map_err(|e| format!("no recorded {}: {e}", path.display()))
 }
 
+/// `exe args...`'s stdout; its failure in words. nvidia-smi prints "NVIDIA-SMI has failed
+/// because it couldn't communicate with the NVIDIA driver..." on stdout when the kernel
+/// module is not loaded: the failure's lines are stdout's when stderr is empty.
 fn run(exe: &Path, args: &[&str]) -> Result<String, String> {
-    let sh =
-        xshell::Shell::new().map_err(|e| format!("cannot start a shell for nvidia-smi: {e}"))?;
-    let out = xshell::cmd!(sh, "{exe} {args...}")
-        .ignore_status()
-        .quiet()
-        .output()
-        .map_err(|e| format!("running {} {}: {e}", exe.display(), args.join(" ")))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        // nvidia-smi prints "NVIDIA-SMI has failed because it couldn't communicate with the
-        // NVIDIA driver..." on stdout when the kernel module is not loaded.
-        let said = format!(
-            "{}{}",
-            stdout.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Err(format!(
-            "`nvidia-smi {}` failed ({}): {said}",
-            args.join(" "),
-            out.status
-        ))
-    }
+    let mut command = std::process::Command::new(exe);
+    command.args(args);
+    commstack_exec::output("nvidia-smi", &mut command)
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .map_err(|e| match commstack_exec::CommandFailed::in_chain(&e) {
+            Some(failed) => failed.one_line(),
+            None => format!("{e:#}"),
+        })
 }
 
 fn find_on_path(name: &str, path_var: Option<&str>) -> Option<PathBuf> {

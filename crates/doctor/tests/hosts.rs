@@ -290,7 +290,8 @@ fn a_failing_nvidia_smi_says_why() {
     let path = bin.path().join("nvidia-smi");
     fs::write(
         &path,
-        "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n",
+        // With a terminal escape: what a command says is printed escaped.
+        "#!/bin/sh\nprintf '\\033[2J'\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n",
     )
     .unwrap();
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
@@ -304,13 +305,16 @@ fn a_failing_nvidia_smi_says_why() {
     assert_eq!(status(&report, "gpus"), Status::Fail);
     let f = finding(&report, "gpus");
     assert!(
-        f.starts_with("cannot list GPUs: `nvidia-smi --query-gpu="),
+        f.starts_with("cannot list GPUs: nvidia-smi failed (exit status: 9): `")
+            && f.contains("/nvidia-smi --query-gpu=")
+            && !f.contains('\n'),
         "{f}"
     );
     assert!(
         f.contains("exit status: 9") && f.contains("couldn't communicate with the NVIDIA driver"),
         "{f}"
     );
+    assert!(!f.contains('\x1b') && f.contains("\\x1b[2J"), "{f}");
     assert_eq!(status(&report, "gpu-topology"), Status::Warn);
     // The kernel module still answers: the driver check uses /proc.
     assert_eq!(status(&report, "nvidia-driver"), Status::Pass);

@@ -167,70 +167,10 @@ async fn receive(
     expected_size: Option<u64>,
     bar: &ProgressBar,
 ) -> Result<Attempt, SourceError> {
-    let status = response.status();
-    let mut start = offset;
-    match status {
-        StatusCode::PARTIAL_CONTENT if offset > 0 => {
-            let range = response
-                .headers()
-                .get(CONTENT_RANGE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(parse_content_range);
-            match range {
-                Some((first, total)) if first == offset => {
-                    if let (Some(expected), Some(total)) = (expected_size, total)
-                        && expected != total
-                    {
-                        return Ok(Attempt::Permanent(SourceError::SizeMismatch {
-                            expected,
-                            actual: total,
-                        }));
-                    }
-                }
-                // Not the part we asked for: start over without Range.
-                _ => {
-                    truncate(part)?;
-                    return Ok(Attempt::Restart);
-                }
-            }
-        }
-        StatusCode::OK => {
-            // The server ignored Range (or there was none): the body is the whole file.
-            if offset > 0 {
-                truncate(part)?;
-                start = 0;
-                bar.set_position(0);
-            }
-            if let (Some(expected), Some(announced)) = (expected_size, response.content_length())
-                && expected != announced
-            {
-                return Ok(Attempt::Permanent(SourceError::SizeMismatch {
-                    expected,
-                    actual: announced,
-                }));
-            }
-        }
-        StatusCode::RANGE_NOT_SATISFIABLE if offset > 0 => {
-            truncate(part)?;
-            return Ok(Attempt::Restart);
-        }
-        status if retry::is_transient(status) => {
-            let wait = retry::retry_after(response.headers());
-            return Ok(Attempt::Failed(
-                Failure {
-                    kind: FailureKind::Status(status.as_u16()),
-                    received: 0,
-                },
-                wait,
-            ));
-        }
-        status => {
-            return Ok(Attempt::Permanent(SourceError::Status {
-                code: status.as_u16(),
-                attempts: 1,
-            }));
-        }
-    }
+    let start = match resume_at(&response, part, offset, expected_size, bar)? {
+        Ok(start) => start,
+        Err(attempt) => return Ok(attempt),
+    };
 
     // The digest covers the kept prefix, then every byte as it arrives.
     let mut hasher = match start {
@@ -286,6 +226,82 @@ async fn receive(
         ),
         Some(other) => other,
     })
+}
+
+/// Where this answer's body starts in the file: the offset asked for (a range answer that
+/// fits), or 0 (the whole file again); or, instead, how the attempt ends (a status to retry
+/// or refuse, a range to start over without, a size that is not the locked one).
+fn resume_at(
+    response: &reqwest::Response,
+    part: &Path,
+    offset: u64,
+    expected_size: Option<u64>,
+    bar: &ProgressBar,
+) -> Result<Result<u64, Attempt>, SourceError> {
+    let mut start = offset;
+    match response.status() {
+        StatusCode::PARTIAL_CONTENT if offset > 0 => {
+            let range = response
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_content_range);
+            match range {
+                Some((first, total)) if first == offset => {
+                    if let (Some(expected), Some(total)) = (expected_size, total)
+                        && expected != total
+                    {
+                        return Ok(Err(Attempt::Permanent(SourceError::SizeMismatch {
+                            expected,
+                            actual: total,
+                        })));
+                    }
+                }
+                // Not the part we asked for: start over without Range.
+                _ => {
+                    truncate(part)?;
+                    return Ok(Err(Attempt::Restart));
+                }
+            }
+        }
+        StatusCode::OK => {
+            // The server ignored Range (or there was none): the body is the whole file.
+            if offset > 0 {
+                truncate(part)?;
+                start = 0;
+                bar.set_position(0);
+            }
+            if let (Some(expected), Some(announced)) = (expected_size, response.content_length())
+                && expected != announced
+            {
+                return Ok(Err(Attempt::Permanent(SourceError::SizeMismatch {
+                    expected,
+                    actual: announced,
+                })));
+            }
+        }
+        StatusCode::RANGE_NOT_SATISFIABLE if offset > 0 => {
+            truncate(part)?;
+            return Ok(Err(Attempt::Restart));
+        }
+        status if retry::is_transient(status) => {
+            let wait = retry::retry_after(response.headers());
+            return Ok(Err(Attempt::Failed(
+                Failure {
+                    kind: FailureKind::Status(status.as_u16()),
+                    received: 0,
+                },
+                wait,
+            )));
+        }
+        status => {
+            return Ok(Err(Attempt::Permanent(SourceError::Status {
+                code: status.as_u16(),
+                attempts: 1,
+            })));
+        }
+    }
+    Ok(Ok(start))
 }
 
 /// Builder and redirect errors will not get better by retrying; the rest might.

@@ -636,18 +636,7 @@ impl Run<'_> {
                         // A source (a mirror, tried first) that served wrong bytes is named
                         // even though another then worked: it will fail someone offline.
                         let mut item = fetched(path, provenance, origin, bytes_downloaded);
-                        for bad in attempts.iter().filter(|a| a.is_damage()) {
-                            let line = format!("{} served bad bytes ({})", bad.url, bad.error);
-                            self.progress
-                                .println(&commstack_digest::terminal_safe_capped(
-                                    &format!(
-                                        "WARNING {}: {line}; fetched from {label} instead",
-                                        artifact.filename
-                                    ),
-                                    4096,
-                                ));
-                            item.bad_sources.push(line);
-                        }
+                        item.bad_sources = self.name_bad_sources(artifact, &label, &attempts);
                         return Ok(item);
                     }
                     Verdict::RetryFromScratch => {
@@ -664,6 +653,30 @@ impl Run<'_> {
         }
         bar.abandon_with_message("failed");
         Err(failure(attempts))
+    }
+
+    /// The sources tried before `label` that served wrong bytes, each said as a warning:
+    /// a mirror tried first that is damaged will fail someone offline.
+    fn name_bad_sources(
+        &self,
+        artifact: &Artifact,
+        label: &str,
+        attempts: &[SourceFailure],
+    ) -> Vec<String> {
+        let mut named = Vec::new();
+        for bad in attempts.iter().filter(|a| a.is_damage()) {
+            let line = format!("{} served bad bytes ({})", bad.url, bad.error);
+            self.progress
+                .println(&commstack_digest::terminal_safe_capped(
+                    &format!(
+                        "WARNING {}: {line}; fetched from {label} instead",
+                        artifact.filename
+                    ),
+                    4096,
+                ));
+            named.push(line);
+        }
+        named
     }
 
     /// The artifact as a previous run cached it. An archive accepted by tree hash (a tree

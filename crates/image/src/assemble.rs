@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::base::Base;
 use crate::docker_archive::{ImageSpec, archive_manifest, image_config, rfc3339};
 use crate::layer::{Layer, Owner, write_layer_owned};
-use crate::plan::{LayerKind, plan_layers};
+use crate::plan::{LayerKind, PlannedLayer, plan_layers};
 use crate::provenance::{Claims, LayerSource, Origin, provenance};
 use crate::sbom::{Component, ComponentKind, SbomDocument, spdx_json};
 use crate::venv::{
@@ -193,6 +193,27 @@ struct Checked {
 }
 
 fn check(inputs: &ImageInputs) -> Result<Checked> {
+    let (epoch, base) = check_base(inputs)?;
+    let (house, closure, dropin, deepep) = check_wheelhouse(inputs)?;
+    let tools = check_tools(inputs)?;
+    let constraints = house.dir.join(CONSTRAINTS_FILE);
+    let constraints_sha256 = commstack_digest::sha256_file(&constraints)
+        .context("the wheelhouse has no constraints.txt: run `cargo xtask build deepep`")?;
+    Ok(Checked {
+        epoch,
+        base,
+        house,
+        closure,
+        dropin,
+        deepep,
+        tools,
+        constraints,
+        constraints_sha256,
+    })
+}
+
+/// The lock as given (its sha256), and the base step of its epoch and exactly its debs.
+fn check_base(inputs: &ImageInputs) -> Result<(u64, Base)> {
     let lock = &inputs.lock;
     let base_lock = lock.base.as_ref().with_context(|| {
         format!(
@@ -246,7 +267,15 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
             lock.debs.len()
         );
     }
+    Ok((base_lock.epoch, base))
+}
 
+/// The full wheelhouse, holding exactly the lock's wheels (sha256 checked), the drop-in
+/// and DeepEP: (the wheelhouse, the lock's closure, the drop-in, DeepEP).
+fn check_wheelhouse(
+    inputs: &ImageInputs,
+) -> Result<(Wheelhouse, Vec<LockedWheel>, LockedWheel, LockedWheel)> {
+    let lock = &inputs.lock;
     let house = Wheelhouse::open(&inputs.wheelhouse_dir).context(
         "the wheelhouse step output is missing: run `cargo xtask build deepep` to assemble it",
     )?;
@@ -308,6 +337,11 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
             );
         }
     }
+    Ok((house, closure, dropin, deepep))
+}
+
+/// Our own tools, each under the image's own directory, with its sha256.
+fn check_tools(inputs: &ImageInputs) -> Result<Vec<(Tool, String)>> {
     let mut tools = Vec::new();
     for t in &inputs.tools {
         if !t.image_path.starts_with(&format!("/{OWN_DIR}/")) || t.image_path.contains("/../") {
@@ -326,20 +360,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
         })?;
         tools.push((t.clone(), sha));
     }
-    let constraints = house.dir.join(CONSTRAINTS_FILE);
-    let constraints_sha256 = commstack_digest::sha256_file(&constraints)
-        .context("the wheelhouse has no constraints.txt: run `cargo xtask build deepep`")?;
-    Ok(Checked {
-        epoch: base_lock.epoch,
-        base,
-        house,
-        closure,
-        dropin,
-        deepep,
-        tools,
-        constraints,
-        constraints_sha256,
-    })
+    Ok(tools)
 }
 
 /// Assembles (or finds) the image step. Nothing is tagged or loaded here: see
@@ -453,63 +474,16 @@ fn build_image(
     c.base.check_layer()?;
     let steps = store.root().join("steps");
     let plan = plan_layers(&c.closure, &c.dropin, &c.deepep, inputs.large_wheel_bytes)?;
-    let base_claims: Claims = c
-        .base
-        .manifest
-        .files
-        .iter()
-        .map(|(p, o)| (p.clone(), Origin::Base { origin: o.clone() }))
-        .collect();
+    let lower = LowerLayers {
+        store,
+        c,
+        layout,
+        user,
+        layout_json,
+        steps: &steps,
+    };
     // (planned layer, written layer, its claims); the own layer comes last, below.
-    let mut built: Vec<(ImageLayer, Layer, Claims)> = Vec::new();
-    for (i, planned) in plan.iter().enumerate() {
-        progress(&format!(
-            "layer {}/{}: {}",
-            i + 1,
-            plan.len(),
-            planned.holds
-        ));
-        let (layer, claims) = match &planned.kind {
-            LayerKind::Base => (c.base.layer(), base_claims.clone()),
-            LayerKind::Wheels { .. } => {
-                let step_inputs = json!({
-                    "recipe": IMAGE_RECIPE, "epoch": c.epoch, "layout": layout_json,
-                    "wheels": planned.wheels.iter().map(|w| json!([w.filename, w.sha256])).collect::<Vec<_>>(),
-                });
-                layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
-                    Ok((install_wheels(tree, layout, &planned.wheels)?, vec![]))
-                })?
-            }
-            LayerKind::Skeleton => {
-                let passwd = String::from_utf8(c.base.read_file("etc/passwd")?)?;
-                let group = String::from_utf8(c.base.read_file("etc/group")?)?;
-                let step_inputs = json!({
-                    "recipe": IMAGE_RECIPE, "epoch": c.epoch, "layout": layout_json,
-                    "passwd": commstack_digest::sha256_hex(&passwd),
-                    "group": commstack_digest::sha256_hex(&group),
-                });
-                let source = format!(
-                    "{LAYER_STEP} {}",
-                    StepKey::new(LAYER_STEP, &step_inputs).dir_name()
-                );
-                layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
-                    write_skeleton(tree, layout, user, &passwd, &group, &source)
-                })?
-            }
-            LayerKind::Own => continue,
-        };
-        built.push((
-            ImageLayer {
-                holds: planned.holds.clone(),
-                kind: planned.kind.clone(),
-                diff_id: layer.diff_id.clone(),
-                size: layer.size,
-                file: relative_to(&layer.path, &steps),
-            },
-            layer,
-            claims,
-        ));
-    }
+    let mut built = lower.build(progress, &plan)?;
 
     // The SBOM, then provenance (which names the SBOM's sha256), then the top layer.
     let sbom = spdx_json(&SbomDocument {
@@ -520,6 +494,106 @@ fn build_image(
         components: components(inputs, c),
     });
     let source = format!("{IMAGE_STEP} {}", key.dir_name());
+    let own = own_files(inputs, c, &sbom, &source);
+    let own_holds = plan.last().map(|p| p.holds.clone()).unwrap_or_default();
+    let (top, provenance_json) = top_layer(store, c, own, own_holds, &built, &steps)?;
+    built.push(top);
+    write_image(out, inputs, c, user, tag, built, &sbom, &provenance_json)
+}
+
+/// A layer as the image step keeps it: as planned, as written, what it claims.
+type BuiltLayer = (ImageLayer, Layer, Claims);
+
+/// What the layers below the top one are made from.
+struct LowerLayers<'a> {
+    store: &'a Store,
+    c: &'a Checked,
+    layout: &'a VenvLayout,
+    user: &'a ImageUser,
+    layout_json: &'a serde_json::Value,
+    steps: &'a Path,
+}
+
+impl LowerLayers<'_> {
+    /// The base, the wheels' and the skeleton's layers of `plan`, each a store step.
+    fn build(&self, progress: &dyn Fn(&str), plan: &[PlannedLayer]) -> Result<Vec<BuiltLayer>> {
+        let LowerLayers {
+            store,
+            c,
+            layout,
+            user,
+            layout_json,
+            steps,
+        } = *self;
+        let base_claims: Claims = c
+            .base
+            .manifest
+            .files
+            .iter()
+            .map(|(p, o)| (p.clone(), Origin::Base { origin: o.clone() }))
+            .collect();
+        // (planned layer, written layer, its claims); the own layer comes last, below.
+        let mut built: Vec<(ImageLayer, Layer, Claims)> = Vec::new();
+        for (i, planned) in plan.iter().enumerate() {
+            progress(&format!(
+                "layer {}/{}: {}",
+                i + 1,
+                plan.len(),
+                planned.holds
+            ));
+            let (layer, claims) = match &planned.kind {
+                LayerKind::Base => (c.base.layer(), base_claims.clone()),
+                LayerKind::Wheels { .. } => {
+                    let step_inputs = json!({
+                        "recipe": IMAGE_RECIPE, "epoch": c.epoch, "layout": layout_json,
+                        "wheels": planned.wheels.iter().map(|w| json!([w.filename, w.sha256])).collect::<Vec<_>>(),
+                    });
+                    layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
+                        Ok((install_wheels(tree, layout, &planned.wheels)?, vec![]))
+                    })?
+                }
+                LayerKind::Skeleton => {
+                    let passwd = String::from_utf8(c.base.read_file("etc/passwd")?)?;
+                    let group = String::from_utf8(c.base.read_file("etc/group")?)?;
+                    let step_inputs = json!({
+                        "recipe": IMAGE_RECIPE, "epoch": c.epoch, "layout": layout_json,
+                        "passwd": commstack_digest::sha256_hex(&passwd),
+                        "group": commstack_digest::sha256_hex(&group),
+                    });
+                    let source = format!(
+                        "{LAYER_STEP} {}",
+                        StepKey::new(LAYER_STEP, &step_inputs).dir_name()
+                    );
+                    layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
+                        write_skeleton(tree, layout, user, &passwd, &group, &source)
+                    })?
+                }
+                LayerKind::Own => continue,
+            };
+            built.push((
+                ImageLayer {
+                    holds: planned.holds.clone(),
+                    kind: planned.kind.clone(),
+                    diff_id: layer.diff_id.clone(),
+                    size: layer.size,
+                    file: relative_to(&layer.path, steps),
+                },
+                layer,
+                claims,
+            ));
+        }
+        Ok(built)
+    }
+}
+
+/// The top layer's files, each with its origin: our tools, stack.lock, constraints.txt,
+/// the SBOM and (written later, it names the others) provenance.json.
+fn own_files(
+    inputs: &ImageInputs,
+    c: &Checked,
+    sbom: &str,
+    source: &str,
+) -> BTreeMap<String, (Origin, OwnFile)> {
     let mut own: BTreeMap<String, (Origin, OwnFile)> = BTreeMap::new();
     let mut put = |path: String, name: &str, sha: Option<String>, src: String, file: OwnFile| {
         own.insert(
@@ -539,7 +613,7 @@ fn build_image(
             t.image_path.trim_start_matches('/').to_string(),
             &t.name,
             Some(sha.clone()),
-            t.source.clone(),
+            t.source.to_string(),
             OwnFile::Copy(t.host_path.clone(), true),
         );
     }
@@ -567,23 +641,35 @@ fn build_image(
     put(
         format!("{OWN_DIR}/sbom.spdx.json"),
         "sbom.spdx.json",
-        Some(commstack_digest::sha256_hex(&sbom)),
-        source.clone(),
-        OwnFile::Bytes(sbom.clone().into_bytes()),
+        Some(commstack_digest::sha256_hex(sbom)),
+        source.to_string(),
+        OwnFile::Bytes(sbom.as_bytes().to_vec()),
     );
     // provenance.json cannot hold its own sha256.
     put(
         format!("{OWN_DIR}/provenance.json"),
         "provenance.json",
         None,
-        source.clone(),
+        source.to_string(),
         OwnFile::Bytes(Vec::new()),
     );
+    own
+}
+
+/// The top layer (a store step): `own`, with provenance.json written over every layer
+/// (`built` and the top one). Returns it and provenance.json.
+fn top_layer(
+    store: &Store,
+    c: &Checked,
+    mut own: BTreeMap<String, (Origin, OwnFile)>,
+    own_holds: String,
+    built: &[BuiltLayer],
+    steps: &Path,
+) -> Result<(BuiltLayer, String)> {
     let own_claims: Claims = own
         .iter()
         .map(|(p, (o, _))| (p.clone(), o.clone()))
         .collect();
-    let own_holds = plan.last().map(|p| p.holds.clone()).unwrap_or_default();
     let mut sources: Vec<LayerSource> = built
         .iter()
         .map(|(il, l, claims)| LayerSource {
@@ -624,18 +710,35 @@ fn build_image(
         top_claims == own_claims,
         "the top layer's claims differ from its provenance: a bug in the image step"
     );
-    built.push((
-        ImageLayer {
-            holds: own_holds,
-            kind: LayerKind::Own,
-            diff_id: top.diff_id.clone(),
-            size: top.size,
-            file: relative_to(&top.path, &steps),
-        },
-        top,
-        top_claims,
-    ));
+    Ok((
+        (
+            ImageLayer {
+                holds: own_holds,
+                kind: LayerKind::Own,
+                diff_id: top.diff_id.clone(),
+                size: top.size,
+                file: relative_to(&top.path, steps),
+            },
+            top,
+            top_claims,
+        ),
+        provenance_json,
+    ))
+}
 
+/// The image step's files: config.json, manifest.json (docker-archive), the SBOM,
+/// provenance.json and image.json.
+#[allow(clippy::too_many_arguments)]
+fn write_image(
+    out: &Path,
+    inputs: &ImageInputs,
+    c: &Checked,
+    user: &ImageUser,
+    tag: &str,
+    built: Vec<BuiltLayer>,
+    sbom: &str,
+    provenance_json: &str,
+) -> Result<()> {
     let layers: Vec<Layer> = built.iter().map(|(_, l, _)| l.clone()).collect();
     let spec = ImageSpec {
         tag: tag.to_string(),
@@ -654,8 +757,8 @@ fn build_image(
         out.join("manifest.json"),
         archive_manifest(&spec, &config_hex, &layers),
     )?;
-    fs::write(out.join("sbom.spdx.json"), &sbom)?;
-    fs::write(out.join("provenance.json"), &provenance_json)?;
+    fs::write(out.join("sbom.spdx.json"), sbom)?;
+    fs::write(out.join("provenance.json"), provenance_json)?;
     let manifest = ImageManifest {
         schema: 1,
         id: format!("sha256:{config_hex}"),

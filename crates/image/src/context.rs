@@ -133,13 +133,7 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
     // Renamed away: nothing left for the guard to remove.
     let _ = temp.keep();
     // Tagged last, so a failure above leaves no name behind.
-    let tagged = docker(&["tag", &base_id, &base_tag])?;
-    if !tagged.status.success() {
-        bail!(
-            "docker tag {base_id} {base_tag}: {}",
-            String::from_utf8_lossy(&tagged.stderr).trim()
-        );
-    }
+    crate::load::docker_ok("docker tag", &["tag", &base_id, &base_tag])?;
     Ok(DockerContext {
         dir: dir.to_path_buf(),
         base_tag,

@@ -28,6 +28,11 @@ pub(crate) fn docker(args: &[&str]) -> Result<std::process::Output> {
     })
 }
 
+/// `docker ARGS`, which must succeed: a failure is a [`commstack_exec::CommandFailed`].
+pub(crate) fn docker_ok(what: &str, args: &[&str]) -> Result<std::process::Output> {
+    commstack_exec::output(what, Command::new("docker").args(args))
+}
+
 /// What a load sent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Loaded {
@@ -77,13 +82,7 @@ pub fn docker_load_with(image: &Image, early: Option<EarlyLoad>) -> Result<Loade
 }
 
 fn tag(id: &str, tag: &str) -> Result<()> {
-    let tagged = docker(&["tag", id, tag])?;
-    if !tagged.status.success() {
-        bail!(
-            "docker tag {id} {tag}: {}",
-            String::from_utf8_lossy(&tagged.stderr).trim()
-        );
-    }
+    docker_ok("docker tag", &["tag", id, tag])?;
     Ok(())
 }
 
@@ -311,15 +310,17 @@ fn ended(child: Child, written: Result<DockerArchive>, id: &str, what: &Path) ->
     let out = child.wait_with_output().context("docker load")?;
     let said = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        bail!(
-            "docker load of {} failed: {}{}",
-            what.display(),
-            String::from_utf8_lossy(&out.stderr).trim(),
-            written
-                .err()
-                .map(|e| format!(" (writing: {e:#})"))
-                .unwrap_or_default()
+        let what = format!("docker load of {}", what.display());
+        let failed = commstack_exec::CommandFailed::from_output(
+            &what,
+            Command::new("docker").arg("load"),
+            &out,
         );
+        return Err(match written {
+            // What writing its input met may be why (or a consequence): said under it.
+            Err(e) => e.context("writing its input").context(failed),
+            Ok(_) => failed.into(),
+        });
     }
     let loaded = said
         .lines()

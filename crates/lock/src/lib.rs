@@ -79,6 +79,54 @@ pub async fn lock(
         arch: stack.target.arch.as_str().to_string(),
         glibc: stack.target.glibc,
     };
+    let closure = resolve_closure(stack, &client, &target, progress).await?;
+    let facts = torch_facts(stack, &closure)?;
+    let outcomes = rules::check_resolved(stack, &facts);
+    fail_on_violations(&outcomes)?;
+    let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
+    let sources = sources(stack, &nvshmem_version)?;
+    // The toolchain runs on the build host: same arch, the host's glibc floor.
+    let cuda = facts
+        .torch_cuda
+        .clone()
+        .expect("checked by rule torch-cuda-major");
+    let toolchain = resolve_toolchain(stack, &client, &target, &cuda, progress).await?;
+    let mut lock = lock_of(
+        stack, &target, &facts, &outcomes, sources, &closure, &toolchain,
+    )?;
+    if let Some(request) = &base_request {
+        progress.step(&format!(
+            "resolving the base: {} {} {}, essential + {} (mirror {})",
+            stack.target.base.name,
+            request.suite,
+            request.architecture,
+            request.include.join(", "),
+            request.mirror
+        ));
+        let (base, debs) = lock_base(stack, request).await?;
+        progress.step(&format!("{} Debian packages in the base", debs.len()));
+        lock.base = Some(base);
+        lock.debs = debs;
+    }
+    let s = &client.stats;
+    let requests = [&s.pages, &s.metadata_files, &s.metadata_from_wheel]
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    Ok(Locked {
+        lock,
+        seconds: started.elapsed().as_secs_f64(),
+        requests,
+    })
+}
+
+/// torch at the stack's version and the extra requirements, resolved for the target.
+async fn resolve_closure(
+    stack: &Stack,
+    client: &IndexClient,
+    target: &TargetPlatform,
+    progress: &dyn Progress,
+) -> Result<Resolution> {
     let mut requirements = vec![
         Requirement::from_str(&format!("torch=={}", stack.torch.version))
             .context("torch requirement")?,
@@ -91,9 +139,9 @@ pub async fn lock(
         target.platform_tag(),
         stack.resolve.index_url
     ));
-    check_torch_exists(stack, &client).await?;
+    check_torch_exists(stack, client).await?;
     let closure = commstack_resolve::resolve(
-        &client,
+        client,
         &Request {
             requirements,
             target: target.clone(),
@@ -107,18 +155,17 @@ pub async fn lock(
         "{} packages in the target closure",
         closure.packages.len()
     ));
+    Ok(closure)
+}
 
-    let facts = torch_facts(stack, &closure)?;
-    let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
-    let outcomes = rules::check_resolved(stack, &facts);
-    fail_on_violations(&outcomes)?;
-    let sources = sources(stack, &nvshmem_version)?;
-
-    // The toolchain runs on the build host: same arch, the host's glibc floor.
-    let cuda = facts
-        .torch_cuda
-        .clone()
-        .expect("checked by rule torch-cuda-major");
+/// The build toolchain for the host: torch's CUDA compiler wheels, cmake and ninja.
+async fn resolve_toolchain(
+    stack: &Stack,
+    client: &IndexClient,
+    target: &TargetPlatform,
+    cuda: &Version,
+    progress: &dyn Progress,
+) -> Result<Resolution> {
     let host = TargetPlatform {
         python: target.python,
         arch: target.arch.clone(),
@@ -134,7 +181,7 @@ pub async fn lock(
         stack.toolchain.cmake, stack.toolchain.ninja
     ));
     let toolchain = commstack_resolve::resolve(
-        &client,
+        client,
         &Request {
             requirements: tool_reqs,
             target: host,
@@ -144,7 +191,24 @@ pub async fn lock(
     )
     .await
     .context("resolving the build toolchain")?;
+    Ok(toolchain)
+}
 
+/// The lock of what was resolved (without its base).
+fn lock_of(
+    stack: &Stack,
+    target: &TargetPlatform,
+    facts: &Facts,
+    outcomes: &[rules::Outcome],
+    sources: Vec<commstack_stack::lock::Source>,
+    closure: &Resolution,
+    toolchain: &Resolution,
+) -> Result<Lock> {
+    let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
+    let cuda = facts
+        .torch_cuda
+        .clone()
+        .expect("checked by rule torch-cuda-major");
     let nvshmem_pin = facts.torch_nvshmem.clone();
     let packages = closure
         .packages
@@ -166,7 +230,7 @@ pub async fn lock(
             stack.torch.version
         )
     })?;
-    let mut lock = Lock {
+    Ok(Lock {
         version: LOCK_VERSION,
         inputs: Inputs {
             stack: stack.fingerprint(),
@@ -204,30 +268,6 @@ pub async fn lock(
         toolchain: toolchain.packages.iter().map(wheel).collect(),
         base: None,
         debs: Vec::new(),
-    };
-    if let Some(request) = &base_request {
-        progress.step(&format!(
-            "resolving the base: {} {} {}, essential + {} (mirror {})",
-            stack.target.base.name,
-            request.suite,
-            request.architecture,
-            request.include.join(", "),
-            request.mirror
-        ));
-        let (base, debs) = lock_base(stack, request).await?;
-        progress.step(&format!("{} Debian packages in the base", debs.len()));
-        lock.base = Some(base);
-        lock.debs = debs;
-    }
-    let s = &client.stats;
-    let requests = [&s.pages, &s.metadata_files, &s.metadata_from_wheel]
-        .iter()
-        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-        .sum();
-    Ok(Locked {
-        lock,
-        seconds: started.elapsed().as_secs_f64(),
-        requests,
     })
 }
 

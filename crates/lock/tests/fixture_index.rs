@@ -439,7 +439,7 @@ async fn an_nvshmem_version_other_than_torchs_needs_an_override() {
     });
     let err = format!("{:#}", lock(&s).await.unwrap_err());
     assert!(
-        err.contains("nvshmem.version is 3.3.24 but torch 2.11.0 pins nvidia-nvshmem-cu13==3.4.5"),
+        err.contains("the stack builds NVSHMEM 3.3.24 but torch pins nvidia-nvshmem-cu13==3.4.5"),
         "{err}"
     );
     let allowed = stack(&url, |t| {

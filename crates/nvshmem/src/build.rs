@@ -16,6 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use commstack_exec::CommandFailed;
 use commstack_store::{FixedDir, Outcome, StepKey, Store};
 use commstack_toolchain::Toolchain;
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,6 @@ use crate::cmake::{INSTALL_PREFIX, RdmaCore, build_env_extra, cmake_defines, fin
 use crate::env::hermetic_env;
 use crate::options::NvshmemOptions;
 use crate::proof::{Expected, Proof, prove};
-use crate::run::{CommandFailed, run_logged};
 use crate::source::{copy_tree, source_version};
 use crate::wheelset::{self, Selection};
 
@@ -152,10 +152,8 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
         Ok(o) => o,
         Err(err) => {
             // The log moved with the failed step: point at where it is now.
-            let log = err
-                .chain()
-                .find_map(|e| e.downcast_ref::<CommandFailed>())
-                .and_then(|f| f.log.file_name().map(PathBuf::from));
+            let log = CommandFailed::in_chain(&err)
+                .and_then(|f| f.log.as_ref()?.file_name().map(PathBuf::from));
             return Err(match log {
                 Some(name) => err.context(format!(
                     "full log: {}",
@@ -316,125 +314,33 @@ fn run_build(
     let fixed = FixedDir::acquire(key)?;
     let work = fixed.path().to_path_buf();
     (req.progress)(&format!("building in {}", work.display()));
-    let Configured {
-        toolchain,
-        build,
-        destdir,
-        defines,
-        env,
-        configure_s,
-        dropped,
-    } = configure_in(&work, logs, req, rdma)?;
+    let configured = configure_in(&work, logs, req, rdma)?;
     let sh = Shell::new()?;
     sh.change_dir(&work);
-    let (cmake, ninja, jobs) = (
-        &toolchain.cmake,
-        &toolchain.ninja,
-        req.jobs.max(1).to_string(),
-    );
     let mut timings = Timings {
-        configure_s,
+        configure_s: configured.configure_s,
         ..Default::default()
     };
     // The default asks ninja for the wheel's set; static-lib builds NVSHMEM's `all`.
     let selection = if req.options.static_lib {
         None
     } else {
-        let mut selection = wheelset::select(|target| {
-            let text = cmd!(sh, "{ninja} -C {build} -t query {target}")
-                .env_clear()
-                .envs(&env)
-                .quiet()
-                .read()
-                .with_context(|| {
-                    format!("`ninja -t query {target}` failed in {}", build.display())
-                })?;
-            Ok(text)
-        })?;
-        if dropped.is_empty() {
-            (req.progress)(
-                "note: the schedule hook dropped nothing (this NVSHMEM does not make nvshmem_host wait \
-                 for nvshmem_device_project-build): the build is correct, only not faster",
-            );
-        }
-        selection.dropped_dependencies = dropped;
-        selection.schedule_hook_sha256 = Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
-            wheelset::SCHEDULE_HOOK,
-        )));
-        Some(selection)
+        Some(select_targets(&sh, &configured, req)?)
     };
-    let targets: &[String] = selection.as_ref().map_or(&[], |s| &s.targets);
-    let what = match &selection {
-        Some(s) => format!(
-            "{} targets, leaving out {}",
-            s.targets.len(),
-            s.left_out.join(", ")
-        ),
-        None => "everything, the static library too".to_string(),
-    };
-    (req.progress)(&format!(
-        "building {what} (ninja -j {jobs}); log: {}",
-        logs.join("build.log").display()
-    ));
-    let ninja_cmd = cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
-        .env_clear()
-        .envs(&env);
-    let shown = ninja_cmd.to_string();
-    let built = crate::run::run_command_with_progress(
-        ninja_cmd.into(),
-        &format!("$ {shown}\n"),
-        &shown,
-        &logs.join("build.log"),
-        "ninja build",
-        Some(req.progress),
-    );
-    keep_ninja_logs(&build, logs);
-    timings.build_s = built?;
-
+    timings.build_s = ninja_build(&sh, &configured, selection.as_ref(), logs, req)?;
     let prefix = out.join(INSTALL_DIR);
-    if let Some(selection) = &selection {
-        (req.progress)("installing lib/ and include/ ...");
-        let started = std::time::Instant::now();
-        wheelset::install(&build, &work.join("src"), selection, &prefix)?;
-        timings.install_s = started.elapsed().as_secs_f64();
-    } else {
-        (req.progress)("installing (cmake --install) ...");
-        timings.install_s = run_logged(
-            cmd!(sh, "{cmake} --install {build}")
-                .env_clear()
-                .envs(&env)
-                .env("DESTDIR", &destdir),
-            &logs.join("install.log"),
-            "cmake --install",
-        )?;
-        let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
-        // Across filesystems (the fixed directory and the store): copy, not rename.
-        if !installed.is_dir() {
-            bail!(
-                "the install left nothing at {} (see logs/install.log)",
-                installed.display()
-            );
-        }
-        copy_tree(&installed, &prefix)?;
-        wheelset::set_modes(&prefix)?;
-    }
-    drop(fixed);
-
-    let expected_vars: BTreeMap<String, String> = defines
-        .iter()
-        .filter(|(k, _)| k.starts_with("NVSHMEM_") || k.ends_with("_HOME"))
-        .cloned()
-        .collect();
-    let sass = req.options.sass_archs();
-    let proof = prove(
+    timings.install_s = install(
+        &sh,
+        &configured,
+        &work,
+        selection.as_ref(),
         &prefix,
-        &Expected {
-            vars: &expected_vars,
-            sass_archs: &sass,
-            source_version: version,
-        },
+        logs,
+        req,
     )?;
-
+    drop(fixed);
+    let Configured { defines, env, .. } = configured;
+    let proof = prove_install(&prefix, &defines, req, version)?;
     Ok(BuildReport {
         schema: 1,
         step: key.dir_name(),
@@ -455,6 +361,136 @@ fn run_build(
         selection,
         proof,
     })
+}
+
+/// The wheel's set of ninja targets, asked of ninja (`-t query`), with what the schedule
+/// hook dropped.
+fn select_targets(sh: &Shell, c: &Configured, req: &BuildRequest<'_>) -> Result<Selection> {
+    let (ninja, build, env) = (&c.toolchain.ninja, &c.build, &c.env);
+    let mut selection = wheelset::select(|target| {
+        let text = cmd!(sh, "{ninja} -C {build} -t query {target}")
+            .env_clear()
+            .envs(env)
+            .quiet()
+            .read()
+            .with_context(|| format!("`ninja -t query {target}` failed in {}", build.display()))?;
+        Ok(text)
+    })?;
+    if c.dropped.is_empty() {
+        (req.progress)(
+            "note: the schedule hook dropped nothing (this NVSHMEM does not make nvshmem_host wait \
+             for nvshmem_device_project-build): the build is correct, only not faster",
+        );
+    }
+    selection.dropped_dependencies = c.dropped.clone();
+    selection.schedule_hook_sha256 = Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        wheelset::SCHEDULE_HOOK,
+    )));
+    Ok(selection)
+}
+
+/// ninja over `selection`'s targets (everything without one), its output in
+/// `logs/build.log`; its .ninja_logs kept, also after a failure. Returns seconds taken.
+fn ninja_build(
+    sh: &Shell,
+    c: &Configured,
+    selection: Option<&Selection>,
+    logs: &Path,
+    req: &BuildRequest<'_>,
+) -> Result<f64> {
+    let (ninja, build, env) = (&c.toolchain.ninja, &c.build, &c.env);
+    let jobs = req.jobs.max(1).to_string();
+    let targets: &[String] = selection.map_or(&[], |s| &s.targets);
+    let what = match selection {
+        Some(s) => format!(
+            "{} targets, leaving out {}",
+            s.targets.len(),
+            s.left_out.join(", ")
+        ),
+        None => "everything, the static library too".to_string(),
+    };
+    (req.progress)(&format!(
+        "building {what} (ninja -j {jobs}); log: {}",
+        logs.join("build.log").display()
+    ));
+    let ninja_cmd = cmd!(sh, "{ninja} -C {build} -j {jobs} {targets...}")
+        .env_clear()
+        .envs(env);
+    let shown = ninja_cmd.to_string();
+    let built = commstack_exec::run_logged_with_progress(
+        ninja_cmd.into(),
+        &format!("$ {shown}\n"),
+        &logs.join("build.log"),
+        "ninja build",
+        Some(req.progress),
+    );
+    keep_ninja_logs(build, logs);
+    built
+}
+
+/// The build installed into `prefix`: the wheel's set copied out of the build tree, or
+/// (static-lib) `cmake --install` into a DESTDIR. Returns seconds taken.
+fn install(
+    sh: &Shell,
+    c: &Configured,
+    work: &Path,
+    selection: Option<&Selection>,
+    prefix: &Path,
+    logs: &Path,
+    req: &BuildRequest<'_>,
+) -> Result<f64> {
+    let (cmake, build, env, destdir) = (&c.toolchain.cmake, &c.build, &c.env, &c.destdir);
+    if let Some(selection) = selection {
+        (req.progress)("installing lib/ and include/ ...");
+        let started = std::time::Instant::now();
+        wheelset::install(build, &work.join("src"), selection, prefix)?;
+        Ok(started.elapsed().as_secs_f64())
+    } else {
+        (req.progress)("installing (cmake --install) ...");
+        let seconds = run_logged(
+            cmd!(sh, "{cmake} --install {build}")
+                .env_clear()
+                .envs(env)
+                .env("DESTDIR", destdir),
+            &logs.join("install.log"),
+            "cmake --install",
+        )?;
+        let installed = destdir.join(INSTALL_PREFIX.trim_start_matches('/'));
+        // Across filesystems (the fixed directory and the store): copy, not rename.
+        if !installed.is_dir() {
+            bail!(
+                "the install left nothing at {} (see logs/install.log)",
+                installed.display()
+            );
+        }
+        copy_tree(&installed, prefix)?;
+        wheelset::set_modes(prefix)?;
+        Ok(seconds)
+    }
+}
+
+/// The install proven from its ELF files: the build variables the defines asked for,
+/// the SASS archs, the source's version.
+fn prove_install(
+    prefix: &Path,
+    defines: &[(String, String)],
+    req: &BuildRequest<'_>,
+    version: &str,
+) -> Result<Proof> {
+    let expected_vars: BTreeMap<String, String> = defines
+        .iter()
+        .filter(|(k, _)| k.starts_with("NVSHMEM_") || k.ends_with("_HOME"))
+        .cloned()
+        .collect();
+    let sass = req.options.sass_archs();
+    prove(
+        prefix,
+        &Expected {
+            vars: &expected_vars,
+            sass_archs: &sass,
+            source_version: version,
+        },
+    )
 }
 
 /// Keep every `.ninja_log` of the build tree (NVSHMEM's device library is a nested
@@ -480,4 +516,11 @@ fn keep_ninja_logs(build: &Path, logs: &Path) {
         };
         let _ = fs::create_dir_all(&dest).and_then(|_| fs::copy(entry.path(), dest.join(&name)));
     }
+}
+
+/// Run an xshell command with its output in `log` (the command line first): see
+/// [`commstack_exec::run_logged`]. Returns seconds taken.
+fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
+    let shown = cmd.to_string();
+    commstack_exec::run_logged(cmd.into(), &format!("$ {shown}\n"), log, what)
 }

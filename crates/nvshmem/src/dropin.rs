@@ -44,6 +44,44 @@ pub fn dropin_distribution(cuda_major: u32) -> String {
     format!("nvidia-nvshmem-cu{cuda_major}")
 }
 
+/// Rule `nvshmem-version-matches-torch` for the wheel, as the lock decides it
+/// ([`commstack_stack::rules::nvshmem_matches_torch_pin`]): None when NVSHMEM
+/// `nvshmem_version` is torch's pin; the wheel's OVERRIDE note when it is not and the spec
+/// allows it; else the error.
+fn version_note(nvshmem_version: &str, spec: &DropInSpec) -> Result<Option<String>> {
+    use commstack_stack::rules::{RuleId, nvshmem_matches_torch_pin};
+    let build: pep440_rs::Version = nvshmem_version.parse().map_err(|e| {
+        anyhow::anyhow!(
+            "the NVSHMEM source's version {nvshmem_version:?} is not a PEP 440 version: {e}"
+        )
+    })?;
+    let pin_version = spec.torch_pin.parse().map_err(|e| {
+        anyhow::anyhow!(
+            "torch's NVSHMEM pin {:?} is not a PEP 440 version: {e}",
+            spec.torch_pin
+        )
+    })?;
+    let pin = commstack_stack::Pin::new(dropin_distribution(spec.cuda_major), pin_version);
+    let Err(conflict) = nvshmem_matches_torch_pin(&build, &pin) else {
+        return Ok(None);
+    };
+    let rule = RuleId::NvshmemMatchesTorch.as_str();
+    if !spec.allow_version_mismatch {
+        bail!(
+            "{conflict} [rule {rule}]. The drop-in wheel carries torch's version {pin_version}: build NVSHMEM \
+             {pin_version} (nvshmem.version = \"match-torch\"), or allow rule {rule} (resolve.allow in \
+             stack.toml, or --allow-version-mismatch) to ship NVSHMEM {build} under it (torch's \
+             libtorch_nvshmem was compiled against {pin_version}; its device code and the host library must \
+             agree, so test before use)",
+            pin_version = pin.version
+        );
+    }
+    Ok(Some(format!(
+        "OVERRIDE: contains NVSHMEM {build} under torch's pinned version {}; torch was built against it [rule {rule} allowed]",
+        pin.version
+    )))
+}
+
 /// `commstack.g1a2b3c4`: starts with a letter so PEP 440 normalisation keeps it as is
 /// (numeric segments lose leading zeros).
 pub fn local_label(build_hash: &str) -> String {
@@ -76,26 +114,7 @@ pub fn build_dropin_wheel(
     force: bool,
 ) -> Result<(DropIn, Outcome)> {
     let nvshmem_version = built.report.source.version.clone();
-    let mut notes = Vec::new();
-    if nvshmem_version != spec.torch_pin {
-        if !spec.allow_version_mismatch {
-            bail!(
-                "the stack builds NVSHMEM {nvshmem_version} but torch pins {}=={}: a wheel of {nvshmem_version} does not \
-                 satisfy torch's requirement, so pip would install NVIDIA's wheel beside it and the process would hold two \
-                 NVSHMEMs. Build NVSHMEM {} (match torch), or set the explicit override to ship {nvshmem_version} under \
-                 torch's version number (torch's libtorch_nvshmem was compiled against {}; its device code and the host \
-                 library must agree, so test before use)",
-                dropin_distribution(spec.cuda_major),
-                spec.torch_pin,
-                spec.torch_pin,
-                spec.torch_pin
-            );
-        }
-        notes.push(format!(
-            "OVERRIDE: contains NVSHMEM {nvshmem_version} under torch's pinned version {}; torch was built against {}",
-            spec.torch_pin, spec.torch_pin
-        ));
-    }
+    let mut notes: Vec<String> = version_note(&nvshmem_version, spec)?.into_iter().collect();
     if built.report.options.bitcode_llvm.is_none() {
         notes.push(
             "no libnvshmem_device.bc: torch's Triton NVSHMEM kernels (symmetric memory, NVSHMEM backend) cannot load it; \
@@ -253,5 +272,52 @@ mod tests {
         // torch's `==3.4.5` accepts it (PEP 440: a local version matches its public one).
         let spec: pep440_rs::VersionSpecifier = "==3.4.5".parse().unwrap();
         assert!(spec.contains(&v));
+    }
+
+    /// The wheel decides torch's version rule as the lock does, in the lock's words: a
+    /// stack the lock accepted is not refused here, nor the other way round.
+    #[test]
+    fn the_version_rule_is_the_locks() {
+        use commstack_stack::rules::nvshmem_matches_torch_pin;
+        let spec = |pin: &str, allow: bool| DropInSpec {
+            cuda_major: 13,
+            torch_pin: pin.into(),
+            allow_version_mismatch: allow,
+        };
+        let rule = |build: &str, pin: &str| {
+            nvshmem_matches_torch_pin(
+                &build.parse().unwrap(),
+                &commstack_stack::Pin::new("nvidia-nvshmem-cu13", pin.parse().unwrap()),
+            )
+        };
+        assert_eq!(version_note("3.4.5", &spec("3.4.5", false)).unwrap(), None);
+        // The lock compares release segments: a post release of the pin is the same NVSHMEM.
+        assert!(rule("3.4.5", "3.4.5.post1").is_ok());
+        assert_eq!(
+            version_note("3.4.5", &spec("3.4.5.post1", false)).unwrap(),
+            None
+        );
+        // Another version: refused with the lock's sentence, and the ways out.
+        let err = version_note("3.3.24", &spec("3.4.5", false))
+            .unwrap_err()
+            .to_string();
+        let conflict = rule("3.3.24", "3.4.5").unwrap_err();
+        assert!(err.starts_with(&conflict), "{err}");
+        assert!(
+            err.contains("[rule nvshmem-version-matches-torch]")
+                && err.contains("--allow-version-mismatch"),
+            "{err}"
+        );
+        // Allowed: shipped with a note that says so.
+        let note = version_note("3.3.24", &spec("3.4.5", true))
+            .unwrap()
+            .unwrap();
+        assert!(
+            note.starts_with("OVERRIDE: contains NVSHMEM 3.3.24"),
+            "{note}"
+        );
+        // A pin that is no version is an error naming it, not a mismatch.
+        let err = version_note("3.4.5", &spec("three", false)).unwrap_err();
+        assert!(err.to_string().contains("\"three\""), "{err}");
     }
 }

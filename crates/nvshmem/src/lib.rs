@@ -18,7 +18,6 @@ mod dropin;
 pub mod env;
 mod options;
 mod proof;
-mod run;
 mod source;
 mod switches;
 pub mod wheelset;
@@ -38,6 +37,5 @@ pub use dropin::{
 };
 pub use options::{FIXED_OFF, NvshmemOptions, UNUSED_HOME};
 pub use proof::{Proof, parse_build_options_h};
-pub use run::{CommandFailed, first_error_lines, run_command, run_command_with_progress};
 pub use source::{copy_tree, source_version};
 pub use switches::Switches;

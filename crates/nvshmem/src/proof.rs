@@ -64,8 +64,55 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
         .with_context(|| format!("no NVSHMEM host library at {}", host_path.display()))?;
     let info = host.nvshmem_host_info()?;
     let mut failures = Vec::new();
+    let (use_nccl, option_mismatches) = check_build_vars(&host_rel, &info, expected, &mut failures);
+    let (build_options_h, build_options_h_mismatches) =
+        check_build_options_h(prefix, expected, &mut failures)?;
+    let (libnccl_hits, needs) = scan_libraries(prefix, &mut failures)?;
+    // 4. The version the library reports is the source's.
+    let version = info.version.map(|v| v.to_string());
+    if version.as_deref() != Some(expected.source_version) {
+        failures.push(format!(
+            "{host_rel} reports NVSHMEM {version:?}, the source is {}",
+            expected.source_version
+        ));
+    }
 
-    // 1. The build-variable string: NCCL off, every option as asked, nothing unmapped.
+    let (sass_found, ptx_found) = check_device_code(prefix, &host_rel, expected, &mut failures)?;
+
+    // 6. glibc / libstdc++ symbol versions -> manylinux tag.
+    let glibc = elf::newest_glibc(&needs);
+    let glibcxx = elf::newest_glibcxx(&needs);
+    let manylinux = elf::ManylinuxTag::for_glibc(glibc.as_ref(), "x86_64").pep600();
+
+    Ok(Proof {
+        host_library: host_rel,
+        build_vars_raw: info.build_vars.raw.clone(),
+        build_vars: info.build_vars.vars.clone(),
+        use_nccl,
+        option_mismatches,
+        build_options_h,
+        build_options_h_mismatches,
+        libnccl_hits,
+        version,
+        source_version: expected.source_version.to_string(),
+        sass_expected: expected.sass_archs.to_vec(),
+        sass_found,
+        ptx_found,
+        newest_glibc: glibc.map(|v| v.to_string()),
+        newest_glibcxx: glibcxx.map(|v| v.to_string()),
+        manylinux,
+        failures,
+    })
+}
+
+/// Check 1, the build-variable string: NCCL off, every option as asked, nothing
+/// unmapped. Returns NVSHMEM_USE_NCCL's value and the options that differ.
+fn check_build_vars(
+    host_rel: &str,
+    info: &elf::NvshmemHostInfo,
+    expected: &Expected<'_>,
+    failures: &mut Vec<String>,
+) -> (String, Vec<String>) {
     let use_nccl = info.build_vars.get(elf::USE_NCCL).unwrap_or("").to_string();
     if use_nccl != "OFF" {
         failures.push(format!(
@@ -87,8 +134,16 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
             failures.push(format!("{host_rel}: {key} is in the build-variable string but the recipe does not set it (a new NVSHMEM option? map it)"));
         }
     }
+    (use_nccl, option_mismatches)
+}
 
-    // 2. The installed nvshmem_build_options.h agrees with the switches.
+/// Check 2, the installed nvshmem_build_options.h agrees with the switches. Returns what
+/// it defines and how it differs.
+fn check_build_options_h(
+    prefix: &Path,
+    expected: &Expected<'_>,
+    failures: &mut Vec<String>,
+) -> Result<(BTreeMap<String, bool>, Vec<String>)> {
     let header = prefix.join("include/non_abi/nvshmem_build_options.h");
     let build_options_h = parse_build_options_h(
         &fs::read_to_string(&header)
@@ -115,8 +170,15 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
             .iter()
             .map(|m| format!("include/non_abi/nvshmem_build_options.h: {m}")),
     );
+    Ok((build_options_h, build_options_h_mismatches))
+}
 
-    // 3. No libnccl name anywhere in the libraries (NVIDIA's NCCL build dlopens it by name).
+/// Check 3, no libnccl name anywhere in the libraries (NVIDIA's NCCL build dlopens it by
+/// name). Returns the names found and the symbol versions lib/ needs.
+fn scan_libraries(
+    prefix: &Path,
+    failures: &mut Vec<String>,
+) -> Result<(Vec<String>, Vec<elf::NeededVersion>)> {
     let mut libnccl_hits = Vec::new();
     let mut needs = Vec::new();
     for file in library_files(prefix)? {
@@ -143,20 +205,23 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
         }
     }
     failures.extend(libnccl_hits.iter().map(|h| format!("libnccl named in {h}")));
+    Ok((libnccl_hits, needs))
+}
 
-    // 4. The version the library reports is the source's.
-    let version = info.version.map(|v| v.to_string());
-    if version.as_deref() != Some(expected.source_version) {
-        failures.push(format!(
-            "{host_rel} reports NVSHMEM {version:?}, the source is {}",
-            expected.source_version
-        ));
-    }
+/// Architectures, by library (relative to the prefix).
+type ArchsByLibrary = BTreeMap<String, Vec<u32>>;
 
-    // 5. SASS for exactly the architectures asked, in the device library.
+/// Check 5, SASS for exactly the architectures asked, in the device library. Returns the
+/// SASS and PTX archs of each library.
+fn check_device_code(
+    prefix: &Path,
+    host_rel: &str,
+    expected: &Expected<'_>,
+    failures: &mut Vec<String>,
+) -> Result<(ArchsByLibrary, ArchsByLibrary)> {
     let mut sass_found = BTreeMap::new();
     let mut ptx_found = BTreeMap::new();
-    for rel in ["lib/libnvshmem_device.a".to_string(), host_rel.clone()] {
+    for rel in ["lib/libnvshmem_device.a".to_string(), host_rel.to_string()] {
         let path = prefix.join(&rel);
         if !path.is_file() {
             continue;
@@ -176,31 +241,7 @@ pub fn prove(prefix: &Path, expected: &Expected<'_>) -> Result<Proof> {
         )),
         None => failures.push("no lib/libnvshmem_device.a in the install".into()),
     }
-
-    // 6. glibc / libstdc++ symbol versions -> manylinux tag.
-    let glibc = elf::newest_glibc(&needs);
-    let glibcxx = elf::newest_glibcxx(&needs);
-    let manylinux = elf::ManylinuxTag::for_glibc(glibc.as_ref(), "x86_64").pep600();
-
-    Ok(Proof {
-        host_library: host_rel,
-        build_vars_raw: info.build_vars.raw.clone(),
-        build_vars: info.build_vars.vars.clone(),
-        use_nccl,
-        option_mismatches,
-        build_options_h,
-        build_options_h_mismatches,
-        libnccl_hits,
-        version,
-        source_version: expected.source_version.to_string(),
-        sass_expected: expected.sass_archs.to_vec(),
-        sass_found,
-        ptx_found,
-        newest_glibc: glibc.map(|v| v.to_string()),
-        newest_glibcxx: glibcxx.map(|v| v.to_string()),
-        manylinux,
-        failures,
-    })
+    Ok((sass_found, ptx_found))
 }
 
 /// `#define X` -> (X, true), `/* #undef X */` -> (X, false): the lines CMake's

@@ -9,32 +9,15 @@ use std::process::Command;
 
 use common::*;
 use commstack_nvshmem::{
-    BuildRequest, DropInSpec, NvshmemOptions, build, build_dropin_wheel, configure_only,
-    env::resolve_passthrough,
+    BuildRequest, Built, DropIn, DropInSpec, NvshmemOptions, build, build_dropin_wheel,
+    configure_only, env::resolve_passthrough, wheelset::Selection,
 };
 use commstack_store::Store;
 use commstack_wheel::{Wheel, parse_record, record_hash};
 
 #[test]
 fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
-    // The calling process exports what NVSHMEM's CMake would take as defaults. This test
-    // is alone in its binary, so changing the process environment is safe.
-    for (k, v) in [
-        ("NVSHMEM_USE_NCCL", "1"),
-        ("NVSHMEM_MPI_SUPPORT", "1"),
-        ("NVSHMEM_IBGDA_SUPPORT", "0"),
-        ("NVSHMEM_BUILD_TESTS", "1"),
-        ("NVSHMEM_PREFIX", "/evil/prefix"),
-        ("NCCL_HOME", "/evil/nccl"),
-        ("NCCL_DEBUG", "INFO"),
-        ("CUDA_HOME", "/evil/cuda"),
-        ("CMAKE_GENERATOR", "Unix Makefiles"),
-        ("CFLAGS", "-DEVIL_CFLAGS"),
-        ("NVSHMEM_DISABLE_NVLS", "1"),
-    ] {
-        unsafe { std::env::set_var(k, v) };
-    }
-
+    set_hostile_environment();
     let tmp = tempfile::tempdir().unwrap();
     let tc = fixture_toolchain(tmp.path());
     let store = Store::open(tmp.path().join("store")).unwrap();
@@ -58,58 +41,8 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
 
     let first = build(&store, &req, false).unwrap();
     assert!(!first.outcome.was_cached());
-    let proof = &first.report.proof;
-    assert!(proof.passed(), "{:#?}", proof.failures);
-    assert_eq!(proof.use_nccl, "OFF");
-    assert_eq!(proof.build_vars["NVSHMEM_MPI_SUPPORT"], "OFF");
-    assert_eq!(proof.build_vars["NVSHMEM_IBGDA_SUPPORT"], "ON");
-    assert_eq!(proof.build_vars["NVSHMEM_PREFIX"], "/opt/commstack/nvshmem");
-    assert_eq!(
-        proof.build_vars["CUDA_HOME"],
-        tc.cuda_home.display().to_string()
-    );
-    assert_eq!(
-        proof.build_vars["NCCL_HOME"],
-        "/nonexistent/commstack-unused/nccl"
-    );
-    assert!(!proof.build_options_h["NVSHMEM_BUILD_TESTS"]);
-    assert_eq!(proof.version.as_deref(), Some("3.4.5"));
-    assert_eq!(proof.sass_found["lib/libnvshmem_device.a"], vec![90, 100]);
-    assert!(proof.libnccl_hits.is_empty());
-    assert!(
-        proof.manylinux.starts_with("manylinux_2_") && proof.newest_glibc.is_some(),
-        "{}",
-        proof.manylinux
-    );
-    assert!(first.outcome.path().join("build-report.json").is_file());
-    assert!(first.outcome.path().join("logs/build.log").is_file());
-
-    // The default builds only the wheel's set: NVSHMEM's `all` minus the static library
-    // and nvshmem-info, installed without NVSHMEM's install rules.
-    let sel = first
-        .report
-        .selection
-        .as_ref()
-        .expect("the default selects targets");
-    assert_eq!(
-        sel.left_out,
-        ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]
-    );
-    assert!(
-        sel.targets
-            .iter()
-            .any(|t| t == "src/lib/libnvshmem_host.so"),
-        "{sel:?}"
-    );
-    let log = fs::read_to_string(first.outcome.path().join("logs/build.log")).unwrap();
-    assert!(
-        log.contains("libnvshmem_host.so")
-            && !log.contains("libnvshmem.a")
-            && !log.contains("nvshmem-info"),
-        "{log}"
-    );
-    assert!(!first.prefix.join("lib/libnvshmem.a").exists());
-    assert!(!first.prefix.join("bin").exists());
+    check_proof(&first, &tc);
+    let sel = check_wheel_set(&first);
 
     // static-lib = true: NVSHMEM's whole `all` and its own install. Its lib/ and include/
     // hold the same bytes plus the static library, so the default loses nothing else.
@@ -136,6 +69,112 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     assert!(full.report.selection.is_none());
     assert!(full.prefix.join("lib/libnvshmem.a").is_file());
     assert!(full.prefix.join("bin/nvshmem-info").is_file());
+    check_same_bytes_but_the_static_library(&first, &full);
+    check_schedule_hook(&sel, &full, &req, &with_static, tmp.path());
+    check_nothing_leaked(&first, &full);
+
+    // Same inputs: nothing runs. --force: it runs again.
+    let second = build(&store, &req, false).unwrap();
+    assert!(second.outcome.was_cached());
+    assert_eq!(second.report, first.report);
+    assert_eq!(second.outcome.path(), first.outcome.path());
+    let forced = build(&store, &req, true).unwrap();
+    assert!(!forced.outcome.was_cached());
+    // A changed option is another step.
+    let mut other = options.clone();
+    other.switches.set("nvtx", false);
+    let req2 = BuildRequest {
+        options: &other,
+        ..req
+    };
+    assert_ne!(commstack_nvshmem::build_key(&req2).unwrap().0, first.key);
+
+    let (dropin, label) = check_dropin(&store, &forced);
+    check_pip_installs(tmp.path(), &dropin, &label);
+}
+
+/// The calling process exports what NVSHMEM's CMake would take as defaults. This test
+/// is alone in its binary, so changing the process environment is safe.
+fn set_hostile_environment() {
+    for (k, v) in [
+        ("NVSHMEM_USE_NCCL", "1"),
+        ("NVSHMEM_MPI_SUPPORT", "1"),
+        ("NVSHMEM_IBGDA_SUPPORT", "0"),
+        ("NVSHMEM_BUILD_TESTS", "1"),
+        ("NVSHMEM_PREFIX", "/evil/prefix"),
+        ("NCCL_HOME", "/evil/nccl"),
+        ("NCCL_DEBUG", "INFO"),
+        ("CUDA_HOME", "/evil/cuda"),
+        ("CMAKE_GENERATOR", "Unix Makefiles"),
+        ("CFLAGS", "-DEVIL_CFLAGS"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ] {
+        unsafe { std::env::set_var(k, v) };
+    }
+}
+
+/// NCCL off, every option as asked, the archs, no libnccl, a manylinux tag, the logs.
+fn check_proof(first: &Built, tc: &commstack_toolchain::Toolchain) {
+    let proof = &first.report.proof;
+    assert!(proof.passed(), "{:#?}", proof.failures);
+    assert_eq!(proof.use_nccl, "OFF");
+    assert_eq!(proof.build_vars["NVSHMEM_MPI_SUPPORT"], "OFF");
+    assert_eq!(proof.build_vars["NVSHMEM_IBGDA_SUPPORT"], "ON");
+    assert_eq!(proof.build_vars["NVSHMEM_PREFIX"], "/opt/commstack/nvshmem");
+    assert_eq!(
+        proof.build_vars["CUDA_HOME"],
+        tc.cuda_home.display().to_string()
+    );
+    assert_eq!(
+        proof.build_vars["NCCL_HOME"],
+        "/nonexistent/commstack-unused/nccl"
+    );
+    assert!(!proof.build_options_h["NVSHMEM_BUILD_TESTS"]);
+    assert_eq!(proof.version.as_deref(), Some("3.4.5"));
+    assert_eq!(proof.sass_found["lib/libnvshmem_device.a"], vec![90, 100]);
+    assert!(proof.libnccl_hits.is_empty());
+    assert!(
+        proof.manylinux.starts_with("manylinux_2_") && proof.newest_glibc.is_some(),
+        "{}",
+        proof.manylinux
+    );
+    assert!(first.outcome.path().join("build-report.json").is_file());
+    assert!(first.outcome.path().join("logs/build.log").is_file());
+}
+
+/// The default builds only the wheel's set: NVSHMEM's `all` minus the static library
+/// and nvshmem-info, installed without NVSHMEM's install rules.
+fn check_wheel_set(first: &Built) -> Selection {
+    let sel = first
+        .report
+        .selection
+        .clone()
+        .expect("the default selects targets");
+    assert_eq!(
+        sel.left_out,
+        ["src/bin/nvshmem-info", "src/lib/libnvshmem.a"]
+    );
+    assert!(
+        sel.targets
+            .iter()
+            .any(|t| t == "src/lib/libnvshmem_host.so"),
+        "{sel:?}"
+    );
+    let log = fs::read_to_string(first.outcome.path().join("logs/build.log")).unwrap();
+    assert!(
+        log.contains("libnvshmem_host.so")
+            && !log.contains("libnvshmem.a")
+            && !log.contains("nvshmem-info"),
+        "{log}"
+    );
+    assert!(!first.prefix.join("lib/libnvshmem.a").exists());
+    assert!(!first.prefix.join("bin").exists());
+    sel
+}
+
+/// The static-lib build's lib/ and include/ hold the default's bytes plus the static
+/// library; the default's modes are NVSHMEM's own.
+fn check_same_bytes_but_the_static_library(first: &Built, full: &Built) {
     // (include/fixture holds each build's own environment, with its own paths.)
     let ours = tree_digest(&first.prefix, &["lib", "include"]);
     let mut theirs = tree_digest(&full.prefix, &["lib", "include"]);
@@ -163,8 +202,16 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
             "{k}: mode {mode:o}, want {want:o}"
         );
     }
+}
 
-    // The default also drops nvshmem_host's wait for the device step (a scheduling
+/// The default drops nvshmem_host's wait for the device step; static-lib keeps it.
+fn check_schedule_hook(
+    sel: &Selection,
+    full: &Built,
+    req: &BuildRequest<'_>,
+    with_static: &NvshmemOptions,
+    tmp: &std::path::Path,
+) {
     // change: the bytes above are the same). In the configured graph its objects no
     // longer wait for that step, and its link still reads libnvshmem_device.a; without
     // the hook (static-lib) they wait.
@@ -179,19 +226,19 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
             .all(|(k, _)| k != "CMAKE_PROJECT_INCLUDE")
     );
     let order_deps = |opts: &NvshmemOptions, dir: &str| {
-        let cfg = tmp.path().join(dir);
+        let cfg = tmp.join(dir);
         configure_only(
             &BuildRequest {
                 options: opts,
                 python3: req.python3.clone(),
                 passthrough: req.passthrough.clone(),
-                ..req
+                ..*req
             },
             &cfg,
         )
         .unwrap();
         let query = |t: &str| {
-            run(Command::new(&tc.ninja)
+            run(Command::new(&req.toolchain.ninja)
                 .arg("-C")
                 .arg(cfg.join("build"))
                 .args(["-t", "query", t]))
@@ -200,15 +247,17 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
         assert!(link.contains("src/lib/libnvshmem_device.a"), "{link}");
         query("cmake_object_order_depends_target_nvshmem_host")
     };
-    let hooked = order_deps(&options, "configured-default");
+    let hooked = order_deps(req.options, "configured-default");
     assert!(!hooked.contains("nvshmem_device_project"), "{hooked}");
-    let upstream = order_deps(&with_static, "configured-static");
+    let upstream = order_deps(with_static, "configured-static");
     assert!(
         upstream.contains("nvshmem_device_project-build"),
         "{upstream}"
     );
+}
 
-    // What the build saw: nothing of the hostile environment but the passthrough.
+/// What the build saw: nothing of the hostile environment but the passthrough.
+fn check_nothing_leaked(first: &Built, full: &Built) {
     for (file, prefix) in ["configure-env.txt", "build-env.txt"]
         .into_iter()
         .flat_map(|f| [(f, &first.prefix), (f, &full.prefix)])
@@ -240,32 +289,19 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
         fs::read_to_string(first.prefix.join("git_commit.txt")).unwrap(),
         "commstack source tree sha256:fixture\n"
     );
+}
 
-    // Same inputs: nothing runs. --force: it runs again.
-    let second = build(&store, &req, false).unwrap();
-    assert!(second.outcome.was_cached());
-    assert_eq!(second.report, first.report);
-    assert_eq!(second.outcome.path(), first.outcome.path());
-    let forced = build(&store, &req, true).unwrap();
-    assert!(!forced.outcome.was_cached());
-    // A changed option is another step.
-    let mut other = options.clone();
-    other.switches.set("nvtx", false);
-    let req2 = BuildRequest {
-        options: &other,
-        ..req
-    };
-    assert_ne!(commstack_nvshmem::build_key(&req2).unwrap().0, first.key);
-
-    // The drop-in wheel.
+/// The drop-in wheel of `forced`: named and tagged as torch's pin, NVIDIA's selection of
+/// files, cached, refused for another pin. Returns it and the build's label.
+fn check_dropin(store: &Store, forced: &Built) -> (DropIn, String) {
     let spec = DropInSpec {
         cuda_major: 13,
         torch_pin: "3.4.5".into(),
         allow_version_mismatch: false,
     };
-    let (dropin, outcome) = build_dropin_wheel(&store, &forced, &spec, false).unwrap();
+    let (dropin, outcome) = build_dropin_wheel(store, forced, &spec, false).unwrap();
     assert!(!outcome.was_cached());
-    let label = &forced.key.hash[..7];
+    let label = forced.key.hash[..7].to_string();
     assert!(
         dropin.filename.starts_with(&format!(
             "nvidia_nvshmem_cu13-3.4.5+commstack.g{label}-py3-none-manylinux"
@@ -306,7 +342,7 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
     }
     Wheel::open(&dropin.wheel).unwrap().verify().unwrap();
     assert!(
-        build_dropin_wheel(&store, &forced, &spec, false)
+        build_dropin_wheel(store, forced, &spec, false)
             .unwrap()
             .1
             .was_cached()
@@ -315,16 +351,19 @@ fn hostile_environment_still_builds_nccl_off_cached_and_ships_a_wheel() {
         torch_pin: "3.3.20".into(),
         ..spec.clone()
     };
-    let err = build_dropin_wheel(&store, &forced, &other_pin, false)
+    let err = build_dropin_wheel(store, forced, &other_pin, false)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("torch pins nvidia-nvshmem-cu13==3.3.20"),
         "{err}"
     );
+    (dropin, label)
+}
 
-    // pip installs it; the RECORD it keeps verifies; the library is ours.
-    let venv = tmp.path().join("venv");
+/// pip installs it; the RECORD it keeps verifies; the library is ours.
+fn check_pip_installs(tmp: &std::path::Path, dropin: &DropIn, label: &str) {
+    let venv = tmp.join("venv");
     run(Command::new("python3")
         .args(["-m", "venv", "--without-pip"])
         .arg(&venv));

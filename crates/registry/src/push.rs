@@ -444,21 +444,9 @@ pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Push
     let missing: Vec<Blob> = missing.into_iter().map(|(b, _)| b).collect();
 
     // Every blob to send is checked first: a damaged layout sends nothing.
-    let to_check: u64 = missing.iter().map(|b| b.size).sum();
-    if to_check > 0 {
-        let bar = blob_bar(&progress, "checking digests", to_check);
-        let blobs = missing.clone();
-        let hashing = bar.clone();
-        tokio::task::spawn_blocking(move || {
-            blobs
-                .iter()
-                .try_for_each(|b| verify_blob(b, &|n| hashing.inc(n)))
-        })
+    check_blobs(&missing, &progress)
         .await
-        .context("the digest check stopped")?
         .with_context(|| format!("refusing to push {} to {}", dir.display(), target.name()))?;
-        bar.finish_and_clear();
-    }
 
     futures::stream::iter(missing.iter())
         .map(|blob| {
@@ -526,6 +514,26 @@ pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Push
         uploaded: missing.into_iter().map(|b| b.digest).collect(),
         present: present.into_iter().map(|(b, _)| b.digest).collect(),
     })
+}
+
+/// Each of `blobs` against its digest, off the async threads, with a progress bar.
+async fn check_blobs(blobs: &[Blob], progress: &Progress) -> Result<()> {
+    let to_check: u64 = blobs.iter().map(|b| b.size).sum();
+    if to_check == 0 {
+        return Ok(());
+    }
+    let bar = blob_bar(progress, "checking digests", to_check);
+    let blobs = blobs.to_vec();
+    let hashing = bar.clone();
+    tokio::task::spawn_blocking(move || {
+        blobs
+            .iter()
+            .try_for_each(|b| verify_blob(b, &|n| hashing.inc(n)))
+    })
+    .await
+    .context("the digest check stopped")??;
+    bar.finish_and_clear();
+    Ok(())
 }
 
 /// A blob's file as a stream of 1 MiB pieces, counted on `bar`.

@@ -13,17 +13,19 @@
 
 mod candidates;
 mod provider;
+mod resolution;
 
 use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
-use commstack_pypi::{IndexClient, IndexFile, TargetPlatform};
+use commstack_pypi::{IndexClient, TargetPlatform};
 use pep440_rs::Version;
-use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, PackageName, Requirement};
+use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement};
 use pubgrub::PubGrubError;
 
 use crate::provider::{Pkg, Provider};
+pub use crate::resolution::{Resolution, Resolved};
 
 /// What to resolve.
 #[derive(Clone, Debug)]
@@ -34,29 +36,6 @@ pub struct Request {
     pub python_full: (u64, u64, u64),
     /// Ignore files uploaded after this time.
     pub exclude_newer: Option<jiff::Timestamp>,
-}
-
-/// One resolved package.
-#[derive(Clone, Debug)]
-pub struct Resolved {
-    pub name: PackageName,
-    pub version: Version,
-    /// The wheel chosen for the target (best platform tag).
-    pub wheel: IndexFile,
-    /// Packages this one requires in the target, after markers and the extras in use.
-    pub requires: Vec<PackageName>,
-}
-
-#[derive(Debug)]
-pub struct Resolution {
-    /// Sorted by name.
-    pub packages: Vec<Resolved>,
-}
-
-impl Resolution {
-    pub fn get(&self, name: &str) -> Option<&Resolved> {
-        self.packages.iter().find(|p| p.name.as_ref() == name)
-    }
 }
 
 /// The marker environment of a CPython on Linux.

@@ -17,7 +17,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
 use crate::candidates::Candidates;
-use crate::{Resolution, Resolved};
+use crate::resolution::{Resolution, Resolved};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pkg {

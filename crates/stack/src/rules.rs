@@ -322,7 +322,7 @@ fn glibc_within_base(stack: &Stack, _: &Facts) -> Outcome {
 fn torch_cuda_major(stack: &Stack, facts: &Facts) -> Outcome {
     let torch = &stack.torch.version;
     match &facts.torch_cuda {
-        Some(cuda) if cuda.release()[0] == stack.torch.cuda_major => {
+        Some(cuda) if same_cuda_major(cuda, stack.torch.cuda_major) => {
             ok(RuleId::TorchCudaMajor, format!("torch {torch} is built for CUDA {cuda}"))
         }
         Some(cuda) => violation(
@@ -396,18 +396,20 @@ fn nvshmem_matches_torch(stack: &Stack, facts: &Facts) -> Outcome {
             }
         };
     };
-    match facts.nvshmem_build.as_ref() {
-        Some(b) if b.release() == pin.version.release() => ok(
+    match facts
+        .nvshmem_build
+        .as_ref()
+        .map(|b| (b, nvshmem_matches_torch_pin(b, pin)))
+    {
+        Some((b, Ok(()))) => ok(
             RuleId::NvshmemMatchesTorch,
             format!("NVSHMEM {b} is torch's pin {pin}"),
         ),
-        Some(b) => violation(
+        Some((b, Err(conflict))) => violation(
             stack,
             RuleId::NvshmemMatchesTorch,
             "nvshmem.version",
-            format!(
-                "nvshmem.version is {b} but torch {torch} pins {pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
-            ),
+            conflict,
             Some(("torch.version", format!("torch {torch} is chosen here"))),
             format!(
                 "use nvshmem.version = \"match-torch\", or a torch that pins {b}, or allow rule {} if you accept what it breaks",
@@ -476,12 +478,14 @@ fn deepep_v2_torch(stack: &Stack, _: &Facts) -> Outcome {
 /// DeepEP V1 against NVSHMEM >= 3.3.20 needs the RDC fix, decided from the sources.
 fn deepep_v1_rdc_fix(stack: &Stack, facts: &Facts) -> Outcome {
     let v2 = stack.deepep.api == DeepEpApi::V2;
-    let sensitive: Version = NVSHMEM_RDC_SENSITIVE.parse().unwrap();
-    match (v2, facts.nvshmem_build.as_ref(), facts.deepep_rdc_fix) {
+    let nv = facts.nvshmem_build.as_ref();
+    match (v2, nv, facts.deepep_rdc_fix) {
         (true, _, _) => not_applicable(RuleId::DeepEpV1RdcFix, "DeepEP V2".into()),
-        (false, Some(nv), _) if *nv < sensitive => ok(
+        (false, Some(nv), _) if !nvshmem_needs_rdc_fix(Some(nv)) => ok(
             RuleId::DeepEpV1RdcFix,
-            format!("NVSHMEM {nv} < {sensitive} does not define the IBGDA state itself"),
+            format!(
+                "NVSHMEM {nv} < {NVSHMEM_RDC_SENSITIVE} does not define the IBGDA state itself"
+            ),
         ),
         (false, _, Some(true)) => ok(
             RuleId::DeepEpV1RdcFix,
@@ -491,18 +495,14 @@ fn deepep_v1_rdc_fix(stack: &Stack, facts: &Facts) -> Outcome {
             stack,
             RuleId::DeepEpV1RdcFix,
             "deepep.rev",
-            format!(
-                "DeepEP {} does not force RDC in csrc/kernels/configs.cuh, and NVSHMEM {} defines nvshmemi_ibgda_device_state_d: the link fails with `multiple definition of nvshmemi_ibgda_device_state_d`",
-                stack.deepep.rev,
-                nv.map(|v| v.to_string())
-                    .unwrap_or_else(|| "(unknown)".into())
-            ),
+            missing_rdc_fix(&format!("DeepEP {}", stack.deepep.rev), nv),
             Some((
                 "nvshmem.version",
                 "the NVSHMEM version is chosen here".into(),
             )),
             format!(
-                "use DeepEP 567632d (the last V1 commit, includes the fix of 29d31c0), or NVSHMEM < {sensitive}, or allow rule {}",
+                "{}, or allow rule {}",
+                rdc_fix_ways_out(),
                 RuleId::DeepEpV1RdcFix.as_str()
             ),
         ),
@@ -515,7 +515,7 @@ fn deepep_v1_rdc_fix(stack: &Stack, facts: &Facts) -> Outcome {
 
 /// DeepEP V1 on CUDA 13 needs libcu++'s new include directory; recorded for the build.
 fn deepep_v1_cccl(stack: &Stack, _: &Facts) -> Outcome {
-    if stack.deepep.api != DeepEpApi::V2 && stack.torch.cuda_major >= 13 {
+    if stack.deepep.api != DeepEpApi::V2 && libcxx_under_cccl(stack.torch.cuda_major) {
         Outcome {
             rule: RuleId::DeepEpV1Cccl,
             status: Status::Applies,
@@ -525,6 +525,57 @@ fn deepep_v1_cccl(stack: &Stack, _: &Facts) -> Outcome {
     } else {
         not_applicable(RuleId::DeepEpV1Cccl, "not DeepEP V1 on CUDA 13".into())
     }
+}
+
+// ---- Decided here, asked again where a build meets the real thing -----------------------
+// The lock checks the rules on what resolution found; the builds check the same rules on
+// what they are given (a source, an environment, a toolchain). Each rule's decision, and
+// the words for a conflict, live here once.
+
+/// Rule `torch-cuda-major`: is `cuda` (torch's CUDA, `13.0`) of the CUDA major `major`?
+pub fn same_cuda_major(cuda: &Version, major: u64) -> bool {
+    cuda.release().first() == Some(&major)
+}
+
+/// Rule `nvshmem-version-matches-torch`, decided and worded once (the lock's check and the
+/// drop-in wheel's build ask it): `Err` with the conflict when NVSHMEM `build` is not the
+/// version of torch's pin `pin` (release segments compared).
+pub fn nvshmem_matches_torch_pin(build: &Version, pin: &Pin) -> Result<(), String> {
+    if build.release() == pin.version.release() {
+        return Ok(());
+    }
+    Err(format!(
+        "the stack builds NVSHMEM {build} but torch pins {pin}: torch's NVSHMEM users (symmetric memory, Triton NVSHMEM kernels) would run against an NVSHMEM PyTorch did not build with, and `pip check` fails"
+    ))
+}
+
+/// Rule `deepep-v1-rdc-fix`: does DeepEP V1 built against NVSHMEM `nvshmem` need the RDC fix?
+/// An unknown version is taken to be a new one.
+pub fn nvshmem_needs_rdc_fix(nvshmem: Option<&Version>) -> bool {
+    let sensitive: Version = NVSHMEM_RDC_SENSITIVE.parse().expect("a version");
+    nvshmem.is_none_or(|v| *v >= sensitive)
+}
+
+/// Rule `deepep-v1-rdc-fix`'s conflict, for `deepep` (`DeepEP 1a2b3c4`, or the path of
+/// its configs.cuh) without the fix against NVSHMEM `nvshmem`.
+pub fn missing_rdc_fix(deepep: &str, nvshmem: Option<&Version>) -> String {
+    format!(
+        "{deepep} does not force RDC (no `#define __CUDACC_RDC__` under `#ifndef DISABLE_NVSHMEM` in csrc/kernels/configs.cuh), and NVSHMEM {} defines nvshmemi_ibgda_device_state_d itself: the link fails with `multiple definition of nvshmemi_ibgda_device_state_d`",
+        nvshmem.map_or_else(|| "(unknown version)".to_string(), |v| v.to_string())
+    )
+}
+
+/// Rule `deepep-v1-rdc-fix`'s ways out (but allowing it).
+pub fn rdc_fix_ways_out() -> String {
+    format!(
+        "use DeepEP 567632d (the last V1 commit, includes the fix of 29d31c0), or NVSHMEM < {NVSHMEM_RDC_SENSITIVE}"
+    )
+}
+
+/// Rule `deepep-v1-cccl`: from CUDA 13 on, libcu++ (`cuda/std/...`) is under
+/// `include/cccl`, which a DeepEP build must add to its include path.
+pub fn libcxx_under_cccl(cuda_major: u64) -> bool {
+    cuda_major >= 13
 }
 
 /// Does a DeepEP V1 source tree force RDC, so that NVSHMEM's device symbols are declared
@@ -637,5 +688,24 @@ mod tests {
     fn the_table_has_every_rule_once_in_id_order() {
         let ids: Vec<RuleId> = RULES.iter().map(|r| r.id).collect();
         assert_eq!(ids, RuleId::ALL);
+    }
+
+    #[test]
+    fn the_shared_decisions() {
+        let v = |s: &str| -> Version { s.parse().unwrap() };
+        assert!(same_cuda_major(&v("13.0"), 13) && !same_cuda_major(&v("12.8"), 13));
+        let pin = Pin::new("nvidia-nvshmem-cu13", v("3.4.5"));
+        assert!(nvshmem_matches_torch_pin(&v("3.4.5"), &pin).is_ok());
+        assert_eq!(
+            nvshmem_matches_torch_pin(&v("3.3.24"), &pin)
+                .unwrap_err()
+                .split(':')
+                .next(),
+            Some("the stack builds NVSHMEM 3.3.24 but torch pins nvidia-nvshmem-cu13==3.4.5")
+        );
+        assert!(nvshmem_needs_rdc_fix(Some(&v("3.3.20"))) && nvshmem_needs_rdc_fix(None));
+        assert!(!nvshmem_needs_rdc_fix(Some(&v("3.3.9"))));
+        assert!(missing_rdc_fix("DeepEP abc", None).contains("NVSHMEM (unknown version)"));
+        assert!(libcxx_under_cccl(13) && !libcxx_under_cccl(12));
     }
 }

@@ -527,7 +527,60 @@ impl Validator<'_> {
     fn image(&mut self, raw: RawImage, base: Option<&'static bases::Base>) -> Option<Image> {
         let mut ok = true;
         let distribution = base.map(|b| b.distribution());
-        let name = match &raw.name {
+        let name = self.image_name(&raw, base, &mut ok);
+        let mirror = self.image_mirror(&raw, distribution, &mut ok);
+        let keyring = self.image_keyring(&raw, distribution, &mut ok);
+        let include = self.image_include(&raw, &mut ok);
+        let user = self.image_user(&raw, &mut ok);
+        let index_max_age_days = self.image_index_max_age(&raw, &mut ok);
+        if !ok {
+            return None;
+        }
+        Some(Image {
+            name: name?,
+            mirror,
+            keyring: keyring?,
+            include,
+            user,
+            index_max_age_days,
+        })
+    }
+
+    /// image.index-max-age-days: 1 to 36500 (the default when absent).
+    fn image_index_max_age(&mut self, raw: &RawImage, ok: &mut bool) -> u32 {
+        match &raw.index_max_age_days {
+            None => DEFAULT_INDEX_MAX_AGE_DAYS,
+            Some(days) => {
+                self.span("image.index-max-age-days", days);
+                match u32::try_from(*days.get_ref()) {
+                    Ok(d) if (1..=36_500).contains(&d) => d,
+                    _ => {
+                        self.err(
+                            days.span(),
+                            format!(
+                                "image.index-max-age-days must be a number of days from 1 to 36500, got {}",
+                                days.get_ref()
+                            ),
+                            Some(format!(
+                                "the oldest a mirror's signed index without Valid-Until may be; the default is {DEFAULT_INDEX_MAX_AGE_DAYS} (docs/bounds.md)"
+                            )),
+                        );
+                        *ok = false;
+                        0
+                    }
+                }
+            }
+        }
+    }
+
+    /// image.name: a Docker repository path (default `commstack/<base>`).
+    fn image_name(
+        &mut self,
+        raw: &RawImage,
+        base: Option<&'static bases::Base>,
+        ok: &mut bool,
+    ) -> Option<String> {
+        match &raw.name {
             None => base.map(|b| format!("commstack/{}", b.name)),
             Some(n) => {
                 self.span("image.name", n);
@@ -551,12 +604,21 @@ impl Validator<'_> {
                         format!("image.name {name:?} is not a Docker image name"),
                         Some("lowercase letters, digits and . _ - in components separated by /, without a tag, e.g. \"commstack/debian-12\"".into()),
                     );
-                    ok = false;
+                    *ok = false;
                 }
                 Some(name.clone())
             }
-        };
-        let mirror = match &raw.mirror {
+        }
+    }
+
+    /// image.mirror: an http(s) URL (Debian's by default).
+    fn image_mirror(
+        &mut self,
+        raw: &RawImage,
+        distribution: Option<bases::Distribution>,
+        ok: &mut bool,
+    ) -> Option<String> {
+        match &raw.mirror {
             Some(m) => {
                 self.span("image.mirror", m);
                 let url = m.get_ref().trim_end_matches('/').to_string();
@@ -566,7 +628,7 @@ impl Validator<'_> {
                         format!("image.mirror must be an http(s) URL of a Debian or Ubuntu mirror, got {url:?}"),
                         Some(format!("e.g. \"{DEFAULT_DEBIAN_MIRROR}\" (it has dists/ and pool/)")),
                     );
-                    ok = false;
+                    *ok = false;
                 }
                 Some(url)
             }
@@ -575,8 +637,17 @@ impl Validator<'_> {
                 // No default: `lock` says why (archive.ubuntu.com is not reachable here).
                 _ => None,
             },
-        };
-        let keyring = match &raw.keyring {
+        }
+    }
+
+    /// image.keyring: an absolute path (the distribution's by default).
+    fn image_keyring(
+        &mut self,
+        raw: &RawImage,
+        distribution: Option<bases::Distribution>,
+        ok: &mut bool,
+    ) -> Option<String> {
+        match &raw.keyring {
             Some(k) => {
                 self.span("image.keyring", k);
                 if !k.get_ref().starts_with('/') {
@@ -590,7 +661,7 @@ impl Validator<'_> {
                             "e.g. \"{DEBIAN_KEYRING}\" (apt-get install debian-archive-keyring)"
                         )),
                     );
-                    ok = false;
+                    *ok = false;
                 }
                 Some(k.get_ref().clone())
             }
@@ -598,8 +669,12 @@ impl Validator<'_> {
                 bases::Distribution::Debian => DEBIAN_KEYRING.to_string(),
                 bases::Distribution::Ubuntu => UBUNTU_KEYRING.to_string(),
             }),
-        };
-        let include = match &raw.include {
+        }
+    }
+
+    /// image.include: Debian package names, each once.
+    fn image_include(&mut self, raw: &RawImage, ok: &mut bool) -> Vec<String> {
+        match &raw.include {
             None => DEFAULT_INCLUDE.iter().map(|s| s.to_string()).collect(),
             Some(list) => {
                 self.span("image.include", list);
@@ -618,18 +693,22 @@ impl Validator<'_> {
                             format!("image.include: {p:?} is not a Debian package name"),
                             Some("list binary package names only (no versions: the lock pins them), e.g. \"python3\"".into()),
                         );
-                        ok = false;
+                        *ok = false;
                     } else if out.contains(p) {
                         self.err(pkg.span(), format!("image.include lists {p:?} twice"), None);
-                        ok = false;
+                        *ok = false;
                     } else {
                         out.push(p.clone());
                     }
                 }
                 out
             }
-        };
-        let user = match &raw.user {
+        }
+    }
+
+    /// image.user: a non-root user name.
+    fn image_user(&mut self, raw: &RawImage, ok: &mut bool) -> String {
+        match &raw.user {
             None => DEFAULT_USER.to_string(),
             Some(u) => {
                 self.span("image.user", u);
@@ -645,45 +724,11 @@ impl Validator<'_> {
                         format!("image.user {name:?} is not a usable non-root user name"),
                         Some("lowercase letters, digits, _ and -, starting with a letter, at most 32 characters; not root".into()),
                     );
-                    ok = false;
+                    *ok = false;
                 }
                 name.clone()
             }
-        };
-        let index_max_age_days = match &raw.index_max_age_days {
-            None => DEFAULT_INDEX_MAX_AGE_DAYS,
-            Some(days) => {
-                self.span("image.index-max-age-days", days);
-                match u32::try_from(*days.get_ref()) {
-                    Ok(d) if (1..=36_500).contains(&d) => d,
-                    _ => {
-                        self.err(
-                            days.span(),
-                            format!(
-                                "image.index-max-age-days must be a number of days from 1 to 36500, got {}",
-                                days.get_ref()
-                            ),
-                            Some(format!(
-                                "the oldest a mirror's signed index without Valid-Until may be; the default is {DEFAULT_INDEX_MAX_AGE_DAYS} (docs/bounds.md)"
-                            )),
-                        );
-                        ok = false;
-                        0
-                    }
-                }
-            }
-        };
-        if !ok {
-            return None;
         }
-        Some(Image {
-            name: name?,
-            mirror,
-            keyring: keyring?,
-            include,
-            user,
-            index_max_age_days,
-        })
     }
 }
 

@@ -55,19 +55,11 @@ pub(crate) fn first_line_version(tool: &Path) -> Result<String> {
 
 fn run_version(tool: &Path, flag: &str) -> Result<String> {
     let sh = Shell::new()?;
-    let out = cmd!(sh, "{tool} {flag}")
-        .quiet()
-        .ignore_status()
-        .output()
-        .with_context(|| format!("cannot run {}", tool.display()))?;
-    if !out.status.success() {
-        bail!(
-            "`{} {flag}` failed ({}): {}",
-            tool.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let what = format!(
+        "{} {flag}",
+        tool.file_name().unwrap_or_default().to_string_lossy()
+    );
+    let out = commstack_exec::output(&what, &mut cmd!(sh, "{tool} {flag}").into())?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 

@@ -16,18 +16,10 @@ use xshell::{Shell, cmd};
 pub(crate) fn driver_symbols(cc: &Path, include_dir: &Path) -> Result<Vec<String>> {
     let sh = Shell::new()?;
     let header = include_dir.join("cuda.h");
-    let out = cmd!(sh, "{cc} -E -P -x c -I{include_dir} {header}")
-        .quiet()
-        .ignore_status()
-        .output()
-        .with_context(|| format!("cannot run {}", cc.display()))?;
-    if !out.status.success() {
-        bail!(
-            "preprocessing {} failed: {}",
-            header.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let out = commstack_exec::output(
+        "preprocessing cuda.h",
+        &mut cmd!(sh, "{cc} -E -P -x c -I{include_dir} {header}").into(),
+    )?;
     let text = String::from_utf8_lossy(&out.stdout);
     let re = regex::Regex::new(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(").expect("valid regex");
     let mut names: Vec<String> = re.captures_iter(&text).map(|c| c[1].to_string()).collect();
@@ -55,13 +47,14 @@ pub(crate) fn make_libcuda_stub(cc: &Path, include_dir: &Path, dir: &Path) -> Re
     fs::write(&src, c).with_context(|| format!("cannot write {}", src.display()))?;
     let out = dir.join("libcuda.so");
     let sh = Shell::new()?;
-    cmd!(
-        sh,
-        "{cc} -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -o {out} {src}"
-    )
-    .quiet()
-    .run()
-    .with_context(|| format!("cannot build the libcuda stub in {}", dir.display()))?;
+    commstack_exec::output(
+        "building the libcuda stub",
+        &mut cmd!(
+            sh,
+            "{cc} -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -o {out} {src}"
+        )
+        .into(),
+    )?;
     fs::remove_file(&src).ok();
     Ok(names.len())
 }

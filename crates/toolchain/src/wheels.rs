@@ -303,17 +303,10 @@ fn smoke_compile(nvcc: &Path, cc: &Path, work: &Path) -> Result<()> {
         "#include <cuda_runtime.h>\n__global__ void k(int *p) { *p = 1; }\n",
     )?;
     let sh = Shell::new()?;
-    let out = cmd!(sh, "{nvcc} -ccbin {cc} -arch=sm_90 -c {src} -o {obj}")
-        .quiet()
-        .ignore_status()
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "the provisioned nvcc cannot compile a one-line kernel:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    commstack_exec::output(
+        "the provisioned nvcc compiling a one-line kernel",
+        &mut cmd!(sh, "{nvcc} -ccbin {cc} -arch=sm_90 -c {src} -o {obj}").into(),
+    )?;
     fs::remove_file(&src).ok();
     fs::remove_file(&obj).ok();
     Ok(())

@@ -17,6 +17,8 @@ pub struct ToolRecipe<'a> {
     pub root: &'a Path,
     pub package: &'a str,
     pub bin: &'a str,
+    /// Cargo features of `package` the binary needs (`cuda` for the self-test's kernels).
+    pub features: &'a [&'a str],
     /// The package's directory in `root`: its sources and those of the workspace crates
     /// it depends on are hashed into the key.
     pub dir: &'a str,
@@ -162,6 +164,7 @@ pub fn tool_key(recipe: &ToolRecipe) -> Result<(StepKey, serde_json::Value)> {
         "recipe": TOOL_RECIPE,
         "package": recipe.package,
         "bin": recipe.bin,
+        "features": recipe.features,
         "sources": crate::workspace::sources_hash(root, recipe.dir)?,
         "workspace_config": config,
         "rustc": probe("rustc", &["-vV"])?,
@@ -265,6 +268,7 @@ fn build_tool_at_fixed_path(
             "--bin",
             recipe.bin,
         ])
+        .args(recipe.features.iter().flat_map(|f| ["--features", f]))
         .current_dir(&src)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))

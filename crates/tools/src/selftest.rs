@@ -108,6 +108,7 @@ fn selftest_recipe<'a>(b: &'a SelftestBuild) -> Result<ToolRecipe<'a>> {
         root: b.root,
         package: "commstack-kernels",
         bin: "commstack-selftest",
+        features: &["cuda"],
         dir: "kernels",
         links: vec![
             ("cuda", cuda.link_target.clone()),

@@ -19,6 +19,7 @@ pub fn verify_recipe(root: &Path, force: bool) -> ToolRecipe<'_> {
         root,
         package: "commstack-verify",
         bin: "commstack-verify",
+        features: &[],
         dir: "crates/verify",
         links: Vec::new(),
         env: Vec::new(),

@@ -38,12 +38,7 @@ impl PythonEnv {
             .with_context(|| format!("running {}", python.display()))?;
         let text: Vec<&str> = out.lines.iter().map(|l| l.text.as_str()).collect();
         if out.exit != (Exit::Code { code: 0 }) {
-            bail!(
-                "{} does not run ({}): {}",
-                python.display(),
-                out.exit,
-                text.join("\n")
-            );
+            bail!(out.failed(&format!("{} (asked where it lives)", python.display())));
         }
         #[derive(Deserialize)]
         struct Described {

@@ -56,6 +56,9 @@ impl std::fmt::Display for Exit {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Captured {
+    /// The program and its arguments, as run.
+    pub program: String,
+    pub args: Vec<String>,
     /// stdout and stderr lines, each stream in its own order, merged by time stamp.
     pub lines: Vec<Line>,
     pub exit: Exit,
@@ -63,6 +66,31 @@ pub struct Captured {
 }
 
 impl Captured {
+    /// This run as a failed command: its exit and its last lines (of stderr, else of
+    /// everything it said). `what` says what it was for.
+    pub fn failed(&self, what: &str) -> commstack_exec::CommandFailed {
+        let text = |stream: Option<Stream>| -> String {
+            self.lines
+                .iter()
+                .filter(|l| stream.is_none_or(|s| l.stream == s))
+                .map(|l| format!("{}\n", l.text))
+                .collect()
+        };
+        let mut tail =
+            commstack_exec::last_lines(&text(Some(Stream::Stderr)), commstack_exec::MAX_LINES);
+        if tail.is_empty() {
+            tail = commstack_exec::last_lines(&text(None), commstack_exec::MAX_LINES);
+        }
+        commstack_exec::CommandFailed {
+            what: what.to_string(),
+            program: self.program.clone(),
+            args: self.args.clone(),
+            status: self.exit.to_string(),
+            stderr_tail: tail,
+            log: None,
+        }
+    }
+
     pub fn stream(&self, stream: Stream) -> impl Iterator<Item = &Line> {
         self.lines.iter().filter(move |l| l.stream == stream)
     }
@@ -89,6 +117,11 @@ impl Captured {
 /// Runs `cmd` (stdin closed) in its own process group and captures its output.
 pub fn run_captured(mut cmd: Command, timeout: Duration) -> Result<Captured> {
     let shown = format!("{cmd:?}");
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let args = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -122,6 +155,8 @@ pub fn run_captured(mut cmd: Command, timeout: Duration) -> Result<Captured> {
     // Stable: lines of one stream keep their order.
     lines.sort_by_key(|l| l.t_ms);
     Ok(Captured {
+        program,
+        args,
         lines,
         exit,
         wall_ms: start.elapsed().as_millis() as u64,

@@ -1,6 +1,6 @@
 //! The NVIDIA driver against the CUDA version the stack is built with.
 
-use super::Host;
+use super::input::Host;
 use crate::nvidia_smi::{parse_banner, parse_query_csv};
 use crate::proc_files::kernel_module_version;
 use crate::report::{Check, Status};

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Host;
+use super::input::Host;
 use crate::nvidia_smi::{parse_query_csv, parse_topology};
 use crate::report::{Check, Status};
 

@@ -4,30 +4,13 @@ mod driver;
 pub(crate) mod env;
 mod gpu;
 mod ibgda;
+mod input;
 mod memory;
 mod rdma;
 
-use crate::host::HostFs;
-use crate::nvidia_smi::NvidiaSmiOutput;
+pub(crate) use input::Host;
+
 use crate::report::Check;
-use crate::version::CudaVersion;
-
-/// What every check may look at.
-pub(crate) struct Host<'a> {
-    pub fs: &'a HostFs,
-    pub smi: &'a NvidiaSmiOutput,
-    pub env: &'a [(String, String)],
-    pub required_cuda: CudaVersion,
-}
-
-impl Host<'_> {
-    pub fn env(&self, name: &str) -> Option<&str> {
-        self.env
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
 
 /// Every check, in report order.
 pub(crate) fn run_all(host: &Host) -> Vec<Check> {

@@ -122,9 +122,12 @@ pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::proces
             sh.push_env("NVSHMEM_HOME", &nvshmem.prefix),
             sh.push_env("COMMSTACK_CUDA_ARCHS", &archs),
         ];
-        cmd!(sh, "cargo test --locked -p commstack-kernels")
-            .run()
-            .context("the kernel crate's tests failed")?;
+        cmd!(
+            sh,
+            "cargo test --locked -p commstack-kernels --features cuda"
+        )
+        .run()
+        .context("the kernel crate's tests failed")?;
         // NVSHMEM's nvcc flags give a seeded module id (its test needs nvcc, so it runs
         // here, where the toolchain's nvcc is known).
         cmd!(
@@ -135,7 +138,7 @@ pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::proces
         .context("nvcc's module id is not reproducible with NVSHMEM's flags")?;
         cmd!(
             sh,
-            "cargo clippy --locked -p commstack-kernels --all-targets -- -D warnings"
+            "cargo clippy --locked -p commstack-kernels --features cuda --all-targets -- -D warnings"
         )
         .run()
         .context("clippy found warnings in the kernel crate")?;

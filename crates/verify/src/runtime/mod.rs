@@ -91,21 +91,11 @@ pub fn run_probe(
                 python.display()
             )
         }),
-        (_, exit) => {
-            let tail: Vec<&str> = captured
-                .lines
-                .iter()
-                .rev()
-                .take(20)
-                .map(|l| l.text.as_str())
-                .collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "the runtime probe in {} ended with {exit} before reporting; its last lines:\n{}",
-                python.display(),
-                tail.join("\n")
-            )
-        }
+        (None, Exit::Code { code: 0 }) => bail!(
+            "the runtime probe in {} ended without its report (no {MARK} line)",
+            python.display()
+        ),
+        (_, _) => bail!(captured.failed(&format!("the runtime probe in {}", python.display()))),
     }
 }
 

@@ -1,71 +1,28 @@
-//! Running one build command with its output in a log file, and reading the first errors
-//! back when it fails.
+//! A long build command (cmake, ninja, setup.py) with its output in a log file, written as
+//! it runs (`tail -f` works), and its first error lines read back when it fails.
 
 use std::fs::{self, File};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-/// A command that failed: which, its log, its first error lines.
-#[derive(Debug)]
-pub struct CommandFailed {
-    pub what: String,
-    pub log: std::path::PathBuf,
-    pub status: String,
-    pub first_errors: Vec<String>,
-}
-
-impl std::fmt::Display for CommandFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The log's directory moves with a failed step: name the file, the caller the place.
-        let name = self
-            .log
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        writeln!(
-            f,
-            "{} failed ({}); first error lines of {name}:",
-            self.what, self.status
-        )?;
-        for l in &self.first_errors {
-            writeln!(f, "  | {l}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for CommandFailed {}
-
-/// Run `cmd` (from xshell, environment already set) with stdout and stderr appended to
-/// `log`, which is written as the command runs (`tail -f` works). Returns seconds taken.
-pub fn run_logged(cmd: xshell::Cmd<'_>, log: &Path, what: &str) -> Result<f64> {
-    let shown = cmd.to_string();
-    run_command(cmd.into(), &format!("$ {shown}\n"), &shown, log, what)
-}
+use crate::{CommandFailed, MAX_LINES};
 
 /// Run `command` (program, arguments, environment and directory already set) with
 /// `header` written to `log` first and the command's output appended after it. On
 /// failure the first error lines are read from the command's output (not the header) into
-/// a [`CommandFailed`]. Returns seconds taken. `shown` names the command in errors.
-pub fn run_command(
-    command: Command,
-    header: &str,
-    shown: &str,
-    log: &Path,
-    what: &str,
-) -> Result<f64> {
-    run_command_with_progress(command, header, shown, log, what, None)
+/// a [`CommandFailed`] that names `log`. Returns seconds taken. `what` says what it is for.
+pub fn run_logged(command: Command, header: &str, log: &Path, what: &str) -> Result<f64> {
+    run_logged_with_progress(command, header, log, what, None)
 }
 
-/// [`run_command`], calling `progress` with ninja's `[done/total]` (read from the log's
+/// [`run_logged`], calling `progress` with ninja's `[done/total]` (read from the log's
 /// last lines) every 30 s while the command runs: a long build says how far it is.
-pub fn run_command_with_progress(
+pub fn run_logged_with_progress(
     mut command: Command,
     header: &str,
-    shown: &str,
     log: &Path,
     what: &str,
     progress: Option<&dyn Fn(&str)>,
@@ -86,16 +43,19 @@ pub fn run_command_with_progress(
         .stdout(file.try_clone()?)
         .stderr(file);
     let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("cannot start {what}: {shown}"))?;
+    let mut child = command.spawn().with_context(|| {
+        format!(
+            "cannot start {what} (`{}`)",
+            command.get_program().to_string_lossy()
+        )
+    })?;
     let mut said = None;
     let mut next = started + PROGRESS_EVERY;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200));
         if let Some(say) = progress
             && Instant::now() >= next
         {
@@ -118,16 +78,21 @@ pub fn run_command_with_progress(
         let text = String::from_utf8_lossy(bytes.get(output_starts..).unwrap_or_default());
         return Err(CommandFailed {
             what: what.to_string(),
-            log: log.to_path_buf(),
+            program: command.get_program().to_string_lossy().into_owned(),
+            args: command
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             status: status.to_string(),
-            first_errors: first_error_lines(&text, 20),
+            stderr_tail: first_error_lines(&text, MAX_LINES),
+            log: Some(log.to_path_buf()),
         }
         .into());
     }
     Ok(seconds)
 }
 
-const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
 /// The last `[done/total]` ninja wrote to `log` (after byte `from`): read from the log's
 /// last 8 KiB only, however long the log grows.
@@ -197,11 +162,6 @@ mod tests {
         );
         assert_eq!(first_error_lines("a\nb\n", 1), ["b"]);
     }
-}
-
-#[cfg(test)]
-mod progress_tests {
-    use super::*;
 
     #[test]
     fn ninja_progress_is_the_last_counter_after_the_header() {
@@ -215,5 +175,31 @@ mod progress_tests {
         assert_eq!(ninja_progress(&log, 14), Some((48, 100)));
         fs::write(&log, "$ ninja [9/9]\n").unwrap();
         assert_eq!(ninja_progress(&log, 14), None);
+    }
+
+    #[test]
+    fn a_failed_build_command_names_its_log_and_first_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("build.log");
+        let mut sh = Command::new("/bin/sh");
+        sh.args([
+            "-c",
+            "echo compiling; echo 'a.c:1: error: bad' >&2; echo context; echo more; exit 2",
+        ]);
+        let err = run_logged(sh, "$ header error: not this one\n", &log, "the build").unwrap_err();
+        let failed = err.downcast_ref::<CommandFailed>().unwrap();
+        assert_eq!(failed.stderr_tail, ["a.c:1: error: bad", "context"]);
+        assert_eq!(failed.log.as_deref(), Some(log.as_path()));
+        let text = failed.to_string();
+        assert!(
+            text.starts_with("the build failed (exit status: 2): `/bin/sh -c ")
+                && text.contains("; its log: build.log; it said:\n  | a.c:1: error: bad"),
+            "{text}"
+        );
+        let written = fs::read_to_string(&log).unwrap();
+        assert!(
+            written.starts_with("$ header") && written.contains("more"),
+            "{written}"
+        );
     }
 }
