@@ -1,22 +1,18 @@
 //! `cargo xtask bench ...`: benchmarks whose results go into docs/benchmarks.md (with the
-//! command, the machine and the date). Targets are checked here, not in unit tests.
+//! command, the machine and the date). Parse, then one call per subcommand: the harness is
+//! commstack-bench (one module per benchmark); the benchmarks that run this CLI as whole
+//! processes get its path from here (`std::env::current_exe()`).
 
-// `bench fetch`'s measurements (cold fetch beside pip, kill and resume).
-mod fetch;
-// `bench build`: the whole graph's no-op time, and the image's size against what it holds.
-mod build;
-// `bench substitute`: a warm registry, docker pull against build --substitute.
-mod substitute;
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use std::time::Instant;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
+use commstack_bench::{build, fetch, lock, substitute};
 use commstack_steps::ctx::Ctx;
-use commstack_steps::flow::lock::{artifacts_of_parts, read_lock};
 use commstack_steps::options::Part;
+
+use crate::args::SourceFetchArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -65,7 +61,7 @@ enum Which {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         runs: u64,
         #[command(flatten)]
-        fetch: crate::args::SourceFetchArgs,
+        fetch: SourceFetchArgs,
     },
     /// A new machine with a warm registry: pushes this home's image and step outputs
     /// (signed), then times `docker pull` of the image against `build --substitute` in an
@@ -73,7 +69,7 @@ enum Which {
     /// and checks both give the image ID that was pushed and that nothing was compiled;
     /// `--then STACK` times an update to STACK's image the same way; `--trials N` runs each
     /// part N times and judges the median of the trials' ratios.
-    Substitute(substitute::Args),
+    Substitute(SubstituteArgs),
     /// logscan throughput on a synthetic log (real-looking NCCL INFO chatter mixed with
     /// every known signature), written to a temporary directory.
     Logscan {
@@ -83,232 +79,102 @@ enum Which {
     },
 }
 
+/// `bench substitute`'s own flags, for clap.
+#[derive(clap::Args)]
+struct SubstituteArgs {
+    /// The registry (`HOST[:PORT]/REPO`, `http://` for plain HTTP) to push to and
+    /// substitute from.
+    #[arg(long, value_name = "HOST[:PORT]/REPO")]
+    registry: String,
+    /// The ed25519 signing key (PKCS#8 PEM: `openssl genpkey -algorithm ed25519`); the
+    /// bench's stack copy trusts its public key.
+    #[arg(long, value_name = "KEY.pem")]
+    key: PathBuf,
+    /// PEM CA certificates for a registry with a private CA.
+    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
+    ca_file: Option<PathBuf>,
+    /// Keep the substituting home (`<home>/bench/substitute/home`) afterwards.
+    #[arg(long)]
+    keep: bool,
+    /// The registry holds this home's image and step outputs from an earlier run of the
+    /// bench: skip the push (the image is found by its `lock-<sha256>` tag).
+    #[arg(long)]
+    pushed: bool,
+    /// Then time an update: STACK (locked; a change that moves some layers, such as
+    /// DeepEP's or an extra requirement) is built and pushed from this home, and reached
+    /// both ways from the machine of the first run, whose Docker holds the first image.
+    #[arg(long, value_name = "STACK")]
+    then: Option<PathBuf>,
+    /// Run each part this many times both ways, each time from the same start (the
+    /// image gone from Docker, the home as it was), and judge the median of the trials'
+    /// ratios: a 2 s docker pull varies by a quarter from one run to the next.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
+    trials: u16,
+    #[command(flatten)]
+    fetch: SourceFetchArgs,
+}
+
+impl From<SubstituteArgs> for substitute::Request {
+    fn from(a: SubstituteArgs) -> Self {
+        substitute::Request {
+            registry: a.registry,
+            key: a.key,
+            ca_file: a.ca_file,
+            fetch: a.fetch.into(),
+            keep: a.keep,
+            pushed: a.pushed,
+            then: a.then,
+            trials: usize::from(a.trials),
+        }
+    }
+}
+
+/// `--part`'s value.
+fn part(name: &str) -> Result<Part> {
+    Ok(match name {
+        "wheels" => Part::Wheels,
+        "toolchain" => Part::Toolchain,
+        other => bail!("--part {other}: use wheels or toolchain"),
+    })
+}
+
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let xtask = || std::env::current_exe().context("cannot find the xtask binary");
     match args.which {
-        Which::Build { runs, fetch } => build::bench_build(ctx, runs as usize, fetch.into()),
-        Which::Substitute(a) => substitute::bench_substitute(
-            ctx,
-            &substitute::Request {
-                registry: &a.registry,
-                key: &a.key,
-                ca_file: a.ca_file.as_deref(),
-                fetch: &a.fetch.clone().into(),
-                keep: a.keep,
-                pushed: a.pushed,
-                then: a.then.as_deref(),
-                trials: usize::from(a.trials),
-            },
-        ),
         Which::Lock {
             runs,
             with_pip,
             with_uv,
         } => {
-            let uv = with_uv
-                .map(|p| {
-                    std::fs::canonicalize(&p).with_context(|| format!("no uv at {}", p.display()))
-                })
-                .transpose()?;
-            bench_lock(ctx, runs, with_pip, uv.as_deref())
+            let req = lock::Request {
+                runs,
+                with_pip,
+                with_uv,
+            };
+            lock::bench_lock(ctx, &req, &xtask()?)
         }
         Which::Fetch {
-            part,
+            part: name,
             jobs,
             with_pip,
             no_resume,
         } => {
-            let part = match part.as_str() {
-                "wheels" => Part::Wheels,
-                "toolchain" => Part::Toolchain,
-                other => bail!("--part {other}: use wheels or toolchain"),
+            let req = fetch::Request {
+                part: part(&name)?,
+                jobs,
+                with_pip,
+                no_resume,
             };
-            let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[part])?;
-            let cold = fetch::cold(&artifacts, jobs, with_pip)?;
-            println!("{}", cold.line());
-            if !no_resume {
-                let resumed = fetch::resume(&artifacts, &std::env::current_exe()?, jobs)?;
-                println!("{}", resumed.line());
-            }
-            Ok(ExitCode::SUCCESS)
+            fetch::bench_fetch(ctx, &req, &xtask()?)
         }
-        Which::Logscan { mib } => {
-            let dir = tempfile::tempdir()?;
-            let result = commstack_logscan::bench::run(dir.path(), mib * 1024 * 1024)?;
-            println!("{}", result.summary());
-            Ok(ExitCode::SUCCESS)
+        Which::Build { runs, fetch } => {
+            let req = build::Request {
+                runs: runs as usize,
+                fetch: fetch.into(),
+            };
+            build::bench_build(ctx, &req, &xtask()?)
         }
+        Which::Substitute(a) => substitute::bench_substitute(ctx, &a.into(), &xtask()?),
+        Which::Logscan { mib } => commstack_bench::logscan(mib),
     }
-}
-
-fn bench_lock(ctx: &Ctx, runs: usize, with_pip: bool, with_uv: Option<&Path>) -> Result<ExitCode> {
-    let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
-    let (cold, noop) = time_our_lock(ctx, runs)?;
-    let t = &stack.target;
-    let py = format!("{}.{}", t.python.0, t.python.1);
-    println!(
-        "| `cargo xtask lock` cold (empty cache, whole process) | {} |",
-        stats(&cold, 2)
-    );
-    println!(
-        "| `cargo xtask lock` no-op (lock up to date) | {} |",
-        stats(&noop, 3)
-    );
-    if let Some(uv) = with_uv {
-        let times = time_uv(&stack, uv, runs, &py)?;
-        println!(
-            "| `uv pip compile --generate-hashes --no-cache` ({}) | {} |",
-            uv.display(),
-            stats(&times, 2)
-        );
-    }
-    if with_pip {
-        let times = time_pip(&stack, runs, &py)?;
-        println!(
-            "| `pip install --dry-run --report` (same target) | {} |",
-            stats(&times, 1)
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `cargo xtask lock` in a fresh home, `runs` times: (cold, then no-op) seconds.
-fn time_our_lock(ctx: &Ctx, runs: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let exe = std::env::current_exe().context("cannot find the xtask binary")?;
-    let mut cold = Vec::new();
-    let mut noop = Vec::new();
-    for i in 0..runs {
-        let dir = tempfile::tempdir()?;
-        let manifest = dir.path().join("stack.toml");
-        std::fs::copy(&ctx.stack_path, &manifest)
-            .with_context(|| format!("copying {}", ctx.stack_path.display()))?;
-        let home = dir.path().join("home");
-        let time = |label: &str| -> Result<f64> {
-            let t = Instant::now();
-            let out = Command::new(&exe)
-                .args(["--quiet", "--stack"])
-                .arg(&manifest)
-                .arg("--home")
-                .arg(&home)
-                .arg("lock")
-                .output()?;
-            if !out.status.success() {
-                bail!(
-                    "{label} lock failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Ok(t.elapsed().as_secs_f64())
-        };
-        let c = time("cold")?;
-        let n = time("no-op")?;
-        eprintln!("run {}: cold {c:.2} s, no-op {n:.3} s", i + 1);
-        cold.push(c);
-        noop.push(n);
-    }
-    Ok((cold, noop))
-}
-
-/// `uv pip compile` of torch for the same target, `runs` times: seconds.
-fn time_uv(stack: &commstack_stack::Stack, uv: &Path, runs: usize, py: &str) -> Result<Vec<f64>> {
-    let t = &stack.target;
-    let mut times = Vec::new();
-    for _ in 0..runs {
-        let dir = tempfile::tempdir()?;
-        std::fs::write(
-            dir.path().join("in.txt"),
-            format!("torch=={}\n", stack.torch.version),
-        )?;
-        let t0 = Instant::now();
-        let out = Command::new(uv)
-            .args([
-                "pip",
-                "compile",
-                "--quiet",
-                "--no-cache",
-                "--generate-hashes",
-                "in.txt",
-            ])
-            .args([
-                "--python-version",
-                py,
-                "--python-platform",
-                &format!("x86_64-manylinux_{}_{}", t.glibc.0, t.glibc.1),
-            ])
-            .args(["--index-url", &stack.resolve.index_url])
-            .current_dir(dir.path())
-            .output()?;
-        if !out.status.success() {
-            bail!("uv failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    Ok(times)
-}
-
-/// `pip install --dry-run --report` of torch for the same target, `runs` times: seconds.
-fn time_pip(stack: &commstack_stack::Stack, runs: usize, py: &str) -> Result<Vec<f64>> {
-    let t = &stack.target;
-    let mut times = Vec::new();
-    for _ in 0..runs {
-        let dir = tempfile::tempdir()?;
-        let t0 = Instant::now();
-        let out = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--dry-run",
-                "--ignore-installed",
-                "--no-cache-dir",
-                "--quiet",
-            ])
-            .args(["--only-binary=:all:", "--python-version", py])
-            // pip matches each --platform exactly: name every manylinux level up to the target.
-            .args(
-                pip_platforms(t.glibc.1, t.arch.as_str())
-                    .iter()
-                    .flat_map(|p| ["--platform".to_string(), p.clone()]),
-            )
-            .arg("--target")
-            .arg(dir.path().join("t"))
-            .args([
-                "--report",
-                "report.json",
-                &format!("torch=={}", stack.torch.version),
-            ])
-            .env("PIP_FIND_LINKS", "")
-            .current_dir(dir.path())
-            .output()?;
-        if !out.status.success() {
-            bail!("pip failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    Ok(times)
-}
-
-fn pip_platforms(glibc_minor: u32, arch: &str) -> Vec<String> {
-    let mut out: Vec<String> = (5..=glibc_minor)
-        .rev()
-        .map(|m| format!("manylinux_2_{m}_{arch}"))
-        .collect();
-    out.extend(
-        ["manylinux2014", "manylinux2010", "manylinux1"]
-            .iter()
-            .map(|l| format!("{l}_{arch}")),
-    );
-    out
-}
-
-/// "median 1.02 s (min 0.98, max 1.10, n=3)"
-fn stats(v: &[f64], digits: usize) -> String {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let median = s[s.len() / 2];
-    format!(
-        "median {median:.digits$} s (min {:.digits$}, max {:.digits$}, n={})",
-        s[0],
-        s[s.len() - 1],
-        s.len()
-    )
 }

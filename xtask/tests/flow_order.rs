@@ -57,8 +57,10 @@ const LAYERS: &[(u32, &[&str])] = &[
     (14, &["commstack-steps"]),
     (15, &["commstack-binary-cache"]),
     (16, &["commstack-pipeline"]),
+    // The benchmarks `cargo xtask bench` runs (they run the pipeline's commands).
+    (17, &["commstack-bench"]),
     // The CLI on top.
-    (17, &["xtask"]),
+    (18, &["xtask"]),
 ];
 
 fn layer_of(name: &str) -> Option<u32> {

@@ -18,14 +18,18 @@ use anyhow::{Context, Result, bail};
 use commstack_steps::ctx::Ctx;
 use commstack_steps::options::{GlobalOptions, SourceFetch};
 
-use crate::args::SourceFetchArgs;
+use crate::stats::median;
 
 /// What the bench needs to know.
-pub struct Request<'a> {
-    pub registry: &'a str,
-    pub key: &'a Path,
-    pub ca_file: Option<&'a Path>,
-    pub fetch: &'a SourceFetch,
+pub struct Request {
+    /// `HOST[:PORT]/REPO` (`http://` for plain HTTP): pushed to and substituted from.
+    pub registry: String,
+    /// The ed25519 signing key (PKCS#8 PEM); the bench's stack copy trusts its public key.
+    pub key: PathBuf,
+    /// PEM CA certificates for a registry with a private CA.
+    pub ca_file: Option<PathBuf>,
+    /// Where the locked sources come from, for each build the bench runs.
+    pub fetch: SourceFetch,
     /// Keep the substituting home afterwards (it holds a whole store, gigabytes).
     pub keep: bool,
     /// The registry holds this home's image and step outputs already (an earlier run):
@@ -33,7 +37,7 @@ pub struct Request<'a> {
     pub pushed: bool,
     /// Then an update: this stack's image (another lock, some layers the same) pushed
     /// and reached from the first substitution's home and Docker.
-    pub then: Option<&'a Path>,
+    pub then: Option<PathBuf>,
     /// How many times each part runs both ways, from the same start each time: the
     /// verdict is the median of the trials' ratios (a 2 s docker pull varies by a quarter
     /// between runs).
@@ -57,21 +61,24 @@ struct Timed {
 
 /// The bench's fixed parts: the xtask binary, its scratch directory, the flags it passes.
 struct Bench<'a> {
-    req: &'a Request<'a>,
-    exe: PathBuf,
+    req: &'a Request,
+    exe: &'a Path,
     scratch: PathBuf,
     /// `ed25519:<base64>` of the signing key: the stack copies trust it.
     public: String,
 }
 
-pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
+/// Runs the bench with the xtask binary `xtask` (the caller's `std::env::current_exe()`):
+/// prints the tables and ratios; exit status 1 when a target is missed, the image IDs
+/// differ or a step compiled.
+pub fn bench_substitute(ctx: &Ctx, req: &Request, xtask: &Path) -> Result<ExitCode> {
     let scratch = ctx.home.join("bench").join("substitute");
     std::fs::create_dir_all(&scratch)
         .with_context(|| format!("cannot create {}", scratch.display()))?;
-    let key = commstack_registry::sign::read_signing_key(req.key)?;
+    let key = commstack_registry::sign::read_signing_key(&req.key)?;
     let bench = Bench {
         req,
-        exe: std::env::current_exe().context("cannot find the xtask binary")?,
+        exe: xtask,
         scratch,
         public: commstack_registry::sign::public_key_text(&key.verifying_key()),
     };
@@ -119,7 +126,7 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     // 4. The update: another stack's image (only some layers differ) pushed from this
     //    home, then reached from the machine of 2 and 3 (its home, its Docker holding the
     //    first image) both ways, each trial from that same state.
-    if let Some(then) = req.then {
+    if let Some(then) = &req.then {
         let next_ctx = Ctx::new(GlobalOptions {
             stack: Some(then.to_path_buf()),
             home: Some(ctx.home.clone()),
@@ -169,13 +176,13 @@ pub fn bench_substitute(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
 
 impl Bench<'_> {
     fn xtask(&self, home: &Path, stack: &Path) -> Command {
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = Command::new(self.exe);
         cmd.arg("--stack")
             .arg(stack)
             .arg("--home")
             .arg(home)
             .stdin(Stdio::null());
-        if let Some(ca) = self.req.ca_file {
+        if let Some(ca) = &self.req.ca_file {
             cmd.env("COMMSTACK_REGISTRY_CA", ca);
         }
         cmd
@@ -204,16 +211,16 @@ impl Bench<'_> {
         self.fetch_flags(&mut cmd);
         run("build image --oci", &mut cmd)?;
         let mut cmd = self.xtask(&ctx.home, &ctx.stack_path);
-        cmd.args(["push", "--json", "--registry", self.req.registry, "--oci"])
+        cmd.args(["push", "--json", "--registry", &self.req.registry, "--oci"])
             .arg(&oci)
             .arg("--key")
-            .arg(self.req.key);
+            .arg(&self.req.key);
         let pushed: serde_json::Value = serde_json::from_slice(&run("push", &mut cmd)?)
             .context("push --json printed no JSON")?;
         let _ = std::fs::remove_dir_all(&oci);
         let mut cmd = self.xtask(&ctx.home, &ctx.stack_path);
-        cmd.args(["cache", "push", "--registry", self.req.registry, "--key"])
-            .arg(self.req.key);
+        cmd.args(["cache", "push", "--registry", &self.req.registry, "--key"])
+            .arg(&self.req.key);
         run("cache push", &mut cmd)?;
         Ok(Pushed {
             reference: pushed["reference"]
@@ -256,7 +263,7 @@ impl Bench<'_> {
             "--locked",
             "--json",
             "--substitute",
-            self.req.registry,
+            &self.req.registry,
         ]);
         self.fetch_flags(&mut cmd);
         settle();
@@ -356,16 +363,6 @@ fn report(title: &str, pushed: &Pushed, trials: &[(Timed, Timed)]) -> bool {
         ok = false;
     }
     ok
-}
-
-fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 /// Prints one trial's two ways and steps; returns the time to the loaded, statically
@@ -478,8 +475,8 @@ fn pushed_image(ctx: &Ctx, req: &Request) -> Result<Pushed> {
         .with_context(|| format!("cannot read {}", ctx.lock_path().display()))?;
     let tag = format!("lock-{}", commstack_digest::sha256_hex(&lock));
     let mut options =
-        commstack_registry::PushOptions::new(commstack_registry::Target::parse(req.registry)?);
-    options.ca_file = req.ca_file.map(Path::to_path_buf);
+        commstack_registry::PushOptions::new(commstack_registry::Target::parse(&req.registry)?);
+    options.ca_file = req.ca_file.clone();
     let found = commstack_registry::pull::find_tag(&options, &tag)?.with_context(|| {
         format!(
             "{} has no {tag}: run the bench once without --pushed",
@@ -559,39 +556,4 @@ fn loaded_tag(summary: &serde_json::Value) -> Option<String> {
         .iter()
         .find(|r| r["step"] == "load")
         .and_then(|r| r["facts"]["tag"].as_str().map(str::to_string))
-}
-
-/// The bench's own flags, for clap.
-#[derive(clap::Args)]
-pub struct Args {
-    /// The registry (`HOST[:PORT]/REPO`, `http://` for plain HTTP) to push to and
-    /// substitute from.
-    #[arg(long, value_name = "HOST[:PORT]/REPO")]
-    pub registry: String,
-    /// The ed25519 signing key (PKCS#8 PEM: `openssl genpkey -algorithm ed25519`); the
-    /// bench's stack copy trusts its public key.
-    #[arg(long, value_name = "KEY.pem")]
-    pub key: PathBuf,
-    /// PEM CA certificates for a registry with a private CA.
-    #[arg(long, value_name = "FILE", env = "COMMSTACK_REGISTRY_CA")]
-    pub ca_file: Option<PathBuf>,
-    /// Keep the substituting home (`<home>/bench/substitute/home`) afterwards.
-    #[arg(long)]
-    pub keep: bool,
-    /// The registry holds this home's image and step outputs from an earlier run of the
-    /// bench: skip the push (the image is found by its `lock-<sha256>` tag).
-    #[arg(long)]
-    pub pushed: bool,
-    /// Then time an update: STACK (locked; a change that moves some layers, such as
-    /// DeepEP's or an extra requirement) is built and pushed from this home, and reached
-    /// both ways from the machine of the first run, whose Docker holds the first image.
-    #[arg(long, value_name = "STACK")]
-    pub then: Option<PathBuf>,
-    /// Run each part this many times both ways, each time from the same start (the
-    /// image gone from Docker, the home as it was), and judge the median of the trials'
-    /// ratios: a 2 s docker pull varies by a quarter from one run to the next.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
-    pub trials: u16,
-    #[command(flatten)]
-    pub fetch: SourceFetchArgs,
 }

@@ -1,4 +1,5 @@
-//! Fetch benchmarks, for `cargo xtask bench fetch` and docs/benchmarks.md:
+//! Fetch benchmarks, for `cargo xtask bench fetch` and docs/benchmarks.md
+//! ([`bench_fetch`] runs both on a part of the lock and prints their lines):
 //! - [`cold`]: every artifact into an empty cache, beside `pip download --no-deps` of the
 //!   same wheel URLs;
 //! - [`resume`]: a real `xtask fetch` process killed (SIGKILL) half-way, then a second
@@ -7,13 +8,41 @@
 //! Both work in a fresh directory under the system temp dir, removed afterwards.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use commstack_fetch::{Artifact, FetchOptions, Summary, fetch_all};
 
+use commstack_steps::ctx::Ctx;
+use commstack_steps::flow::lock::{artifacts_of_parts, read_lock};
+use commstack_steps::options::Part;
 use commstack_steps::util::human;
+
+/// What `bench fetch` measures.
+pub struct Request {
+    /// Which part of the lock (wheels: the target closure; toolchain).
+    pub part: Part,
+    /// Parallel downloads.
+    pub jobs: usize,
+    /// Also time `pip download --no-deps` of the same files.
+    pub with_pip: bool,
+    /// Skip the kill-and-resume measurement.
+    pub no_resume: bool,
+}
+
+/// The part's artifacts of `ctx`'s lock: [`cold`], then (unless `no_resume`) [`resume`]
+/// with the xtask binary `xtask`; prints a line for each.
+pub fn bench_fetch(ctx: &Ctx, req: &Request, xtask: &Path) -> Result<ExitCode> {
+    let artifacts = artifacts_of_parts(&read_lock(ctx)?, &[req.part])?;
+    let cold = cold(&artifacts, req.jobs, req.with_pip)?;
+    println!("{}", cold.line());
+    if !req.no_resume {
+        let resumed = resume(&artifacts, xtask, req.jobs)?;
+        println!("{}", resumed.line());
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -151,7 +180,7 @@ impl ResumeReport {
 
 /// Starts `<xtask> --home H --quiet fetch --artifacts LIST`, SIGKILLs it once half the
 /// bytes are on disk, then fetches again in this process into the same cache.
-/// `xtask` is the path of the xtask binary (`std::env::current_exe()` from `cargo xtask`).
+/// `xtask` is the path of the xtask binary (the caller's `std::env::current_exe()`).
 pub fn resume(artifacts: &[Artifact], xtask: &Path, jobs: usize) -> Result<ResumeReport> {
     let total_bytes: u64 = artifacts
         .iter()
@@ -253,8 +282,25 @@ mod tests {
         exe
     }
 
+    /// The fixture the real benchmark below reads: it parses, and every artifact has the
+    /// size `resume` needs and a URL on PyPI's file host.
     #[test]
-    #[ignore = "downloads ~260 MB from PyPI twice; run: cargo build -p xtask && cargo test -p xtask -- --ignored --nocapture fetch_bench_real_pypi"]
+    fn the_real_wheels_fixture_parses_with_sizes() {
+        let wheels = real_wheels();
+        assert_eq!(wheels.len(), 2);
+        for w in &wheels {
+            assert!(w.size.is_some_and(|s| s > 0), "{}: no size", w.name);
+            assert!(w.filename.ends_with(".whl"), "{}", w.filename);
+            assert!(
+                w.urls[0].starts_with("https://files.pythonhosted.org/"),
+                "{}",
+                w.urls[0]
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "downloads ~260 MB from PyPI twice; run: cargo build -p xtask && cargo test -p commstack-bench -- --ignored --nocapture fetch_bench_real_pypi"]
     fn fetch_bench_real_pypi() {
         let wheels = real_wheels();
         let cold = cold(&wheels, 4, true).unwrap();

@@ -16,7 +16,20 @@ use commstack_steps::graph::StepId;
 use commstack_steps::options::{BuildOptions, GraphOptions, SourceFetch};
 use commstack_steps::util::human;
 
-pub fn bench_build(ctx: &Ctx, runs: usize, fetch: SourceFetch) -> Result<ExitCode> {
+/// What `bench build` measures.
+pub struct Request {
+    /// Repetitions of the no-op (at least 1).
+    pub runs: usize,
+    /// Where the locked sources come from (passed on to each no-op build).
+    pub fetch: SourceFetch,
+}
+
+/// Builds everything (as `build --locked`), then times `req.runs` no-op builds of the
+/// xtask binary `xtask` (the caller's `std::env::current_exe()`) as whole processes and
+/// prints the image's size against what it holds installed; exit status 1 when a target
+/// is missed.
+pub fn bench_build(ctx: &Ctx, req: &Request, xtask: &Path) -> Result<ExitCode> {
+    let (runs, fetch) = (req.runs, &req.fetch);
     let args = BuildOptions {
         fetch: fetch.clone(),
         ..Default::default()
@@ -43,10 +56,9 @@ pub fn bench_build(ctx: &Ctx, runs: usize, fetch: SourceFetch) -> Result<ExitCod
     );
     let image = commstack_image::Image::open(&image_dir)?;
 
-    let exe = std::env::current_exe().context("cannot find the xtask binary")?;
     let mut noop = Vec::new();
     for _ in 0..runs {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(xtask);
         cmd.args(["--quiet", "--stack"])
             .arg(&ctx.stack_path)
             .args(["build", "--locked"]);
