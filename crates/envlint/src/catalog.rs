@@ -165,7 +165,7 @@ impl Catalog {
                             NvKind::String => Reader::Text,
                         },
                         allowed: allowed_with_default(def),
-                        source: format!("{}:{}", def.file, def.line),
+                        source: format!("NVSHMEM's {}:{}", def.file, def.line),
                         note,
                     });
                 }
