@@ -272,6 +272,60 @@ impl Checker<'_> {
         let command = self.command(&raw.command);
         let env = self.env(&raw.env);
         let node_selector = self.node_selector(&raw.node_selector);
+        let sizes = self.sizes(&raw);
+        let policies = self.policies(&raw);
+        let slurm = self.slurm(&raw.slurm);
+        for (field, v) in [
+            ("deploy.run-as-root", &raw.run_as_root),
+            ("deploy.host-network", &raw.host_network),
+        ] {
+            if let Some(v) = v {
+                self.span(field, v);
+            }
+        }
+        let (network, rdma_resource, rdma_per_node, gid_index, socket_ifname) = network_and_rdma?;
+        let (shm, cpu, memory, ephemeral) = sizes?;
+        let (ibgda_access, restart_policy, pull_secret) = policies?;
+        Some(Deploy {
+            name: name?,
+            namespace: namespace?,
+            nodes: nodes? as u32,
+            gpus_per_node: gpus? as u32,
+            replicas: replicas? as u32,
+            network,
+            rdma_resource,
+            rdma_per_node,
+            gid_index,
+            socket_ifname,
+            command: command?,
+            env: env?,
+            shm_size: shm,
+            ibgda_access,
+            run_as_root: raw.run_as_root.is_some_and(|v| *v.get_ref()),
+            host_network: raw.host_network.is_some_and(|v| *v.get_ref()),
+            node_selector: node_selector?,
+            image_pull_secret: pull_secret,
+            cpu,
+            memory,
+            ephemeral_storage: ephemeral,
+            restart_policy,
+            master_port: master_port? as u16,
+            gate_deadline_seconds: deadline? as u32,
+            slurm: slurm?,
+        })
+    }
+
+    /// `/dev/shm` and the resource requests, each a Kubernetes quantity.
+    #[allow(clippy::type_complexity)]
+    fn sizes(
+        &mut self,
+        raw: &RawDeploy,
+    ) -> Option<(
+        Quantity,
+        Option<Quantity>,
+        Option<Quantity>,
+        Option<Quantity>,
+    )> {
         let shm = match raw.shm_size.as_ref() {
             Some(_) => self
                 .quantity("deploy.shm-size", raw.shm_size.as_ref(), false)
@@ -289,6 +343,11 @@ impl Checker<'_> {
             raw.ephemeral_storage.as_ref(),
             false,
         );
+        Some((shm?, cpu.ok()?, memory.ok()?, ephemeral.ok()?))
+    }
+
+    /// IBGDA's privileges, the group's restart policy and the pull secret.
+    fn policies(&mut self, raw: &RawDeploy) -> Option<(IbgdaAccess, GroupRestart, Option<String>)> {
         let ibgda_access = self.choice(
             "deploy.ibgda-access",
             raw.ibgda_access.as_ref(),
@@ -311,11 +370,10 @@ impl Checker<'_> {
             ],
             "the LeaderWorkerSet's restartPolicy; docs/deploy.md says what each does",
         );
-        let pull_secret = raw.image_pull_secret.as_ref().and_then(|s| {
+        let mut pull_secret_ok = true;
+        let pull_secret = raw.image_pull_secret.as_ref().map(|s| {
             self.span("deploy.image-pull-secret", s);
-            if dns_label(s.get_ref(), 253) || s.get_ref().split('.').all(|p| dns_label(p, 63)) {
-                Some(s.get_ref().clone())
-            } else {
+            if !s.get_ref().split('.').all(|p| dns_label(p, 63)) || s.get_ref().len() > 253 {
                 self.err(
                     s,
                     format!(
@@ -324,50 +382,14 @@ impl Checker<'_> {
                     ),
                     "the name of a kubernetes.io/dockerconfigjson Secret in the namespace",
                 );
-                None
+                pull_secret_ok = false;
             }
+            s.get_ref().clone()
         });
-        let pull_secret_ok = raw.image_pull_secret.is_none() || pull_secret.is_some();
-        let slurm = self.slurm(&raw.slurm);
-        for (field, v) in [
-            ("deploy.run-as-root", &raw.run_as_root),
-            ("deploy.host-network", &raw.host_network),
-        ] {
-            if let Some(v) = v {
-                self.span(field, v);
-            }
-        }
-        let (network, rdma_resource, rdma_per_node, gid_index, socket_ifname) = network_and_rdma?;
         if !pull_secret_ok {
             return None;
         }
-        Some(Deploy {
-            name: name?,
-            namespace: namespace?,
-            nodes: nodes? as u32,
-            gpus_per_node: gpus? as u32,
-            replicas: replicas? as u32,
-            network,
-            rdma_resource,
-            rdma_per_node,
-            gid_index,
-            socket_ifname,
-            command: command?,
-            env: env?,
-            shm_size: shm?,
-            ibgda_access: ibgda_access?,
-            run_as_root: raw.run_as_root.is_some_and(|v| *v.get_ref()),
-            host_network: raw.host_network.is_some_and(|v| *v.get_ref()),
-            node_selector: node_selector?,
-            image_pull_secret: pull_secret,
-            cpu: cpu.ok()?,
-            memory: memory.ok()?,
-            ephemeral_storage: ephemeral.ok()?,
-            restart_policy: restart_policy?,
-            master_port: master_port? as u16,
-            gate_deadline_seconds: deadline? as u32,
-            slurm: slurm?,
-        })
+        Some((ibgda_access?, restart_policy?, pull_secret))
     }
 
     fn label(
