@@ -118,141 +118,12 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn new(tables: &NvshmemTables, build: Build) -> Catalog {
-        let (defined, undefined) = build.macros();
-        let macros = Macros {
-            defined: &defined,
-            undefined: &undefined,
-        };
-        let mut known = BTreeMap::new();
-        let mut unbuilt = BTreeMap::new();
-        for def in &tables.env {
-            match def.condition.eval(&macros) {
-                Truth::No => {
-                    let needs = def
-                        .condition
-                        .macros()
-                        .into_iter()
-                        .filter(|m| *m != "NVSHMEMI_ENV_DEF" && undefined.contains(*m))
-                        .map(|m| {
-                            (
-                                m.to_string(),
-                                build
-                                    .switch_of_macro(m)
-                                    .filter(|(s, _)| s.scope == Scope::Stack)
-                                    .map(|(s, _)| s.key),
-                            )
-                        })
-                        .collect();
-                    unbuilt
-                        .entry(def.name.clone())
-                        .or_insert((def.clone(), needs));
-                }
-                truth => {
-                    let note = (truth == Truth::Unknown).then(|| {
-                        format!(
-                            "defined only under `#if {}` ({}:{}), a condition this build's options do not decide",
-                            def.condition, def.file, def.line
-                        )
-                    });
-                    known.entry(def.name.clone()).or_insert_with(|| Var {
-                        name: def.name.clone(),
-                        owner: Owner::Nvshmem,
-                        reader: match def.kind {
-                            NvKind::Bool => Reader::NvshmemBool,
-                            NvKind::Int => Reader::NvshmemInt,
-                            NvKind::Long => Reader::NvshmemLong,
-                            NvKind::Size => Reader::NvshmemSize,
-                            NvKind::String => Reader::Text,
-                        },
-                        allowed: allowed_with_default(def),
-                        source: format!("NVSHMEM's {}:{}", def.file, def.line),
-                        note,
-                    });
-                }
-            }
-        }
-        // A name defined twice (one guarded out, one not) is known.
-        unbuilt.retain(|name, _| !known.contains_key(name));
-        for (name, reader) in known::nccl() {
-            let allowed = if name == "NCCL_DEBUG" {
-                known::NCCL_DEBUG_LEVELS
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let source = format!(
-                "NCCL {}'s variables (crates/envlint/src/nccl-{}.txt)",
-                known::NCCL_TABLE_VERSION,
-                known::NCCL_TABLE_VERSION
-            );
-            known.entry(name.to_string()).or_insert(Var {
-                name: name.into(),
-                owner: Owner::Nccl,
-                reader,
-                allowed,
-                source,
-                note: None,
-            });
-        }
-        for (name, reader, what) in known::DEEPEP {
-            known.entry(name.to_string()).or_insert(Var {
-                name: name.to_string(),
-                owner: Owner::DeepEp,
-                reader: *reader,
-                allowed: Vec::new(),
-                source: format!("DeepEP's README: {what}"),
-                note: None,
-            });
-        }
-        for (name, owner, reader) in known::OTHERS {
-            known.entry(name.to_string()).or_insert(Var {
-                name: name.to_string(),
-                owner: *owner,
-                reader: *reader,
-                allowed: Vec::new(),
-                source: format!("read by {}", owner.as_str()),
-                note: None,
-            });
-        }
-        let mut build_time = BTreeMap::new();
-        for o in &tables.build_options {
-            build_time.insert(
-                o.name.clone(),
-                format!(
-                    "a build-time option of NVSHMEM's CMake ({}:{}: {})",
-                    o.file, o.line, o.description
-                ),
-            );
-        }
-        for s in switches::SWITCHES {
-            build_time.entry(s.cmake.to_string()).or_insert_with(|| {
-                "a build-time option of NVSHMEM's CMake (crates/stack/src/switches.rs)".to_string()
-            });
-        }
-        for name in FIXED_OFF {
-            build_time.entry(name.to_string()).or_insert_with(|| {
-                "a build-time option of NVSHMEM's CMake, always off in commstack's recipe"
-                    .to_string()
-            });
-        }
-        for name in commstack_stack::pass_env::READ_BY_NVSHMEM_CMAKE {
-            if name != "CUDA_HOME" {
-                build_time
-                    .entry(name.to_string())
-                    .or_insert_with(|| "read by NVSHMEM's CMake while building".to_string());
-            }
-        }
-        for (name, what) in known::DEEPEP_BUILD {
-            build_time
-                .entry(name.to_string())
-                .or_insert_with(|| what.to_string());
-        }
+        let (mut known, unbuilt) = nvshmem_vars(tables, &build);
+        add_tables(&mut known);
         Catalog {
             known,
             unbuilt,
-            build_time,
+            build_time: build_time(tables),
             build,
             nvshmem_origin: tables.origin.display().to_string(),
         }
@@ -307,6 +178,153 @@ impl Catalog {
     pub fn known(&self) -> impl Iterator<Item = &Var> {
         self.known.values()
     }
+}
+
+type Unbuilt = BTreeMap<String, (EnvDef, Needs)>;
+
+/// NVSHMEM's variables for this build: those it reads, and those its guards leave out.
+fn nvshmem_vars(tables: &NvshmemTables, build: &Build) -> (BTreeMap<String, Var>, Unbuilt) {
+    let (defined, undefined) = build.macros();
+    let macros = Macros {
+        defined: &defined,
+        undefined: &undefined,
+    };
+    let mut known = BTreeMap::new();
+    let mut unbuilt = BTreeMap::new();
+    for def in &tables.env {
+        match def.condition.eval(&macros) {
+            Truth::No => {
+                let needs = def
+                    .condition
+                    .macros()
+                    .into_iter()
+                    .filter(|m| *m != "NVSHMEMI_ENV_DEF" && undefined.contains(*m))
+                    .map(|m| {
+                        (
+                            m.to_string(),
+                            build
+                                .switch_of_macro(m)
+                                .filter(|(s, _)| s.scope == Scope::Stack)
+                                .map(|(s, _)| s.key),
+                        )
+                    })
+                    .collect();
+                unbuilt
+                    .entry(def.name.clone())
+                    .or_insert((def.clone(), needs));
+            }
+            truth => {
+                let note = (truth == Truth::Unknown).then(|| {
+                        format!(
+                            "defined only under `#if {}` ({}:{}), a condition this build's options do not decide",
+                            def.condition, def.file, def.line
+                        )
+                    });
+                known.entry(def.name.clone()).or_insert_with(|| Var {
+                    name: def.name.clone(),
+                    owner: Owner::Nvshmem,
+                    reader: match def.kind {
+                        NvKind::Bool => Reader::NvshmemBool,
+                        NvKind::Int => Reader::NvshmemInt,
+                        NvKind::Long => Reader::NvshmemLong,
+                        NvKind::Size => Reader::NvshmemSize,
+                        NvKind::String => Reader::Text,
+                    },
+                    allowed: allowed_with_default(def),
+                    source: format!("NVSHMEM's {}:{}", def.file, def.line),
+                    note,
+                });
+            }
+        }
+    }
+    // A name defined twice (one guarded out, one not) is known.
+    unbuilt.retain(|name, _| !known.contains_key(name));
+    (known, unbuilt)
+}
+
+/// NCCL's, DeepEP's and the launchers' variables.
+fn add_tables(known: &mut BTreeMap<String, Var>) {
+    for (name, reader) in known::nccl() {
+        let allowed = if name == "NCCL_DEBUG" {
+            known::NCCL_DEBUG_LEVELS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let source = format!(
+            "NCCL {}'s variables (crates/envlint/src/nccl-{}.txt)",
+            known::NCCL_TABLE_VERSION,
+            known::NCCL_TABLE_VERSION
+        );
+        known.entry(name.to_string()).or_insert(Var {
+            name: name.into(),
+            owner: Owner::Nccl,
+            reader,
+            allowed,
+            source,
+            note: None,
+        });
+    }
+    for (name, reader, what) in known::DEEPEP {
+        known.entry(name.to_string()).or_insert(Var {
+            name: name.to_string(),
+            owner: Owner::DeepEp,
+            reader: *reader,
+            allowed: Vec::new(),
+            source: format!("DeepEP's README: {what}"),
+            note: None,
+        });
+    }
+    for (name, owner, reader) in known::OTHERS {
+        known.entry(name.to_string()).or_insert(Var {
+            name: name.to_string(),
+            owner: *owner,
+            reader: *reader,
+            allowed: Vec::new(),
+            source: format!("read by {}", owner.as_str()),
+            note: None,
+        });
+    }
+}
+
+/// Every build-time name: NVSHMEM's CMake options (from its source and the switch table),
+/// the recipe's fixed ones, what NVSHMEM's CMake reads, DeepEP's setup.py variables.
+fn build_time(tables: &NvshmemTables) -> BTreeMap<String, String> {
+    let mut build_time = BTreeMap::new();
+    for o in &tables.build_options {
+        build_time.insert(
+            o.name.clone(),
+            format!(
+                "a build-time option of NVSHMEM's CMake ({}:{}: {})",
+                o.file, o.line, o.description
+            ),
+        );
+    }
+    for s in switches::SWITCHES {
+        build_time.entry(s.cmake.to_string()).or_insert_with(|| {
+            "a build-time option of NVSHMEM's CMake (crates/stack/src/switches.rs)".to_string()
+        });
+    }
+    for name in FIXED_OFF {
+        build_time.entry(name.to_string()).or_insert_with(|| {
+            "a build-time option of NVSHMEM's CMake, always off in commstack's recipe".to_string()
+        });
+    }
+    for name in commstack_stack::pass_env::READ_BY_NVSHMEM_CMAKE {
+        if name != "CUDA_HOME" {
+            build_time
+                .entry(name.to_string())
+                .or_insert_with(|| "read by NVSHMEM's CMake while building".to_string());
+        }
+    }
+    for (name, what) in known::DEEPEP_BUILD {
+        build_time
+            .entry(name.to_string())
+            .or_insert_with(|| what.to_string());
+    }
+    build_time
 }
 
 /// An NVSHMEM variable's listed values, with its default among them (HEAP_KIND's default
