@@ -80,6 +80,23 @@ enum Which {
         #[arg(long, default_value_t = 1024)]
         mib: u64,
     },
+    /// `deploy render` of the current stack for each target, whole (stack.toml, the lock,
+    /// NVSHMEM's variables read from its source, render, envlint, files written); target
+    /// under 1 s each.
+    Deploy {
+        /// Renders per target.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        runs: u64,
+        /// The image reference rendered (it is not pulled).
+        #[arg(
+            long,
+            default_value = "registry.example.com/commstack/bench@sha256:390fb29b8501aa6f0e8ef8d0c2b9d0f6a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1"
+        )]
+        image: String,
+        /// The NVSHMEM source, instead of the locked one in the cache.
+        #[arg(long, value_name = "PATH")]
+        nvshmem_source: Option<PathBuf>,
+    },
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
@@ -127,6 +144,33 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             if !no_resume {
                 let resumed = fetch::resume(&artifacts, &std::env::current_exe()?, jobs)?;
                 println!("{}", resumed.line());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Which::Deploy {
+            runs,
+            image,
+            nvshmem_source,
+        } => {
+            let req = commstack_deploy::RenderRequest {
+                stack_path: ctx.stack_path.clone(),
+                lock_path: ctx.lock_path(),
+                cache_dir: ctx.cache_dir(),
+                target: commstack_deploy::Target::K8s,
+                image: commstack_deploy::ImageSource::Reference(image),
+                out: None,
+                nvshmem_source,
+                stack_flag: ctx.stack_flag(),
+            };
+            for t in commstack_deploy::bench::render_timings(&req, runs as usize)? {
+                let median = t.median().as_secs_f64();
+                println!(
+                    "| `cargo xtask deploy render --target {}` (median of {}) | {:.3} s | target < 1 s: {} |",
+                    t.target.as_str(),
+                    t.runs.len(),
+                    median,
+                    if median < 1.0 { "met" } else { "NOT met" }
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
