@@ -13,6 +13,16 @@ cargo fmt --all --check
 step "build and test every crate (the kernel crate without its CUDA parts: they need nvcc, last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
 cargo test --locked --workspace
 
+step "deploy's renders (the golden fixtures, 1 and 2 nodes, k8s and slurm) validated by others: kubernetes-validate against Kubernetes 1.33's OpenAPI schema, jsonschema against the pinned LeaderWorkerSet and JobSet CRDs (ci/validate_deploy.py)"
+if ! .tools/deploy-validate-venv/bin/python -c 'import kubernetes_validate' 2>/dev/null; then
+    python3 -m venv .tools/deploy-validate-venv
+    .tools/deploy-validate-venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+fi
+renders=$(mktemp -d)
+COMMSTACK_DEPLOY_RENDER_TO="$renders" cargo test --locked --quiet -p commstack-deploy --test golden
+.tools/deploy-validate-venv/bin/python ci/validate_deploy.py 1.33 crates/deploy/schemas "$renders"
+rm -rf "$renders"
+
 step "the image step with the network cut: the fixture image tests again in a new network namespace (unshare -n; Docker is reached through its socket)"
 unshare -n cargo test --locked --offline -p commstack-image --test image_step
 

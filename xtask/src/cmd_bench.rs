@@ -77,6 +77,23 @@ enum Which {
         #[arg(long, default_value_t = 1024)]
         mib: u64,
     },
+    /// `deploy render` of the current stack for each target, whole (stack.toml, the lock,
+    /// NVSHMEM's variables read from its source, render, envlint, files written); target
+    /// under 1 s each.
+    Deploy {
+        /// Renders per target.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        runs: u64,
+        /// The image reference rendered (it is not pulled).
+        #[arg(
+            long,
+            default_value = "registry.example.com/commstack/bench@sha256:390fb29b8501aa6f0e8ef8d0c2b9d0f6a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1"
+        )]
+        image: String,
+        /// The NVSHMEM source, instead of the locked one in the cache.
+        #[arg(long, value_name = "PATH")]
+        nvshmem_source: Option<PathBuf>,
+    },
 }
 
 /// `bench substitute`'s own flags, for clap.
@@ -174,6 +191,18 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             };
             build::bench_build(ctx, &req, &xtask()?)
         }
+        Which::Deploy {
+            runs,
+            image,
+            nvshmem_source,
+        } => commstack_bench::deploy::bench_deploy(
+            ctx,
+            &commstack_bench::deploy::Request {
+                runs: runs as usize,
+                image,
+                nvshmem_source,
+            },
+        ),
         Which::Substitute(a) => substitute::bench_substitute(ctx, &a.into(), &xtask()?),
         Which::Logscan { mib } => commstack_bench::logscan(mib),
     }

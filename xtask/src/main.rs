@@ -7,7 +7,9 @@ mod cmd_adopt;
 mod cmd_bench;
 mod cmd_build;
 mod cmd_cache;
+mod cmd_deploy;
 mod cmd_doctor;
+mod cmd_envlint;
 mod cmd_fetch;
 mod cmd_gpu_bundle;
 mod cmd_lock;
@@ -82,6 +84,14 @@ enum Command {
     Logscan(cmd_logscan::Args),
     /// Check this host: driver, GPUs and topology, RDMA, peermem, IBGDA settings, limits.
     Doctor(cmd_doctor::Args),
+    /// Render the pushed image's deploy (by digest) for Kubernetes or Slurm from
+    /// stack.toml's [deploy]: a gate before the rollout, the environment checked.
+    #[command(subcommand)]
+    Deploy(cmd_deploy::Command),
+    /// Check the NVSHMEM / NCCL / DeepEP environment of env files, scripts and manifests
+    /// against the stack's build: unknown names, build-time options, transports not
+    /// built, wrong types.
+    Envlint(cmd_envlint::Args),
     /// Run a benchmark and print a line for docs/benchmarks.md.
     Bench(cmd_bench::Args),
 }
@@ -106,6 +116,8 @@ fn main() -> ExitCode {
         Command::Verify(args) => cmd_verify::run(&ctx, args),
         Command::Logscan(args) => cmd_logscan::run(&ctx, args),
         Command::Doctor(args) => cmd_doctor::run(&ctx, args),
+        Command::Deploy(cmd) => cmd_deploy::run(&ctx, cmd),
+        Command::Envlint(args) => cmd_envlint::run(&ctx, args),
         Command::Bench(args) => cmd_bench::run(&ctx, args),
     };
     match result {

@@ -32,8 +32,13 @@ const LAYERS: &[(u32, &[&str])] = &[
         2,
         &["commstack-stack", "commstack-wheel", "commstack-graph"],
     ),
+    // The environment a deployment sets, checked against the stack's NVSHMEM source,
+    // NCCL's and DeepEP's tables (reads the manifest's switches, nothing later).
     // Locking: the indexes (PyPI, Debian), the resolver, manifest -> lock.
-    (3, &["commstack-pypi", "commstack-debian"]),
+    (
+        3,
+        &["commstack-pypi", "commstack-debian", "commstack-envlint"],
+    ),
     (4, &["commstack-resolve"]),
     (5, &["commstack-lock"]),
     // Fetching the locked artifacts.
@@ -51,7 +56,9 @@ const LAYERS: &[(u32, &[&str])] = &[
     (11, &["commstack-registry"]),
     // Proof at every level, and what consumes it.
     (12, &["commstack-verify", "commstack-doctor"]),
-    (13, &["commstack-adopt"]),
+    // What consumes the pushed image: adopt, and deploy's manifests (after registry and
+    // verify; never the build graph).
+    (13, &["commstack-adopt", "commstack-deploy"]),
     // The stack's steps on the graph; the binary cache of their outputs; the commands
     // that run them.
     (14, &["commstack-steps"]),

@@ -15,6 +15,7 @@
 
 pub mod bench;
 mod kb;
+mod prefix;
 mod render;
 mod scan;
 mod signature;

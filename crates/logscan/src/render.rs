@@ -9,6 +9,19 @@ use crate::signature::Phase;
 
 const WIDTH: usize = 100;
 
+/// ` (pod/NAME/CONTAINER; N pods)` for a hit in collected pod logs, else nothing.
+fn pods(hit: &crate::scan::SignatureHit) -> String {
+    match &hit.first.pod {
+        Some(pod) => format!(
+            " ({}; {} pod{})",
+            terminal_safe(pod),
+            hit.pods.len(),
+            plural(hit.pods.len() as u64)
+        ),
+        None => String::new(),
+    }
+}
+
 /// Render a report for a terminal. Plain text, no colour.
 pub fn render_human(report: &ScanReport) -> String {
     let mut out = String::new();
@@ -44,12 +57,13 @@ pub fn render_human(report: &ScanReport) -> String {
         for hit in hits {
             let _ = writeln!(
                 out,
-                "  {:<8} {}  ×{}  first at {}:{}",
+                "  {:<8} {}  ×{}  first at {}:{}{}",
                 hit.severity.as_str(),
                 hit.id,
                 hit.count,
                 terminal_safe(&hit.first.source),
-                hit.first.line
+                hit.first.line,
+                pods(hit)
             );
             // Log lines are untrusted: their escape sequences must not reach the terminal.
             let _ = writeln!(out, "      | {}", terminal_safe(&hit.example));

@@ -25,12 +25,18 @@ const MAX_UNKNOWN_GROUPS: usize = 500;
 /// Characters of a line kept as an example in the report.
 const EXAMPLE_MAX: usize = 400;
 
-/// A place in the scanned input: which source and which line (1-based).
+/// A place in the scanned input: which source and which line (1-based), and the pod and
+/// container when the line carried `kubectl logs --prefix`'s `[pod/NAME/CONTAINER] `.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Location {
     pub source: String,
     pub line: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
+
+/// Pods named per signature, at most (a job's logs can hold thousands).
+const MAX_PODS: usize = 64;
 
 /// Every line of one known signature: how often, where first, and what to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +52,10 @@ pub struct SignatureHit {
     pub fix: String,
     pub reference: String,
     pub see_also: Vec<String>,
+    /// Every pod (`pod/NAME/CONTAINER`) with a line of it, in order of first appearance, at
+    /// most 64; empty for logs without kubectl's prefix.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 /// Warning or error lines that share one template and match no signature.
@@ -204,8 +214,9 @@ impl<'kb> Scanner<'kb> {
     /// Classify one line from the caller (e.g. only the lines after a sentinel). `line` excludes
     /// its newline; `source` and `line_no` are what the report shows.
     pub fn feed_line(&mut self, source: &str, line_no: u64, line: &[u8]) -> LineClass<'kb> {
+        let (pod, line) = unprefix(line);
         let class = self.kb.classify_bytes(line);
-        self.record(class, source, line_no, line);
+        self.record(class, source, line_no, pod, line);
         class
     }
 
@@ -224,8 +235,13 @@ impl<'kb> Scanner<'kb> {
             if line.len() > MAX_MATCH_LINE {
                 source.long_lines += 1;
             }
-            let class = kb.classify_candidate(clip(line));
-            self.record(class, &source.name, line_no + 1, line);
+            let (pod, line) = unprefix(line);
+            // The prefilter may have hit only the prefix; the rest decides.
+            let class = match pod {
+                Some(_) => kb.classify_bytes(line),
+                None => kb.classify_candidate(clip(line)),
+            };
+            self.record(class, &source.name, line_no + 1, pod, line);
             from = end + 1;
         }
         source.lines = line_no + memchr_iter(b'\n', &block[counted..]).count() as u64;
@@ -237,21 +253,41 @@ impl<'kb> Scanner<'kb> {
         if line.len() >= MAX_MATCH_LINE {
             source.long_lines += 1;
         }
+        let (pod, line) = unprefix(line);
         let class = self.kb.classify_bytes(line);
-        self.record(class, &source.name, source.lines, line);
+        self.record(class, &source.name, source.lines, pod, line);
     }
 
-    fn record(&mut self, class: LineClass<'kb>, source: &str, line_no: u64, line: &[u8]) {
+    fn record(
+        &mut self,
+        class: LineClass<'kb>,
+        source: &str,
+        line_no: u64,
+        pod: Option<&[u8]>,
+        line: &[u8],
+    ) {
+        let at = Location {
+            source: source.to_string(),
+            line: line_no,
+            pod: pod.map(|p| String::from_utf8_lossy(p).into_owned()),
+        };
         match class {
-            LineClass::Known(sig) => self.record_known(sig, source, line_no, line),
-            LineClass::Unknown(level) => self.record_unknown(level, source, line_no, line),
+            LineClass::Known(sig) => self.record_known(sig, at, line),
+            LineClass::Unknown(level) => self.record_unknown(level, at, line),
             LineClass::Other => {}
         }
     }
 
-    fn record_known(&mut self, sig: &'kb Signature, source: &str, line_no: u64, line: &[u8]) {
+    fn record_known(&mut self, sig: &'kb Signature, at: Location, line: &[u8]) {
         if let Some(&i) = self.match_index.get(sig.id.as_str()) {
-            self.matches[i].count += 1;
+            let hit = &mut self.matches[i];
+            hit.count += 1;
+            if let Some(pod) = at.pod
+                && hit.pods.len() < MAX_PODS
+                && !hit.pods.contains(&pod)
+            {
+                hit.pods.push(pod);
+            }
             return;
         }
         self.match_index.insert(&sig.id, self.matches.len());
@@ -260,10 +296,8 @@ impl<'kb> Scanner<'kb> {
             phase: sig.phase,
             severity: sig.severity,
             count: 1,
-            first: Location {
-                source: source.to_string(),
-                line: line_no,
-            },
+            pods: at.pod.iter().cloned().collect(),
+            first: at,
             example: example(line),
             cause: sig.cause.clone(),
             fix: sig.fix.clone(),
@@ -272,7 +306,7 @@ impl<'kb> Scanner<'kb> {
         });
     }
 
-    fn record_unknown(&mut self, level: UnknownLevel, source: &str, line_no: u64, line: &[u8]) {
+    fn record_unknown(&mut self, level: UnknownLevel, at: Location, line: &[u8]) {
         let template = unknown::template(clip(line));
         if let Some(&i) = self.unknown_index.get(&template) {
             self.unknown[i].count += 1;
@@ -288,10 +322,7 @@ impl<'kb> Scanner<'kb> {
             level,
             template,
             count: 1,
-            first: Location {
-                source: source.to_string(),
-                line: line_no,
-            },
+            first: at,
             example: example(line),
         });
     }
@@ -304,6 +335,14 @@ impl<'kb> Scanner<'kb> {
             unknown: self.unknown,
             unknown_not_listed: self.unknown_not_listed,
         }
+    }
+}
+
+/// The line without kubectl's `[pod/NAME/CONTAINER] `, and that pod.
+fn unprefix(line: &[u8]) -> (Option<&[u8]>, &[u8]) {
+    match crate::prefix::split(line) {
+        Some((pod, rest)) => (Some(pod), rest),
+        None => (None, line),
     }
 }
 

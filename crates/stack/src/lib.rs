@@ -7,6 +7,8 @@
 
 pub mod arch;
 pub mod bases;
+pub mod deploy;
+mod deploy_check;
 pub mod diag;
 pub mod known;
 pub mod lock;
@@ -20,6 +22,8 @@ pub mod switches;
 pub mod validation;
 
 pub use arch::CudaArch;
+pub use deploy::Deploy;
+pub use deploy_check::{RENDERED_ENV, env_name_ok, parse_quantity};
 pub use diag::{Diagnostic, Location};
 pub use lock::Lock;
 pub use manifest::Stack;

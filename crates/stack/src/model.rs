@@ -241,6 +241,10 @@ pub struct Stack {
     /// signatures it accepts. Not in the echo or the fingerprint: it changes where
     /// outputs come from, never what they are, so the lock does not go stale.
     pub cache: Cache,
+    /// `[deploy]`: how `deploy render` runs the image. Not in the echo or the fingerprint,
+    /// as `[cache]`: it says where and how the image runs, never what is built, so a lock
+    /// stays fresh when it changes.
+    pub deploy: Option<crate::deploy::Deploy>,
     pub(crate) path: PathBuf,
     pub(crate) text: String,
     pub(crate) spans: BTreeMap<String, Range<usize>>,

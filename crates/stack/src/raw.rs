@@ -1,6 +1,7 @@
 //! `stack.toml` as written: serde structs that mirror the file, strict (unknown keys and
 //! wrong types are errors), every value kept with its span so validation can point at it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -26,6 +27,8 @@ pub(crate) struct RawManifest {
     /// The binary cache (`build --substitute`); not part of the lock.
     #[serde(default)]
     pub(crate) cache: RawCache,
+    /// Absent: `deploy render` refuses the stack, naming the section to add.
+    pub(crate) deploy: Option<RawDeploy>,
 }
 
 #[derive(Deserialize)]
@@ -182,4 +185,50 @@ pub(crate) struct RawCache {
     pub(crate) registry: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) trusted_keys: Vec<Spanned<String>>,
+}
+
+/// `[deploy]`: how `cargo xtask deploy render` runs the image (crates/deploy). Not part of
+/// the lock: it changes where and how the image runs, never what is built.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawDeploy {
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) namespace: Option<Spanned<String>>,
+    pub(crate) nodes: Spanned<i64>,
+    pub(crate) gpus_per_node: Spanned<i64>,
+    pub(crate) replicas: Option<Spanned<i64>>,
+    pub(crate) network: Spanned<String>,
+    pub(crate) rdma_resource: Option<Spanned<String>>,
+    pub(crate) rdma_per_node: Option<Spanned<i64>>,
+    pub(crate) gid_index: Option<Spanned<i64>>,
+    pub(crate) socket_ifname: Option<Spanned<String>>,
+    pub(crate) command: Spanned<Vec<Spanned<String>>>,
+    /// Keys with their spans, so a finding about one variable points at its line.
+    #[serde(default)]
+    pub(crate) env: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    pub(crate) shm_size: Option<Spanned<String>>,
+    pub(crate) ibgda_access: Option<Spanned<String>>,
+    pub(crate) run_as_root: Option<Spanned<bool>>,
+    pub(crate) host_network: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub(crate) node_selector: BTreeMap<Spanned<String>, Spanned<String>>,
+    pub(crate) image_pull_secret: Option<Spanned<String>>,
+    pub(crate) cpu: Option<Spanned<String>>,
+    pub(crate) memory: Option<Spanned<String>>,
+    pub(crate) ephemeral_storage: Option<Spanned<String>>,
+    pub(crate) restart_policy: Option<Spanned<String>>,
+    pub(crate) master_port: Option<Spanned<i64>>,
+    pub(crate) gate_deadline_seconds: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) slurm: RawSlurm,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawSlurm {
+    pub(crate) container: Option<Spanned<String>>,
+    pub(crate) partition: Option<Spanned<String>>,
+    pub(crate) account: Option<Spanned<String>>,
+    pub(crate) time: Option<Spanned<String>>,
+    pub(crate) bundle_dir: Option<Spanned<String>>,
 }

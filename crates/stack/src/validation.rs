@@ -74,6 +74,15 @@ impl Validator<'_> {
             Some(raw) => self.image(raw, base).map(Some),
         };
         let cache = self.cache(raw.cache);
+        let deploy = match raw.deploy {
+            None => Some(None),
+            Some(raw) => {
+                let checked = crate::deploy_check::check(self.path, self.text, raw);
+                self.diags.extend(checked.diags);
+                self.spans.extend(checked.spans);
+                checked.deploy.map(Some)
+            }
+        };
         Some(Stack {
             target: target?,
             torch: torch?,
@@ -83,6 +92,7 @@ impl Validator<'_> {
             resolve: resolve?,
             image: image?,
             cache: cache?,
+            deploy: deploy?,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
             spans: std::mem::take(&mut self.spans),
@@ -742,6 +752,12 @@ fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> Diagnostic {
             "check the value's type: strings are quoted, booleans are true/false, lists use [ ]"
                 .to_string(),
         )
+    } else if message.starts_with("missing field")
+        && ["`nodes`", "`gpus-per-node`", "`network`", "`command`"]
+            .iter()
+            .any(|f| message.contains(f))
+    {
+        Some("[deploy] needs nodes, gpus-per-node, network and command; see stack.toml's [deploy] and docs/deploy.md".to_string())
     } else if message.starts_with("missing field") {
         Some(
             "every stack names target, torch, nvshmem and deepep; see stack.toml for an example"

@@ -537,3 +537,86 @@ fn cache_section_parses_and_names_bad_fields() {
     let err = errors(&format!("{MINIMAL}\n[cache]\nkeys = []\n"));
     assert!(err.contains("unknown field `keys`"), "{err}");
 }
+
+/// `[deploy]`: defaults are filled in, the shipped stack's section parses, and the section
+/// does not move the fingerprint (deploy settings never make the lock stale).
+#[test]
+fn deploy_section_takes_defaults_and_leaves_the_fingerprint() {
+    use commstack_stack::deploy::{GroupRestart, IbgdaAccess, Network, SlurmContainer};
+    let text = format!(
+        "{MINIMAL}\n[deploy]\nnodes = 1\ngpus-per-node = 8\nnetwork = \"none\"\ncommand = [\"python3\", \"serve.py\"]\n\n[deploy.env]\nNVSHMEM_QP_DEPTH = 2048\nNCCL_DEBUG = \"WARN\"\n"
+    );
+    let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
+    let d = s.deploy.as_ref().unwrap();
+    assert_eq!(
+        (d.name.as_str(), d.namespace.as_str()),
+        ("commstack", "default")
+    );
+    assert_eq!((d.nodes, d.gpus_per_node, d.replicas), (1, 8, 1));
+    assert_eq!(d.network, Network::None);
+    assert_eq!(d.rdma_resource, None);
+    assert_eq!(d.shm_size.text, "32Gi");
+    assert_eq!(d.shm_size.value, 32 << 30);
+    assert_eq!(d.ibgda_access, IbgdaAccess::Driver);
+    assert_eq!(d.restart_policy, GroupRestart::RecreateGroupAfterStart);
+    assert_eq!(d.slurm.container, SlurmContainer::Oci);
+    assert_eq!(d.master_port, 29500);
+    // Integers are written as text, as environment values are.
+    assert_eq!(d.env["NVSHMEM_QP_DEPTH"], "2048");
+    assert_eq!(s.locate("deploy.env.NCCL_DEBUG").map(|l| l.line), Some(26));
+    let plain = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();
+    assert!(plain.deploy.is_none());
+    assert_eq!(s.fingerprint(), plain.fingerprint());
+    assert_eq!(s.echo(), plain.echo());
+
+    let (name, shipped_text) = shipped("stack.toml");
+    let shipped = Stack::parse(Path::new(&name), &shipped_text).unwrap();
+    let d = shipped.deploy.unwrap();
+    assert_eq!((d.nodes, d.gpus_per_node), (2, 8));
+    assert_eq!(d.network, Network::Infiniband);
+    assert_eq!(d.rdma_resource.as_deref(), Some("rdma/ib"));
+}
+
+/// Each wrong `[deploy]` field is named at its place with a hint, all at once.
+#[test]
+fn deploy_section_names_each_bad_field() {
+    let err = errors(&format!(
+        "{MINIMAL}\n[deploy]\nname = \"My_Group\"\nnodes = 0\ngpus-per-node = 8\nnetwork = \"ethernet\"\ncommand = []\nshm-size = \"32GB\"\nibgda-access = \"root\"\n\n[deploy.env]\nMASTER_ADDR = \"x\"\n\"1BAD\" = \"y\"\n"
+    ));
+    for expected in [
+        "stack.toml:19:8: deploy.name \"My_Group\" is not a DNS label",
+        "stack.toml:20:9: deploy.nodes must be from 1 to 1024, got 0",
+        "stack.toml:22:11: deploy.network must be one of \"infiniband\", \"roce\", \"none\", got \"ethernet\"",
+        "stack.toml:23:11: deploy.command is empty",
+        "stack.toml:24:12: deploy.shm-size: \"32GB\" is not a positive Kubernetes quantity",
+        "stack.toml:25:16: deploy.ibgda-access must be one of",
+        "stack.toml:28:1: deploy.env: MASTER_ADDR is set by `deploy render` itself",
+        "deploy.env: \"1BAD\" is not an environment variable name",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+
+    // The fabric's fields depend on each other.
+    let base = format!("{MINIMAL}\n[deploy]\ngpus-per-node = 8\ncommand = [\"serve\"]\n");
+    let err = errors(&format!("{base}nodes = 2\nnetwork = \"none\"\n"));
+    assert!(
+        err.contains("deploy.nodes = 2 needs RDMA between the nodes"),
+        "{err}"
+    );
+    let err = errors(&format!("{base}nodes = 2\nnetwork = \"roce\"\n"));
+    assert!(
+        err.contains("deploy.network = \"roce\" needs deploy.rdma-resource"),
+        "{err}"
+    );
+    assert!(err.contains("rdma/roce_gdr"), "{err}");
+    let err = errors(&format!(
+        "{base}nodes = 2\nnetwork = \"infiniband\"\nrdma-resource = \"rdma/ib\"\ngid-index = 3\n"
+    ));
+    assert!(err.contains("deploy.gid-index is for RoCE"), "{err}");
+    let err = errors(&format!("{MINIMAL}\n[deploy]\nnodes = 1\n"));
+    assert!(err.contains("missing field"), "{err}");
+    assert!(
+        err.contains("[deploy] needs nodes, gpus-per-node, network and command"),
+        "{err}"
+    );
+}
