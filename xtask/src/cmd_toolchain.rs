@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    let tc = resolve(ctx, &args.toolchain.into(), args.force)?;
+    let tc = resolve(ctx, &args.toolchain.into(), args.force, &|l| ctx.say(l))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&tc)?);
     } else {

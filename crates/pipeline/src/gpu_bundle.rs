@@ -87,7 +87,7 @@ pub fn gpu_bundle(ctx: &Ctx, req: &GpuBundleRequest) -> Result<()> {
     let selftest = match req.no_selftest {
         true => None,
         false => Some((
-            resolve(ctx, &req.build.toolchain, false)?,
+            resolve(ctx, &req.build.toolchain, false, &|l| ctx.say(l))?,
             nvshmem_prefix(ctx, req.nvshmem.as_deref())?,
         )),
     };
@@ -151,7 +151,7 @@ impl Bundle<'_> {
             let store = commstack_store::Store::open(self.ctx.store_dir())?;
             let bin = build_selftest(
                 &store,
-                self.ctx.quiet,
+                (!self.ctx.quiet).then_some(&|l: &str| self.ctx.say(l)),
                 &tc.nvcc,
                 &nvshmem,
                 &self.settings.cuda_archs,

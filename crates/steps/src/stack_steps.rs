@@ -332,7 +332,7 @@ impl StackSteps<'_> {
             output_of_step(done, StepId::Kernels)?,
             k.source,
         );
-        let verify = crate::flow::image::verify_tool_forced(self.ctx, self.args.force)?;
+        let verify = crate::flow::image::verify_tool(self.ctx, self.args.force, say)?;
         let image = crate::flow::image::image_step(
             self.ctx,
             &self.settings,
@@ -550,7 +550,7 @@ impl Steps<StepId> for StackSteps<'_> {
             }),
             StepId::Fetch => self.run_fetch(say),
             StepId::Toolchain => {
-                let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, args.force)?;
+                let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, args.force, say)?;
                 Ok(StepResult {
                     output: tc.cuda_home.parent().map(Path::to_path_buf),
                     facts: json!({ "toolchain": tc.describe() }),
@@ -587,12 +587,13 @@ impl Steps<StepId> for StackSteps<'_> {
             StepId::Kernels => {
                 let prefix =
                     output_of_step(done, StepId::Nvshmem)?.join(commstack_nvshmem::INSTALL_DIR);
-                let tool = crate::flow::image::selftest_tool_forced(
+                let tool = crate::flow::image::selftest_tool(
                     ctx,
                     s,
                     &args.toolchain,
                     prefix,
                     args.force,
+                    say,
                 )?;
                 Ok(StepResult {
                     output: Some(tool.host_path.clone()),

@@ -8,6 +8,9 @@ use anyhow::{Context, Result, bail};
 use commstack_store::{StepKey, Store};
 use xshell::{Shell, cmd};
 
+/// Where a tool build's own lines go: None for quiet.
+pub type Say<'a> = Option<&'a dyn Fn(&str)>;
+
 /// Bumped when [`own_tool`] changes what it produces.
 const TOOL_RECIPE: &str = "reproducible-tool-1";
 
@@ -100,10 +103,12 @@ const TOOL_ENV_KEPT_PREFIXES: &[&str] = &[
 /// compilers, strip and `recipe.inputs`, never a path of this machine.
 ///
 /// [`FixedDir`]: commstack_store::FixedDir
-pub fn own_tool(store: &Store, quiet: bool, recipe: &ToolRecipe) -> Result<OwnTool> {
+/// `say`: where its lines go (None: quiet, and cargo with `--quiet`; else cargo's own
+/// progress goes to the terminal as it comes).
+pub fn own_tool(store: &Store, say: Say, recipe: &ToolRecipe) -> Result<OwnTool> {
     let (key, inputs) = tool_key(recipe)?;
     let outcome = store.run(&key, &inputs, recipe.force, |dir| {
-        build_tool_at_fixed_path(quiet, recipe, &kept_env(), &dir.out)
+        build_tool_at_fixed_path(say, recipe, &kept_env(), &dir.out)
     })?;
     let path = outcome.path().join(recipe.bin);
     let sha256 = commstack_digest::sha256_file(&path)
@@ -210,7 +215,7 @@ pub fn tool_build_dir(bin: &str) -> PathBuf {
 /// [`own_tool`]'s build: the workspace copied into the fixed directory, built there, the
 /// binary stripped into `out`.
 fn build_tool_at_fixed_path(
-    quiet: bool,
+    say: Say,
     recipe: &ToolRecipe,
     env: &[(String, std::ffi::OsString)],
     out: &Path,
@@ -241,12 +246,12 @@ fn build_tool_at_fixed_path(
             )
         })?;
     }
-    if !quiet {
-        eprintln!(
+    if let Some(say) = say {
+        say(&format!(
             "building {} (release) in {} ...",
             recipe.bin,
             build.display()
-        );
+        ));
     }
     // Later prefixes win in rustc: the specific ones come last.
     let rustflags = format!(
@@ -278,7 +283,7 @@ fn build_tool_at_fixed_path(
         .env("RUSTFLAGS", rustflags)
         .env("LC_ALL", "C")
         .env("TZ", "UTC");
-    if quiet {
+    if say.is_none() {
         cargo.arg("--quiet");
     }
     for (name, value) in &recipe.env {

@@ -13,7 +13,7 @@ mod selftest;
 mod verify;
 mod workspace;
 
-pub use build::{OwnTool, TOOL_STEP, ToolRecipe, own_tool, tool_build_dir, tool_key};
+pub use build::{OwnTool, Say, TOOL_STEP, ToolRecipe, own_tool, tool_build_dir, tool_key};
 pub use selftest::{
     BUNDLE_RUNPATH, NvshmemForKernels, SelftestBuild, build_selftest, env_archs, nvshmem_identity,
     selftest_step,

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use commstack_stack::CudaArch;
 use commstack_store::Store;
 
-use crate::build::{OwnTool, ToolRecipe, own_tool};
+use crate::build::{OwnTool, Say, ToolRecipe, own_tool};
 
 /// Where the NVSHMEM a kernel build compiles against came from.
 pub struct NvshmemForKernels {
@@ -48,14 +48,14 @@ pub struct SelftestBuild<'a> {
 /// and stripped, in the store, RUNPATH [`BUNDLE_RUNPATH`].
 pub fn build_selftest(
     store: &Store,
-    quiet: bool,
+    say: Say,
     nvcc: &Path,
     nvshmem: &NvshmemForKernels,
     archs: &[CudaArch],
 ) -> Result<PathBuf> {
     let built = selftest_step(
         store,
-        quiet,
+        say,
         &SelftestBuild {
             root: &crate::workspace::workspace_root(),
             nvcc,
@@ -71,30 +71,30 @@ pub fn build_selftest(
 /// commstack-selftest built reproducibly and stripped, in a store step keyed by the
 /// sources, rustc, the CUDA toolkit's and NVSHMEM's identities (contents, not paths), the
 /// archs and the RUNPATH.
-pub fn selftest_step(store: &Store, quiet: bool, b: &SelftestBuild) -> Result<OwnTool> {
+pub fn selftest_step(store: &Store, say: Say, b: &SelftestBuild) -> Result<OwnTool> {
     if let Some(entry) = b.runpath.iter().find(|e| !e.starts_with("$ORIGIN")) {
         bail!(
             "RUNPATH entry {entry:?} is not relative to the binary ($ORIGIN/...): it would \
              name a directory of this machine in the binary"
         );
     }
-    if !quiet {
-        eprintln!(
+    if let Some(say) = say {
+        say(&format!(
             "commstack-selftest: nvcc {}, {}, archs {}, RUNPATH {}",
             b.nvcc.display(),
             b.nvshmem.describe,
             env_archs(b.archs),
             b.runpath.join(":")
-        );
+        ));
     }
-    let built = own_tool(store, quiet, &selftest_recipe(b)?)?;
-    if !quiet {
-        eprintln!(
+    let built = own_tool(store, say, &selftest_recipe(b)?)?;
+    if let Some(say) = say {
+        say(&format!(
             "commstack-selftest: {} (sha256 {}{})",
             built.path.display(),
             built.sha256,
             if built.cached { ", in the store" } else { "" }
-        );
+        ));
     }
     Ok(built)
 }
@@ -538,7 +538,7 @@ mod tests {
             let n = nvshmem_of(v);
             let selftest = selftest_step(
                 &store,
-                false,
+                Some(&|l: &str| eprintln!("{l}")),
                 &SelftestBuild {
                     root: &v.root,
                     nvcc: &v.toolchain.join(&cuda.nvcc_in_link),
@@ -549,7 +549,13 @@ mod tests {
                 },
             )
             .unwrap();
-            let verify = crate::verify::build_verify_tool(&store, false, &v.root, false).unwrap();
+            let verify = crate::verify::build_verify_tool(
+                &store,
+                Some(&|l: &str| eprintln!("{l}")),
+                &v.root,
+                false,
+            )
+            .unwrap();
             unsafe { libc::umask(0o022) };
             assert!(!selftest.cached && !verify.cached, "a fresh store builds");
             eprintln!(

@@ -5,12 +5,12 @@ use std::path::Path;
 use anyhow::Result;
 use commstack_store::Store;
 
-use crate::build::{OwnTool, ToolRecipe, own_tool};
+use crate::build::{OwnTool, Say, ToolRecipe, own_tool};
 
 /// The verify tool for inside the image: a release build of `commstack-verify` from the
 /// workspace at `root`.
-pub fn build_verify_tool(store: &Store, quiet: bool, root: &Path, force: bool) -> Result<OwnTool> {
-    own_tool(store, quiet, &verify_recipe(root, force))
+pub fn build_verify_tool(store: &Store, say: Say, root: &Path, force: bool) -> Result<OwnTool> {
+    own_tool(store, say, &verify_recipe(root, force))
 }
 
 /// How [`build_verify_tool`] builds: the crate alone, nothing outside the workspace.

@@ -109,7 +109,7 @@ pub fn deepep_step(
     let (stack, lock) = (&settings.stack, &settings.lock);
     let archs = &settings.cuda_archs;
     let store = Store::open(ctx.store_dir())?;
-    let tc = resolve(ctx, &args.toolchain, false)?;
+    let tc = resolve(ctx, &args.toolchain, false, say)?;
     say(&format!("toolchain: {}", tc.describe()));
 
     let nvshmem = nvshmem_input(&store, d.nvshmem.as_deref(), lock, archs)?;

@@ -79,30 +79,22 @@ pub fn base_step(
 }
 
 /// The self-test built against the NVSHMEM install at `nvshmem_prefix`, reproducibly and
-/// stripped, in the store for the image. Its RUNPATH finds NVSHMEM where the image has it:
-/// the drop-in wheel in the venv's site-packages.
+/// stripped, in the store for the image; built again even when the store has it when
+/// `force` (the graph's `--force`, and `build --check`, whose store links to the first
+/// build's steps). Its RUNPATH finds NVSHMEM where the image has it: the drop-in wheel in
+/// the venv's site-packages.
 pub fn selftest_tool(
     ctx: &Ctx,
     settings: &Settings,
     toolchain: &crate::options::ToolchainChoice,
     nvshmem_prefix: PathBuf,
-) -> Result<Tool> {
-    selftest_tool_forced(ctx, settings, toolchain, nvshmem_prefix, false)
-}
-
-/// [`selftest_tool`], built again even when the store has it when `force` (the graph's
-/// `--force`, and `build --check`, whose store links to the first build's steps).
-pub fn selftest_tool_forced(
-    ctx: &Ctx,
-    settings: &Settings,
-    toolchain: &crate::options::ToolchainChoice,
-    nvshmem_prefix: PathBuf,
     force: bool,
+    say: &dyn Fn(&str),
 ) -> Result<Tool> {
-    let tc = crate::flow::toolchain::resolve(ctx, toolchain, false)?;
+    let tc = crate::flow::toolchain::resolve(ctx, toolchain, false, say)?;
     let built = commstack_tools::selftest_step(
         &Store::open(ctx.store_dir())?,
-        ctx.quiet,
+        (!ctx.quiet).then_some(say),
         &commstack_tools::SelftestBuild {
             root: &commstack_tools::workspace_root(),
             nvcc: &tc.nvcc,
@@ -145,18 +137,16 @@ fn relative_to(from: &Path, to: &Path) -> String {
     parts.join("/")
 }
 
-/// The verify tool, built reproducibly and stripped into the store for the image.
-pub fn verify_tool(ctx: &Ctx) -> Result<Tool> {
-    verify_tool_forced(ctx, false)
-}
-
-/// [`verify_tool`], built again even when the store has it when `force` (as
-/// [`selftest_tool_forced`]).
-pub fn verify_tool_forced(ctx: &Ctx, force: bool) -> Result<Tool> {
+/// The verify tool, built reproducibly and stripped into the store for the image; built
+/// again even when the store has it when `force` (as [`selftest_tool`]).
+pub fn verify_tool(ctx: &Ctx, force: bool, say: &dyn Fn(&str)) -> Result<Tool> {
     let store = Store::open(ctx.store_dir())?;
     let root = commstack_tools::workspace_root();
     Ok(image_tool(&commstack_tools::build_verify_tool(
-        &store, ctx.quiet, &root, force,
+        &store,
+        (!ctx.quiet).then_some(say),
+        &root,
+        force,
     )?))
 }
 

@@ -72,7 +72,7 @@ pub fn nvshmem_prefix(ctx: &Ctx, explicit: Option<&Path>) -> Result<NvshmemForKe
 pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::process::ExitCode> {
     let settings = crate::settings::Settings::resolve(ctx, args)?;
     settings.print_notes();
-    let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false)?;
+    let tc = crate::flow::toolchain::resolve(ctx, &args.toolchain, false, &|l| ctx.say(l))?;
     let nvshmem = match args.nvshmem_from.as_str() {
         "nvidia-wheel" => nvshmem_prefix(ctx, None)?,
         "stack" => {
@@ -93,7 +93,7 @@ pub fn run(ctx: &Ctx, args: &crate::options::BuildOptions) -> Result<std::proces
     if !args.test {
         let bin = selftest_step(
             &Store::open(ctx.store_dir())?,
-            ctx.quiet,
+            (!ctx.quiet).then_some(&|l: &str| ctx.say(l)),
             &SelftestBuild {
                 root: &commstack_tools::workspace_root(),
                 nvcc: &tc.nvcc,

@@ -30,7 +30,7 @@ pub fn nvshmem_build(ctx: &Ctx, args: &BuildOptions) -> Result<(ExitCode, PathBu
     let say = |line: &str| ctx.say(line);
     if let Some(work) = &args.configure_only {
         let (source, tree) = nvshmem_source(ctx, args, &|l| crate::out!("{l}"))?;
-        let tc = resolve(ctx, &args.toolchain, false)?;
+        let tc = resolve(ctx, &args.toolchain, false, &say)?;
         let python3 = Settings::python3(args)?;
         let req = request(&settings, &source, &tree, &tc, python3, &say);
         let cache = commstack_nvshmem::configure_only(&req, work)?;
@@ -114,7 +114,7 @@ pub fn nvshmem_step(
     result: &dyn Fn(&str),
 ) -> Result<Built> {
     let (source, tree) = nvshmem_source(ctx, args, say)?;
-    let tc = resolve(ctx, &args.toolchain, false)?;
+    let tc = resolve(ctx, &args.toolchain, false, say)?;
     say(&format!("toolchain: {}", tc.describe()));
     let python3 = Settings::python3(args)?;
     let req = request(settings, &source, &tree, &tc, python3, say);

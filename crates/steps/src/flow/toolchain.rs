@@ -14,7 +14,12 @@ use crate::options::ToolchainChoice;
 
 /// The toolchain the arguments name: system, a wheel directory, or stack.lock's
 /// toolchain wheels from the download cache.
-pub fn resolve(ctx: &Ctx, args: &ToolchainChoice, force: bool) -> Result<Toolchain> {
+pub fn resolve(
+    ctx: &Ctx,
+    args: &ToolchainChoice,
+    force: bool,
+    say: &dyn Fn(&str),
+) -> Result<Toolchain> {
     if args.system {
         return system(&SystemOptions {
             cuda_home: args.cuda_home.clone(),
@@ -27,20 +32,18 @@ pub fn resolve(ctx: &Ctx, args: &ToolchainChoice, force: bool) -> Result<Toolcha
     };
     let store = Store::open(ctx.store_dir())?;
     let provisioned = provision_wheels(&store, &wheels, force)?;
-    if !ctx.quiet {
-        match &provisioned.outcome {
-            commstack_store::Outcome::Cached { path } => eprintln!(
+    say(&match &provisioned.outcome {
+        commstack_store::Outcome::Cached { path } => {
+            format!(
                 "toolchain: in the store, nothing to do ({})",
                 path.display()
-            ),
-            commstack_store::Outcome::Built { path, seconds } => {
-                eprintln!(
-                    "toolchain: provisioned and checked in {seconds:.1} s ({})",
-                    path.display()
-                )
-            }
+            )
         }
-    }
+        commstack_store::Outcome::Built { path, seconds } => format!(
+            "toolchain: provisioned and checked in {seconds:.1} s ({})",
+            path.display()
+        ),
+    });
     Ok(provisioned.toolchain)
 }
 
