@@ -117,4 +117,14 @@ impl Settings {
             crate::out!("note: {note}");
         }
     }
+
+    /// What the drop-in NVSHMEM wheel is named and versioned as, for torch's pin `pin`:
+    /// one place for the build command and the graph's steps.
+    pub fn dropin_spec(&self, pin: String) -> commstack_nvshmem::DropInSpec {
+        commstack_nvshmem::DropInSpec {
+            cuda_major: self.stack.torch.cuda_major as u32,
+            torch_pin: pin,
+            allow_version_mismatch: self.allow_version_mismatch,
+        }
+    }
 }

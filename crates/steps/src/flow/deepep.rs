@@ -16,7 +16,7 @@ use commstack_deepep::venv::{managed_venv, runtime_wheels};
 use commstack_deepep::wheelhouse::{Wheelhouse, WheelhouseKind, assemble_wheelhouse};
 use commstack_deepep::{LockedWheel, NvshmemInput, SourceInput};
 use commstack_fetch::{Artifact, FetchOptions};
-use commstack_nvshmem::{DropInSpec, build_dropin_wheel, dropin_distribution};
+use commstack_nvshmem::{build_dropin_wheel, dropin_distribution};
 use commstack_stack::{CudaArch, Lock};
 use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
@@ -339,11 +339,7 @@ fn dropin_wheel(
                     nvshmem.prefix.display()
                 )
             })?;
-            let spec = DropInSpec {
-                cuda_major: stack.torch.cuda_major as u32,
-                torch_pin: pin.clone(),
-                allow_version_mismatch: settings.allow_version_mismatch,
-            };
+            let spec = settings.dropin_spec(pin.clone());
             let (dropin, _) = build_dropin_wheel(store, built, &spec, false)?;
             LockedWheel {
                 name: commstack_wheel::normalize_name(&dropin.distribution),
@@ -354,8 +350,18 @@ fn dropin_wheel(
             }
         }
     };
-    let public = wheel.version.split('+').next().unwrap_or_default();
-    if wheel.name != distribution || public != pin || !wheel.version.contains("+commstack.") {
+    // The drop-in carries torch's pinned version (PEP 440: `3.4.5+commstack.g...` is
+    // `3.4.5`), compared as the lock's rule compares them.
+    let public: Option<pep440_rs::Version> =
+        wheel.version.split('+').next().and_then(|v| v.parse().ok());
+    let pinned = pin
+        .parse()
+        .map(|v| commstack_stack::Pin::new(distribution.clone(), v));
+    let same_version = match (&public, &pinned) {
+        (Some(v), Ok(p)) => commstack_stack::rules::nvshmem_matches_torch_pin(v, p).is_ok(),
+        _ => false,
+    };
+    if wheel.name != distribution || !same_version || !wheel.version.contains("+commstack.") {
         bail!(
             "{} is {} {}, not the stack's drop-in {distribution}=={pin}+commstack.*",
             wheel.path.display(),

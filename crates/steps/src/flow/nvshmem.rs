@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use commstack_fetch::tree::Strip;
-use commstack_nvshmem::{
-    BuildRequest, Built, DropIn, DropInSpec, build, build_dropin_wheel, compare_wheels,
-};
+use commstack_nvshmem::{BuildRequest, Built, DropIn, build, build_dropin_wheel, compare_wheels};
 use commstack_store::{Outcome, Store};
 
 use crate::ctx::Ctx;
@@ -170,14 +168,12 @@ pub fn dropin_step(
     result: &dyn Fn(&str),
 ) -> Result<DropIn> {
     let store = Store::open(ctx.store_dir())?;
-    let spec = DropInSpec {
-        cuda_major: settings.stack.torch.cuda_major as u32,
-        torch_pin: settings
+    let spec = settings.dropin_spec(
+        settings
             .torch_pin
             .clone()
             .unwrap_or_else(|| built.report.source.version.clone()),
-        allow_version_mismatch: settings.allow_version_mismatch,
-    };
+    );
     let (dropin, outcome) = build_dropin_wheel(&store, built, &spec, args.force)?;
     result(&format!(
         "wheel{}: {}",
