@@ -36,6 +36,9 @@
 #   gdb       the elastic test in-process (torch's comm reused, as by default) under gdb
 #             (or cuda-gdb, which debugs host code too) -batch: every thread's backtrace
 #   sanitizer the elastic test in-process under compute-sanitizer (memcheck)
+#   cxx       the C++ toolchain torch's BuildExtension picks (CC/CXX), and a minimal A/B with
+#             no GPU: DeepEP's JIT include regex in a tiny .so built like _C.so by that g++
+#             and by the system g++, called after `import torch` and without it
 # "swap" is undone by the EXIT trap whatever happens: the backup is copied back and its
 # sha256 compared with the listing; the output says "RESTORE OK" or "RESTORE FAILED".
 #
@@ -52,7 +55,7 @@ scratch="$(cd "$1" && pwd)" || exit 2
 mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts nccl deepep links swap import elastic elastic-owncomm legacy jit gdb sanitizer)
+[ ${#steps[@]} -gt 0 ] || steps=(facts cxx nccl deepep links swap import elastic elastic-owncomm legacy jit gdb sanitizer)
 
 NCCL_TGZ="$scratch/nccl-2.30.7-1.tar.gz"
 DEEPEP_REV=dd758caf451848bd150e1046af3d0a73e5fff38d
@@ -355,6 +358,47 @@ step_sanitizer() {
     ep_env 8365
     ( cd "$EP_SRC" && timeout -k 5 "$(cap 180)" "$cs" --tool memcheck --print-limit 20 \
         "$PY" "$(inproc_driver)" tests/elastic/test_ep.py --num-processes 1 --test-first-only --skip-perf-test )
+}
+
+step_cxx() {
+    env | grep -E '^(CC|CXX|CUDAHOSTCXX|LDSHARED|CFLAGS|CXXFLAGS|LDFLAGS)=' || echo "no CC/CXX/LDSHARED in the environment"
+    "$PY" -c 'import sysconfig as s; print("sysconfig CC", s.get_config_var("CC"), "| CXX", s.get_config_var("CXX"), "| LDSHARED", s.get_config_var("LDSHARED"))'
+    local gxx cxx="${CXX:-c++}" so rc
+    for gxx in "$cxx" /usr/bin/g++; do
+        echo "== $gxx: $(command -v "$gxx") $("$gxx" --version | head -1)"
+        echo "   libstdc++.so: $("$gxx" -print-file-name=libstdc++.so)  libstdc++.a: $("$gxx" -print-file-name=libstdc++.a)"
+        "$gxx" -dumpspecs | grep -n -i -E 'static-libstdc|static-libgcc' | head -5
+        "$gxx" -v 2>&1 | grep -o -E -- '--(with|enable|disable)-[a-z-]*(static|shared|libstdcxx)[a-z=-]*' | sort -u
+    done
+    cat >"$WORK/regex_probe.cpp" <<'EOF2'
+#include <regex>
+#include <string>
+// DeepEP's JIT include parser (csrc/jit/include_parser.hpp get_includes): this regex, at the first dispatch
+extern "C" int probe() {
+    const std::regex pattern(R"(#\s*include\s*[<"][^>"]+[>"])");
+    const std::string code = "#include <deep_ep/impls/dispatch.cuh>";
+    return std::regex_search(code, pattern) ? 1 : 0;
+}
+EOF2
+    so="$(segv_handler)"
+    for gxx in "$cxx" /usr/bin/g++; do
+        local tag; tag="$(basename "$(dirname "$(dirname "$(command -v "$gxx")")")")-$(basename "$gxx")"
+        # linked as BuildExtension links deep_ep/_C (deepep-build.log): -shared -Wl,-O1 -Wl,-Bsymbolic-functions
+        "$gxx" -O3 -fPIC -std=c++17 -shared -Wl,-O1 -Wl,-Bsymbolic-functions "$WORK/regex_probe.cpp" -o "$WORK/regex_probe.$tag.so" || continue
+        echo "== regex_probe.$tag.so NEEDED: $(readelf -dW "$WORK/regex_probe.$tag.so" | grep NEEDED | grep -o '\[.*\]' | paste -sd' ')"
+        echo "   libstdc++ internals it exports: $(nm -D --defined-only "$WORK/regex_probe.$tag.so" | grep -c -E '_ZNKSt20__codecvt|_ZNSt6locale')"
+        for pre in "import torch" "pass"; do
+            LD_PRELOAD="$so" "$PY" -c "$pre
+import ctypes; print('probe() =', ctypes.CDLL('$WORK/regex_probe.$tag.so').probe())" >"$WORK/probe.out" 2>&1
+            rc=$?
+            note "CXX A/B: $tag, after '$pre': exit $rc ($(grep -m1 -E 'probe\(\) =|signal' "$WORK/probe.out"))"
+            grep -E '_C|regex|locale|facet|codecvt' "$WORK/probe.out" | head -8
+        done
+    done
+    echo "== deep_ep/_C: NEEDED libstdc++? exported libstdc++ internals:"
+    local c; c="$(ls "$(ep_pythonpath)"/deep_ep/_C*.so 2>/dev/null)" && {
+        readelf -dW "$c" | grep -c 'libstdc++' ; nm -D --defined-only "$c" | grep -c -E '_ZNKSt20__codecvt|_ZNSt6locale'; }
+    true
 }
 
 for s in "${steps[@]}"; do
