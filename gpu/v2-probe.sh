@@ -20,9 +20,11 @@
 # never stops the others; builds are skipped when WORK already holds them):
 #   facts     GPU, driver, nvidia-smi nvlink -s, nvcc, torch, the env's NCCL/NVSHMEM, tools
 #   nccl      NCCL 2.30.7: make -j$JOBS src.build NVCC_GENCODE=sm_90 (timed)
-#   deepep    DeepEP dd758ca: setup.py build into WORK/deepep-build (timed), with
+#   deepep    DeepEP dd758ca: setup.py build into WORK/deepep-build-<cxx> (timed), with
 #             EP_NCCL_ROOT_DIR=<nccl build>, EP_NVSHMEM_ROOT_DIR=<env's nvidia/nvshmem>,
-#             TORCH_CUDA_ARCH_LIST=9.0, EP_JIT_CACHE_DIR=WORK/jit-cache (both baked in envs.py)
+#             TORCH_CUDA_ARCH_LIST=9.0, EP_JIT_CACHE_DIR=WORK/jit-cache (both baked in envs.py),
+#             CC/CXX per DEEPEP_CXX; then checks that _C NEEDs libstdc++.so.6 and carries no
+#             libstdc++ of its own (a static copy crashes V2's JIT: docs/deepep-v2.md)
 #   links     ldd / readelf -d of deep_ep/_C*.so (which libnccl, libnvshmem)
 #   swap      back up the env's libnccl.so.2 (sha256 listing), put the 2.30.7 build there
 #   import    import deep_ep (V2's check_nccl_so), the libnccl mapped
@@ -44,11 +46,15 @@
 #
 # Environment: PYTHON (default python3: the torch env), CUDA_HOME (default /usr/local/cuda),
 # JOBS (default nproc), WORK (default /tmp/v2probe: builds kept there between runs),
-# BUDGET_S (default 540: steps after this many seconds are skipped, timeouts shrink to fit).
+# BUDGET_S (default 540: steps after this many seconds are skipped, timeouts shrink to fit),
+# ELASTIC_ARGS (default none: the test as it is; e.g. --test-first-only --skip-perf-test),
+# DEEPEP_CXX: system (default: CC=/usr/bin/gcc CXX=/usr/bin/g++, linked against the process's
+# libstdc++.so.6) or env (the environment's CC/CXX as they are: on the GPU machine
+# /opt/gcc/bin/g++, which links libstdc++.a into _C and reproduces the elastic SIGSEGV).
 # OUT receives summary.txt, logs.tgz (every log) and the main logs as plain files.
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,45p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,/^$/p' "$0"; exit 2; }
 T_START=$(date +%s)
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 scratch="$(cd "$1" && pwd)" || exit 2
@@ -71,6 +77,8 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 JOBS="${JOBS:-$(nproc)}"
 WORK="${WORK:-/tmp/v2probe}"
 BUDGET_S="${BUDGET_S:-540}"
+DEEPEP_CXX="${DEEPEP_CXX:-system}"
+case "$DEEPEP_CXX" in system|env) ;; *) echo "DEEPEP_CXX must be system or env, not $DEEPEP_CXX"; exit 2;; esac
 LOGS="$WORK/logs"
 mkdir -p "$WORK" "$LOGS"
 export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
@@ -81,7 +89,7 @@ export PYTHONUNBUFFERED=1
 NCCL_SRC="$WORK/nccl-2.30.7-1"
 NCCL_BUILD="$NCCL_SRC/build"
 EP_SRC="$WORK/DeepEP-$DEEPEP_REV"
-EP_BUILD="$WORK/deepep-build"
+EP_BUILD="$WORK/deepep-build-$DEEPEP_CXX"
 JIT_CACHE="$WORK/jit-cache"
 SUMMARY="$WORK/summary.txt"
 : >"$SUMMARY"
@@ -244,6 +252,8 @@ step_deepep() {
     tar -xzf "$DEEPEP_TGZ" -C "$WORK" && tar -xzf "$FMT_TGZ" -C "$EP_SRC/third-party/fmt" --strip-components=1 || return
     ls "$EP_SRC/third-party/fmt/include/fmt" | head
     local t0=$(date +%s.%N)
+    if [ "$DEEPEP_CXX" = system ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+    echo "compilers: CC=${CC:-} CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-} ($DEEPEP_CXX)" | tee -a "$SUMMARY"
     ( cd "$EP_SRC" && GIT_DIR=/nonexistent EP_NCCL_ROOT_DIR="$NCCL_BUILD" EP_NVSHMEM_ROOT_DIR="$ENV_NVSHMEM" \
         EP_JIT_CACHE_DIR="$JIT_CACHE" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS="$JOBS" \
         "$PY" setup.py build --build-base "$EP_BUILD" ) >"$LOGS/deepep-build.log" 2>&1 || { tail -60 "$LOGS/deepep-build.log"; return 1; }
@@ -251,6 +261,15 @@ step_deepep() {
     grep -A12 '^Build summary' "$LOGS/deepep-build.log"
     cat "$(ep_pythonpath)/deep_ep/envs.py"
     find "$(ep_pythonpath)/deep_ep" -maxdepth 1 -type f | xargs ls -la
+    stdcxx_check
+}
+
+stdcxx_check() { # _C must use the process's libstdc++.so.6, not carry a copy of its own
+    local so n own; so="$(ls "$(ep_pythonpath)"/deep_ep/_C*.so)" || return
+    n="$(readelf -dW "$so" | grep -c 'NEEDED.*libstdc++\.so')"
+    own="$(nm -D --defined-only "$so" | grep -c -E ' _ZNSt6locale|_ZNKSt[0-9]+__codecvt')"
+    if [ "$n" -ge 1 ] && [ "$own" = 0 ]; then note "LIBSTDC++ OK: _C NEEDs libstdc++.so.6 and defines none of its internals"
+    else note "LIBSTDC++ BAD: _C NEEDs libstdc++.so.6: $n; libstdc++ internals it defines: $own (static copy: std::regex in V2's JIT will crash after import torch)"; return 1; fi
 }
 
 step_links() {
@@ -260,6 +279,7 @@ step_links() {
     ldd "$so"
     echo "== undefined nccl/nvshmem symbols (first 40):"
     nm -D --undefined-only "$so" | grep -iE 'nccl|nvshmem' | head -40
+    stdcxx_check
 }
 
 step_swap() {
@@ -298,7 +318,7 @@ step_elastic() {
     local so rc; so="$(segv_handler)"
     elastic_env 8361
     ( cd "$EP_SRC" && LD_PRELOAD="$so" timeout -k 5 "$(cap 200)" \
-        "$PY" -X faulthandler tests/elastic/test_ep.py --num-processes 1 )
+        "$PY" -X faulthandler tests/elastic/test_ep.py --num-processes 1 ${ELASTIC_ARGS:-} )
     rc=$?
     echo "EXIT STATUS $rc"
     symbolize "$LOGS/elastic.log"
