@@ -13,8 +13,9 @@
 # SCRATCH holds the three archives, as in ../shared/mirror:
 #   nccl-2.30.7-1.tar.gz, DeepEP-dd758caf451848bd150e1046af3d0a73e5fff38d.tar.gz,
 #   fmt-a4c7e17133ee9cb6a2f45545f6e974dd3c393efa.tar.gz
-# (on the device: copy them to an ignored dir such as scratch/v2 and `run` with
-# carry=["scratch/v2"], command `gpu/v2-probe.sh scratch/v2 $OUT`).
+# (the device tool sends the session's checkout, not a helper's worktree: copy them to an
+# ignored dir of that checkout such as scratch/v2 and `run` with carry=["scratch/v2"],
+# command `gpu/v2-probe.sh scratch/v2 $OUT`; docs/deepep-v2.md has the full command).
 #
 # Steps (default: all, in this order; each logs to WORK/logs/<step>.log, a failing step
 # never stops the others; builds are skipped when WORK already holds them):
