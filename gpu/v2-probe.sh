@@ -57,7 +57,6 @@
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n '2,/^$/p' "$0"; exit 2; }
 T_START=$(date +%s)
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 scratch="$(cd "$1" && pwd)" || exit 2
 mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
 shift 2
@@ -210,7 +209,8 @@ EOF
 }
 
 ep_env() { # the environment every DeepEP run gets
-    export PYTHONPATH="$(ep_pythonpath)" EP_JIT_CACHE_DIR="$JIT_CACHE"
+    PYTHONPATH="$(ep_pythonpath)"
+    export PYTHONPATH EP_JIT_CACHE_DIR="$JIT_CACHE"
     export MASTER_ADDR=127.0.0.1 MASTER_PORT="${1:-8361}"
 }
 
@@ -239,7 +239,7 @@ step_facts() {
 step_nccl() {
     if [ -f "$NCCL_BUILD/lib/libnccl.so.2.30.7" ]; then echo "kept from an earlier run: $NCCL_BUILD"; return 0; fi
     rm -rf "$NCCL_SRC"; tar -xzf "$NCCL_TGZ" -C "$WORK" || return
-    local t0=$(date +%s.%N)
+    local t0; t0=$(date +%s.%N)
     make -C "$NCCL_SRC" -j"$JOBS" src.build CUDA_HOME="$CUDA_HOME" \
         NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 >"$LOGS/nccl-make.log" 2>&1 || { tail -40 "$LOGS/nccl-make.log"; return 1; }
     echo "NCCL BUILD SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" | tee -a "$SUMMARY"
@@ -252,7 +252,7 @@ step_deepep() {
     rm -rf "$EP_SRC" "$EP_BUILD"
     tar -xzf "$DEEPEP_TGZ" -C "$WORK" && tar -xzf "$FMT_TGZ" -C "$EP_SRC/third-party/fmt" --strip-components=1 || return
     ls "$EP_SRC/third-party/fmt/include/fmt" | head
-    local t0=$(date +%s.%N)
+    local t0; t0=$(date +%s.%N)
     if [ "$DEEPEP_CXX" = system ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
     echo "compilers: CC=${CC:-} CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-} ($DEEPEP_CXX)" | tee -a "$SUMMARY"
     ( cd "$EP_SRC" && GIT_DIR=/nonexistent EP_NCCL_ROOT_DIR="$NCCL_BUILD" EP_NVSHMEM_ROOT_DIR="$ENV_NVSHMEM" \
@@ -261,7 +261,7 @@ step_deepep() {
     echo "DEEPEP BUILD SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" | tee -a "$SUMMARY"
     grep -A12 '^Build summary' "$LOGS/deepep-build.log"
     cat "$(ep_pythonpath)/deep_ep/envs.py"
-    find "$(ep_pythonpath)/deep_ep" -maxdepth 1 -type f | xargs ls -la
+    find "$(ep_pythonpath)/deep_ep" -maxdepth 1 -type f -exec ls -la {} +
     stdcxx_check
 }
 
@@ -356,7 +356,7 @@ step_jit() {
     [ -n "$dir" ] || { echo "no cache entry"; return 1; }
     head -3 "$dir/kernel.cu"
     src="$WORK/jit-repro/elsewhere"; rm -rf "$src"; mkdir -p "$src"; cp "$dir/kernel.cu" "$src/"
-    local t0=$(date +%s.%N)
+    local t0; t0=$(date +%s.%N)
     (cd "$WORK/jit-repro" && eval "nvcc $src/kernel.cu -cubin -o $src/kernel.cubin $flags") || return
     echo "RECOMPILE SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}') for $(basename "$dir")"
     sha256sum "$dir/kernel.cubin" "$src/kernel.cubin"
