@@ -23,6 +23,23 @@ pub struct SourceInput {
     /// tree-pinned source was fetched as, or the file given): recorded in the build report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// The locked submodules (`[[deepep.submodule]]`), each unpacked into its path after
+    /// the source is placed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub submodules: Vec<SubmoduleInput>,
+}
+
+/// One submodule's archive, for its path in the DeepEP tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmoduleInput {
+    /// Relative to the DeepEP tree (`third-party/fmt`).
+    pub path: String,
+    /// The archive (in the fetch cache).
+    pub archive: PathBuf,
+    pub tree_sha256: String,
+    pub rev: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl SourceInput {
@@ -52,6 +69,7 @@ impl SourceInput {
             rev: rev.to_string(),
             provenance,
             sha256,
+            submodules: Vec::new(),
         })
     }
 
@@ -64,6 +82,11 @@ impl SourceInput {
     /// unless the tree written hashes to [`SourceInput::tree_sha256`]: whatever was hashed
     /// before, the tree built from is checked. An archive's single top directory
     /// (GitHub's, `git archive --prefix`'s) is dropped by the rule the tree hash uses.
+    ///
+    /// Then each submodule is unpacked into its path, refused unless its tree is the
+    /// locked one, and every path the tree's `.gitmodules` lists must be filled (by the
+    /// tree itself or a submodule): a git archive leaves them empty. Nothing is left in
+    /// `dest` after a failure.
     pub fn materialize(&self, dest: &Path) -> Result<()> {
         commstack_fetch::tree::place_verified(
             &self.path,
@@ -71,8 +94,82 @@ impl SourceInput {
             commstack_fetch::tree::Strip::TopDirIfSingle,
             &self.tree_sha256,
         )
-        .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))
+        .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))?;
+        let filled = self.fill_submodules(dest).and_then(|()| check_gitmodules(dest));
+        if filled.is_err() {
+            let _ = fs::remove_dir_all(dest);
+        }
+        filled
     }
+
+    fn fill_submodules(&self, dest: &Path) -> Result<()> {
+        for sub in &self.submodules {
+            let target = dest.join(&sub.path);
+            if target.is_dir() {
+                let empty = fs::read_dir(&target)?.next().is_none();
+                if !empty {
+                    bail!(
+                        "the DeepEP source {} already has files at {}, where the locked submodule {} ({}) goes: refused, nothing is replaced",
+                        self.path.display(),
+                        sub.path,
+                        sub.path,
+                        &sub.rev[..sub.rev.len().min(12)]
+                    );
+                }
+                fs::remove_dir(&target)?;
+            }
+            if let Some(parent) = target.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            commstack_fetch::tree::unpack_verified(
+                &sub.archive,
+                &target,
+                commstack_fetch::tree::Strip::TopDirIfSingle,
+                &sub.tree_sha256,
+            )
+            .with_context(|| {
+                format!(
+                    "cannot place DeepEP's submodule {} from {}",
+                    sub.path,
+                    sub.archive.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Every path `src/.gitmodules` lists holds something: a git archive of a commit (GitHub's
+/// too) leaves a submodule's path empty, and the build would fail far from the cause.
+pub fn check_gitmodules(src: &Path) -> Result<()> {
+    let file = src.join(".gitmodules");
+    let text = match fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    let listed = commstack_stack::gitmodules::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    for sub in listed {
+        let dir = src.join(&sub.path);
+        let empty = match fs::read_dir(&dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => true,
+        };
+        if empty {
+            bail!(
+                "DeepEP's .gitmodules lists the submodule {} ({}), and its path is empty in this source (a git archive \
+                 has no submodule contents) and not declared: add to the stack file\n[[deepep.submodule]]\npath = \"{}\"\n\
+                 repo = \"{}\"\nrev = \"<the commit DeepEP's gitlink names>\"\nthen run `cargo xtask lock` \
+                 (docs/sources.md); with --source, give a tree with its submodules checked out",
+                sub.path,
+                sub.url,
+                sub.path,
+                sub.url.trim_end_matches(".git")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The API a DeepEP tree implements, from its layout: V1 has `csrc/deep_ep.cpp` and
