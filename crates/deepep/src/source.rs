@@ -432,6 +432,73 @@ mod tests {
         }
     }
 
+    /// DeepEP with `.gitmodules` naming third-party/fmt, left empty as a git archive
+    /// leaves it, and fmt's own archive.
+    fn with_submodule(dir: &Path) -> (SourceInput, SubmoduleInput) {
+        use tar::EntryType::{Directory, Regular};
+        let gitmodules: &[u8] =
+            b"[submodule \"third-party/fmt\"]\n\tpath = third-party/fmt\n\turl = https://github.com/fmtlib/fmt.git\n";
+        let deepep = raw_tar_gz(
+            dir,
+            "DeepEP-dd758ca.tar.gz",
+            &[
+                (Regular, "DeepEP-dd758ca/setup.py", GOOD),
+                (Regular, "DeepEP-dd758ca/.gitmodules", gitmodules),
+                (Directory, "DeepEP-dd758ca/third-party/fmt/", b""),
+            ],
+        );
+        let fmt = raw_tar_gz(
+            dir,
+            "fmt-a4c7e17.tar.gz",
+            &[(Regular, "fmt-a4c7e17/include/fmt/core.h", b"#pragma once\n")],
+        );
+        let fmt_tree = commstack_fetch::tree::tree_sha256(&fmt, "fmt.tar.gz").unwrap();
+        let src = SourceInput::from_path(&deepep, None, "dd758ca").unwrap();
+        let sub = SubmoduleInput {
+            path: "third-party/fmt".into(),
+            archive: fmt,
+            tree_sha256: fmt_tree,
+            rev: "a4c7e17133ee9cb6a2f45545f6e974dd3c393efa".into(),
+            sha256: None,
+        };
+        (src, sub)
+    }
+
+    #[test]
+    fn a_declared_submodule_fills_its_empty_path() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut src, sub) = with_submodule(d.path());
+        src.submodules.push(sub);
+        let out = d.path().join("src");
+        src.materialize(&out).unwrap();
+        assert_eq!(
+            fs::read(out.join("third-party/fmt/include/fmt/core.h")).unwrap(),
+            b"#pragma once\n"
+        );
+        assert_eq!(fs::read(out.join("setup.py")).unwrap(), GOOD);
+    }
+
+    #[test]
+    fn an_undeclared_or_changed_submodule_is_refused_leaving_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mut sub) = with_submodule(d.path());
+        // Undeclared: the empty path is named, with what to add.
+        let out = d.path().join("src");
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(
+            err.contains("third-party/fmt") && err.contains("[[deepep.submodule]]"),
+            "{err}"
+        );
+        assert!(!out.exists());
+        // Declared, but its archive is not the locked tree.
+        sub.tree_sha256 = format!("sha256:{}", "0".repeat(64));
+        let mut src = src;
+        src.submodules.push(sub);
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(err.contains("third-party/fmt") && err.contains("not the expected"), "{err}");
+        assert!(!out.exists());
+    }
+
     #[test]
     fn rdc_fix_is_required_from_nvshmem_3_3_20_on() {
         let d = tempfile::tempdir().unwrap();
@@ -454,6 +521,32 @@ mod tests {
         assert!(!check_rdc_fix(d.path(), Some("3.4.5"), true).unwrap());
         fs::write(&cfg, "#pragma once\n#ifndef DISABLE_NVSHMEM\n#ifndef __CUDACC_RDC__\n#define __CUDACC_RDC__\n#endif\n#endif\n").unwrap();
         assert!(check_rdc_fix(d.path(), Some("3.4.5"), false).unwrap());
+    }
+
+    /// The real DeepEP dd758ca and its fmt submodule (a4c7e171), from a mirror directory
+    /// holding their git archives (../shared/mirror on this project's machines).
+    #[test]
+    #[ignore = "needs COMMSTACK_REAL_MIRROR=DIR with DeepEP-dd758caf….tar.gz and fmt-a4c7e171….tar.gz"]
+    fn real_dd758ca_gets_its_fmt_submodule() {
+        let dir = PathBuf::from(std::env::var("COMMSTACK_REAL_MIRROR").unwrap());
+        let deepep = dir.join("DeepEP-dd758caf451848bd150e1046af3d0a73e5fff38d.tar.gz");
+        let fmt = dir.join("fmt-a4c7e17133ee9cb6a2f45545f6e974dd3c393efa.tar.gz");
+        let d = tempfile::tempdir().unwrap();
+        let mut src = SourceInput::from_path(&deepep, None, "dd758ca").unwrap();
+        let out = d.path().join("bare");
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(err.contains("third-party/fmt"), "{err}");
+        src.submodules.push(SubmoduleInput {
+            path: "third-party/fmt".into(),
+            tree_sha256: commstack_fetch::tree::tree_sha256(&fmt, "fmt.tar.gz").unwrap(),
+            archive: fmt,
+            rev: "a4c7e17133ee9cb6a2f45545f6e974dd3c393efa".into(),
+            sha256: None,
+        });
+        let out = d.path().join("src");
+        src.materialize(&out).unwrap();
+        assert_eq!(detect_api(&out).unwrap(), DeepEpApi::V2);
+        assert!(out.join("third-party/fmt/include/fmt/format.h").is_file());
     }
 
     /// The real DeepEP 567632d, when its archive is at hand (`git archive` of the mirror).
