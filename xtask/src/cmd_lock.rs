@@ -12,6 +12,11 @@ use commstack_steps::util;
 /// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
 /// sources, the toolchain wheels, and the compatibility rules it was checked against.
 ///
+/// A source the known table lacks (a DeepEP commit and its `[[deepep.submodule]]`s, an
+/// NVSHMEM `url` + `sha256`) is fetched (mirrors first), hashed (sha256 and tree) and
+/// recorded with where the trust came from: the stack's own hash, or first use, said
+/// loudly. Later fetches are held to those hashes (docs/sources.md).
+///
 /// When the lock already matches the manifest and the rules, nothing is resolved and no
 /// network is used. The lock keeps comments you add to it.
 #[derive(clap::Args)]
