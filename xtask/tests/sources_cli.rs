@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use commstack_testkit::Route;
 use commstack_testkit::TestServer;
 use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
-use commstack_testkit::Route;
 use sha2::{Digest, Sha256};
 
 /// torch pinning an NVSHMEM release commstack's known table does not have.
@@ -49,7 +49,12 @@ fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .current_dir(dir)
         .args(["-c", "user.name=t", "-c", "user.email=t@example.org"])
-        .args(["-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(args)
         .env("GIT_AUTHOR_DATE", "2026-07-14T00:00:00Z")
         .env("GIT_COMMITTER_DATE", "2026-07-14T00:00:00Z")
@@ -73,7 +78,12 @@ fn repo(dir: &Path, files: &[(&str, &str)], gitlink: Option<(&str, &str)>) -> St
     if let Some((path, commit)) = gitlink {
         git(
             dir,
-            &["update-index", "--add", "--cacheinfo", &format!("160000,{commit},{path}")],
+            &[
+                "update-index",
+                "--add",
+                "--cacheinfo",
+                &format!("160000,{commit},{path}"),
+            ],
         );
     }
     git(dir, &["commit", "-q", "-m", "fixture"]);
@@ -84,7 +94,12 @@ fn repo(dir: &Path, files: &[(&str, &str)], gitlink: Option<(&str, &str)>) -> St
 fn archive(dir: &Path, name: &str, commit: &str) -> Vec<u8> {
     let out = Command::new("git")
         .current_dir(dir)
-        .args(["archive", "--format=tar.gz", &format!("--prefix={name}-{commit}/"), "HEAD"])
+        .args([
+            "archive",
+            "--format=tar.gz",
+            &format!("--prefix={name}-{commit}/"),
+            "HEAD",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -130,7 +145,10 @@ impl World {
         let fmt_dir = dir.path().join("git/fmt");
         let fmt_rev = repo(
             &fmt_dir,
-            &[("include/fmt/core.h", "#pragma once\n"), ("README.md", "fmt\n")],
+            &[
+                ("include/fmt/core.h", "#pragma once\n"),
+                ("README.md", "fmt\n"),
+            ],
             None,
         );
         let deepep_dir = dir.path().join("git/DeepEP");
@@ -141,7 +159,10 @@ impl World {
         let deepep_rev = repo(
             &deepep_dir,
             &[
-                ("setup.py", "from setuptools import setup\nsetup(name='deep_ep')\n"),
+                (
+                    "setup.py",
+                    "from setuptools import setup\nsetup(name='deep_ep')\n",
+                ),
                 ("csrc/deep_ep.cpp", "int x;\n"),
                 (".gitmodules", &gitmodules),
             ],
@@ -158,16 +179,23 @@ impl World {
             nvshmem,
         };
         world.serve(&world.deepep.1, &world.fmt.1);
-        world
-            .server
-            .route("/nvshmem/nvshmem_src_3.9.1.tar.gz", Route::ok(world.nvshmem.clone()));
+        world.server.route(
+            "/nvshmem/nvshmem_src_3.9.1.tar.gz",
+            Route::ok(world.nvshmem.clone()),
+        );
         world
     }
 
     fn serve(&self, deepep: &[u8], fmt: &[u8]) {
         let s = &self.server;
-        s.route(&format!("/DeepEP/archive/{}.tar.gz", self.deepep.0), Route::ok(deepep.to_vec()));
-        s.route(&format!("/fmt/archive/{}.tar.gz", self.fmt.0), Route::ok(fmt.to_vec()));
+        s.route(
+            &format!("/DeepEP/archive/{}.tar.gz", self.deepep.0),
+            Route::ok(deepep.to_vec()),
+        );
+        s.route(
+            &format!("/fmt/archive/{}.tar.gz", self.fmt.0),
+            Route::ok(fmt.to_vec()),
+        );
     }
 
     /// The stack file, with or without the submodule declared.
@@ -188,7 +216,10 @@ impl World {
                 self.fmt.0
             );
         }
-        toml += &format!("[resolve]\nindex-url = \"{}\"\n", self.server.url("/simple"));
+        toml += &format!(
+            "[resolve]\nindex-url = \"{}\"\n",
+            self.server.url("/simple")
+        );
         std::fs::write(self.dir.path().join("stack.toml"), toml).unwrap();
     }
 
@@ -230,7 +261,10 @@ fn a_commit_no_table_knows_locks_and_later_fetches_are_held_to_its_bytes() {
     assert!(out.status.success(), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("WARNING deepep: TRUST ON FIRST USE"), "{t}");
-    assert!(t.contains("WARNING deepep:third-party/fmt: TRUST ON FIRST USE"), "{t}");
+    assert!(
+        t.contains("WARNING deepep:third-party/fmt: TRUST ON FIRST USE"),
+        "{t}"
+    );
     let lock = std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap();
 
     let (rev, bytes, checkout) = &w.deepep;
@@ -243,7 +277,10 @@ fn a_commit_no_table_knows_locks_and_later_fetches_are_held_to_its_bytes() {
     assert_eq!(deepep["tree"].as_str(), Some(tree.as_str()));
     let upstream = w.server.url(&format!("/DeepEP/archive/{rev}.tar.gz"));
     let origin = deepep["origin"].as_str().unwrap();
-    assert!(origin.starts_with(&format!("first-use {upstream} 20")), "{origin}");
+    assert!(
+        origin.starts_with(&format!("first-use {upstream} 20")),
+        "{origin}"
+    );
 
     let (fmt_rev, fmt_bytes, fmt_checkout) = &w.fmt;
     let fmt = locked_source(&lock, "deepep:third-party/fmt");
@@ -252,19 +289,36 @@ fn a_commit_no_table_knows_locks_and_later_fetches_are_held_to_its_bytes() {
     assert_eq!(fmt["sha256"].as_str(), Some(sha256(fmt_bytes).as_str()));
     let fmt_tree = commstack_fetch::tree::tree_sha256_dir(fmt_checkout).unwrap();
     assert_eq!(fmt["tree"].as_str(), Some(fmt_tree.as_str()));
-    assert!(fmt["origin"].as_str().unwrap().starts_with("first-use http://127.0.0.1"));
+    assert!(
+        fmt["origin"]
+            .as_str()
+            .unwrap()
+            .starts_with("first-use http://127.0.0.1")
+    );
 
     let nvshmem = locked_source(&lock, "nvshmem");
-    assert_eq!(nvshmem["sha256"].as_str(), Some(sha256(&w.nvshmem).as_str()));
-    assert_eq!(nvshmem["origin"].as_str(), Some("stack.toml (nvshmem.sha256)"));
+    assert_eq!(
+        nvshmem["sha256"].as_str(),
+        Some(sha256(&w.nvshmem).as_str())
+    );
+    assert_eq!(
+        nvshmem["origin"].as_str(),
+        Some("stack.toml (nvshmem.sha256)")
+    );
     assert!(nvshmem["tree"].as_str().unwrap().starts_with("sha256:"));
 
     // Seen once: the next lock fetches nothing, and --check passes offline.
     let hits = w.server.hits(&format!("/DeepEP/archive/{rev}.tar.gz"));
     let out = w.xtask("home", &["lock", "--force"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(w.server.hits(&format!("/DeepEP/archive/{rev}.tar.gz")), hits);
-    assert_eq!(std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap(), lock);
+    assert_eq!(
+        w.server.hits(&format!("/DeepEP/archive/{rev}.tar.gz")),
+        hits
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap(),
+        lock
+    );
     assert!(w.xtask("home", &["lock", "--check"]).status.success());
 
     // A fresh cache fetches the same bytes.

@@ -95,7 +95,9 @@ impl SourceInput {
             &self.tree_sha256,
         )
         .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))?;
-        let filled = self.fill_submodules(dest).and_then(|()| check_gitmodules(dest));
+        let filled = self
+            .fill_submodules(dest)
+            .and_then(|()| check_gitmodules(dest));
         if filled.is_err() {
             let _ = fs::remove_dir_all(dest);
         }
@@ -495,7 +497,10 @@ mod tests {
         let mut src = src;
         src.submodules.push(sub);
         let err = format!("{:#}", src.materialize(&out).unwrap_err());
-        assert!(err.contains("third-party/fmt") && err.contains("not the expected"), "{err}");
+        assert!(
+            err.contains("third-party/fmt") && err.contains("not the expected"),
+            "{err}"
+        );
         assert!(!out.exists());
     }
 

@@ -47,7 +47,11 @@ pub async fn fetch_for_lock(
     for artifact in artifacts {
         artifact.validate().map_err(FetchError::InvalidArtifact)?;
     }
-    let pinned: Vec<Artifact> = artifacts.iter().filter(|a| a.is_pinned()).cloned().collect();
+    let pinned: Vec<Artifact> = artifacts
+        .iter()
+        .filter(|a| a.is_pinned())
+        .cloned()
+        .collect();
     let mut fetched = fetch_all_async(&pinned, options).await?.into_iter();
     let run = Run::new(options)?;
     std::fs::create_dir_all(run.cache.root().join("tmp")).map_err(|source| FetchError::Cache {
@@ -143,7 +147,9 @@ async fn first_use(
     // Keyed by what is asked for: no digest is known yet.
     let key = format!(
         "first-use-{}",
-        commstack_digest::sha256_hex(format!("{}\n{}", artifact.filename, artifact.urls.join("\n")).as_bytes())
+        commstack_digest::sha256_hex(
+            format!("{}\n{}", artifact.filename, artifact.urls.join("\n")).as_bytes()
+        )
     );
     let _lock = run
         .cache

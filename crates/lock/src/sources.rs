@@ -145,7 +145,9 @@ pub(crate) async fn lock_sources(
     for p in planned {
         let mut source = p.source;
         if source.origin.is_empty() {
-            let (request, got) = seen.next().ok_or_else(|| anyhow!("the fetcher answered fewer sources than asked"))?;
+            let (request, got) = seen
+                .next()
+                .ok_or_else(|| anyhow!("the fetcher answered fewer sources than asked"))?;
             check_seen(request, &got)?;
             if source.name == "deepep" {
                 check_gitmodules(stack, got.gitmodules.as_deref())?;
@@ -175,9 +177,7 @@ fn recorded<'a>(previous: Option<&'a Lock>, wanted: &Source) -> Option<&'a Sourc
             && s.rev == wanted.rev
             && s.path == wanted.path
     })?;
-    let agrees = |mine: &Option<String>, theirs: &Option<String>| {
-        mine.is_none() || mine == theirs
-    };
+    let agrees = |mine: &Option<String>, theirs: &Option<String>| mine.is_none() || mine == theirs;
     let complete = old.sha256.is_some() && old.tree.is_some();
     (complete && agrees(&wanted.sha256, &old.sha256) && agrees(&wanted.tree, &old.tree))
         .then_some(old)
@@ -380,7 +380,11 @@ fn check_gitmodules(stack: &Stack, text: Option<&str>) -> Result<()> {
             stack.path().display(),
             extra.path,
             &stack.deepep.rev[..7],
-            if paths.is_empty() { "nothing".into() } else { paths.join(", ") }
+            if paths.is_empty() {
+                "nothing".into()
+            } else {
+                paths.join(", ")
+            }
         );
     }
     Ok(())
@@ -392,10 +396,6 @@ fn first_use_warning(source: &Source, got: &SourceSeen) -> String {
         "WARNING {}: TRUST ON FIRST USE: nothing vouched for {} but this download from {}; stack.lock records \
          sha256 {} and tree {}, and every later fetch is held to them. Check them now (e.g. `cargo xtask cache hash` \
          of a clone at that commit gives the tree), or give the tree in stack.toml to have it checked",
-        source.name,
-        source.filename,
-        got.from,
-        got.sha256,
-        got.tree
+        source.name, source.filename, got.from, got.sha256, got.tree
     )
 }

@@ -730,17 +730,26 @@ async fn hashes_the_stack_gives_for_known_sources_must_agree_with_the_table() {
     let locked = lock(&agreeing).await.unwrap();
     let deepep = locked.sources.iter().find(|s| s.name == "deepep").unwrap();
     assert_eq!(deepep.tree.as_deref(), Some(known_tree));
-    assert!(deepep.origin.starts_with("known-source table"), "{deepep:?}");
+    assert!(
+        deepep.origin.starts_with("known-source table"),
+        "{deepep:?}"
+    );
     let nvshmem = locked.sources.iter().find(|s| s.name == "nvshmem").unwrap();
     assert_eq!(
         nvshmem.url,
         "https://mirror.example/nv/nvshmem_src_cuda12-all-all-3.4.5.tar.gz"
     );
-    assert!(nvshmem.origin.starts_with("known-hash table"), "{nvshmem:?}");
+    assert!(
+        nvshmem.origin.starts_with("known-hash table"),
+        "{nvshmem:?}"
+    );
 
     let other = format!("sha256:{}", "ab".repeat(32));
     let disagreeing = stack(&url, |t| {
-        t.replace("api = \"v1\"\n", &format!("api = \"v1\"\ntree = \"{other}\"\n"))
+        t.replace(
+            "api = \"v1\"\n",
+            &format!("api = \"v1\"\ntree = \"{other}\"\n"),
+        )
     });
     let err = format!("{:#}", lock(&disagreeing).await.unwrap_err());
     assert!(
@@ -771,7 +780,9 @@ async fn hashes_the_stack_gives_for_known_sources_must_agree_with_the_table() {
 async fn a_commit_no_table_knows_is_named_in_full_and_fetched() {
     let server = TestServer::start();
     let url = world().serve(&server);
-    let short = stack(&url, |t| t.replace("rev = \"567632d\"", "rev = \"dd758ca\""));
+    let short = stack(&url, |t| {
+        t.replace("rev = \"567632d\"", "rev = \"dd758ca\"")
+    });
     let err = format!("{:#}", lock(&short).await.unwrap_err());
     assert!(
         err.contains("stack.toml:15:7: DeepEP revision dd758ca") && err.contains("40 hex digits"),

@@ -418,7 +418,9 @@ impl Stack {
             let tree = s.tree.as_deref().unwrap_or("");
             m.insert(
                 format!("deepep.submodule.{}", s.path),
-                format!("{} {} {tree}", s.repo, s.rev).trim_end().to_string(),
+                format!("{} {} {tree}", s.repo, s.rev)
+                    .trim_end()
+                    .to_string(),
             );
         }
         if let Some(source) = &self.nvshmem.source {

@@ -375,8 +375,15 @@ impl Validator<'_> {
         if !path_ok {
             self.err(
                 raw.path.span(),
-                format!("{}: {:?} is not a relative path inside the DeepEP tree", field("path"), raw.path.get_ref()),
-                Some("write the path as the source's .gitmodules does, e.g. \"third-party/fmt\"".into()),
+                format!(
+                    "{}: {:?} is not a relative path inside the DeepEP tree",
+                    field("path"),
+                    raw.path.get_ref()
+                ),
+                Some(
+                    "write the path as the source's .gitmodules does, e.g. \"third-party/fmt\""
+                        .into(),
+                ),
             );
         }
         if before.iter().flatten().any(|s| s.path == path) {
@@ -421,16 +428,25 @@ impl Validator<'_> {
                 self.span("nvshmem.url", url);
                 self.span("nvshmem.sha256", sha256);
                 let checked = self.repo_url(url, "nvshmem.url");
-                let hex = sha256.get_ref().trim_start_matches("sha256:").to_ascii_lowercase();
+                let hex = sha256
+                    .get_ref()
+                    .trim_start_matches("sha256:")
+                    .to_ascii_lowercase();
                 if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
                     self.err(
                         sha256.span(),
-                        format!("nvshmem.sha256: {:?} is not a sha256 (64 hex digits)", sha256.get_ref()),
+                        format!(
+                            "nvshmem.sha256: {:?} is not a sha256 (64 hex digits)",
+                            sha256.get_ref()
+                        ),
                         Some("the archive's published sha256 (`sha256sum FILE`)".into()),
                     );
                     return None;
                 }
-                Some(Some(NvshmemSource { url: checked?, sha256: hex }))
+                Some(Some(NvshmemSource {
+                    url: checked?,
+                    sha256: hex,
+                }))
             }
             (Some(one), None) | (None, Some(one)) => {
                 self.err(
@@ -469,14 +485,19 @@ impl Validator<'_> {
     fn tree_hash(&mut self, value: &Spanned<String>, field: &str) -> Option<String> {
         self.span(field, value);
         let text = value.get_ref();
-        let ok = text
-            .strip_prefix("sha256:")
-            .is_some_and(|h| h.len() == 64 && h.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')));
+        let ok = text.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64 && h.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
+        });
         if !ok {
             self.err(
                 value.span(),
-                format!("{field}: {text:?} is not a tree hash (`sha256:` and 64 lowercase hex digits)"),
-                Some("`cargo xtask cache hash PATH` prints the tree hash of a directory or archive".into()),
+                format!(
+                    "{field}: {text:?} is not a tree hash (`sha256:` and 64 lowercase hex digits)"
+                ),
+                Some(
+                    "`cargo xtask cache hash PATH` prints the tree hash of a directory or archive"
+                        .into(),
+                ),
             );
             return None;
         }

@@ -74,7 +74,10 @@ fn named_sources_are_read_and_change_the_fingerprint() {
         echo["deepep.submodule.third-party/fmt"],
         "https://github.com/fmtlib/fmt a4c7e17133ee9cb6a2f45545f6e974dd3c393efa"
     );
-    assert_eq!(echo["nvshmem.url"], "https://files.example/nvshmem_src.tar.gz");
+    assert_eq!(
+        echo["nvshmem.url"],
+        "https://files.example/nvshmem_src.tar.gz"
+    );
     let other_sub = named().replace("a4c7e17133ee", "b4c7e17133ee");
     assert_ne!(s.fingerprint(), parse(&other_sub).unwrap().fingerprint());
     assert_eq!(
@@ -99,11 +102,17 @@ fn bad_source_values_are_pointed_at() {
             "stack.toml:20:8: deepep.tree: \"sha256:1234\" is not a tree hash",
         ),
         (
-            named().replace("repo = \"https://github.com/me/DeepEP/\"", "repo = \"git@github.com:me/DeepEP\""),
+            named().replace(
+                "repo = \"https://github.com/me/DeepEP/\"",
+                "repo = \"git@github.com:me/DeepEP\"",
+            ),
             "stack.toml:17:8: deepep.repo: \"git@github.com:me/DeepEP\" is not an http(s) URL",
         ),
         (
-            named().replace("\"a4c7e17133ee9cb6a2f45545f6e974dd3c393efa\"", "\"a4c7e17\""),
+            named().replace(
+                "\"a4c7e17133ee9cb6a2f45545f6e974dd3c393efa\"",
+                "\"a4c7e17\"",
+            ),
             "stack.toml:25:7: deepep.submodule[0].rev: a submodule is pinned by its full commit",
         ),
         (

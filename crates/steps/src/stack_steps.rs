@@ -200,7 +200,11 @@ impl<'a> StackSteps<'a> {
         let sources = &self.settings.lock.sources;
         let submodules: Vec<serde_json::Value> = sources
             .iter()
-            .filter(|s| s.name.split_once(':').is_some_and(|(parent, _)| parent == name))
+            .filter(|s| {
+                s.name
+                    .split_once(':')
+                    .is_some_and(|(parent, _)| parent == name)
+            })
             .map(|s| json!({ "path": s.path, "tree": s.tree, "rev": s.rev, "sha256": s.sha256 }))
             .collect();
         sources

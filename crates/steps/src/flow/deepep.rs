@@ -397,13 +397,20 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
     }
     let (path, sha256, tree) = cached_source(ctx, locked)?;
     let mut submodules = Vec::new();
-    for sub in lock.sources.iter().filter(|s| s.name.starts_with("deepep:")) {
+    for sub in lock
+        .sources
+        .iter()
+        .filter(|s| s.name.starts_with("deepep:"))
+    {
         let (archive, sha256, tree) = cached_source(ctx, sub)?;
         submodules.push(commstack_deepep::SubmoduleInput {
-            path: sub
-                .path
-                .clone()
-                .with_context(|| format!("{}: source {} has no path", ctx.lock_path().display(), sub.name))?,
+            path: sub.path.clone().with_context(|| {
+                format!(
+                    "{}: source {} has no path",
+                    ctx.lock_path().display(),
+                    sub.name
+                )
+            })?,
             archive,
             tree_sha256: tree,
             rev: sub.rev.clone().unwrap_or_default(),
