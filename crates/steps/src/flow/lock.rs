@@ -148,7 +148,7 @@ pub fn resolve_and_write(
         text,
     });
     let fetcher = LockFetcher {
-        options: crate::flow::fetch::base_options(
+        options: crate::flow::fetch_options::base_options(
             ctx,
             &fetch.mirror,
             fetch.offline,
