@@ -349,3 +349,66 @@ fn a_commit_no_table_knows_locks_and_later_fetches_are_held_to_its_bytes() {
         "{t}"
     );
 }
+
+/// `lock --mirror DIR` takes the sources from the mirror first (upstream is never asked
+/// here: it is a closed port), and names the mirror's file as the first use; a tree the
+/// stack vouches for is checked and becomes the origin, and a wrong one is refused.
+#[test]
+fn a_mirror_is_the_first_use_and_a_vouched_tree_is_checked() {
+    let w = World::new();
+    let mirror = w.dir.path().join("mirror");
+    std::fs::create_dir_all(&mirror).unwrap();
+    let (rev, bytes, checkout) = &w.deepep;
+    let (fmt_rev, fmt_bytes, _) = &w.fmt;
+    std::fs::write(mirror.join(format!("DeepEP-{rev}.tar.gz")), bytes).unwrap();
+    std::fs::write(mirror.join(format!("fmt-{fmt_rev}.tar.gz")), fmt_bytes).unwrap();
+    w.write_stack(true);
+    let stack_path = w.dir.path().join("stack.toml");
+    let closed = "http://127.0.0.1:9";
+    let toml = std::fs::read_to_string(&stack_path)
+        .unwrap()
+        .replace(&w.server.url("/DeepEP"), &format!("{closed}/DeepEP"))
+        .replace(&w.server.url("/fmt"), &format!("{closed}/fmt"));
+    std::fs::write(&stack_path, &toml).unwrap();
+    let mirror_arg = mirror.to_str().unwrap();
+
+    let out = w.xtask("home", &["lock", "--mirror", mirror_arg]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock = std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap();
+    let origin = locked_source(&lock, "deepep")["origin"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let file = mirror.join(format!("DeepEP-{rev}.tar.gz"));
+    assert!(
+        origin.starts_with(&format!("first-use file://{} 20", file.display())),
+        "{origin}"
+    );
+
+    // The stack vouches for the tree: checked, and the origin says whose word it is.
+    let tree = commstack_fetch::tree::tree_sha256_dir(checkout).unwrap();
+    let vouched = toml.replace(
+        "api = \"v1\"\n",
+        &format!("api = \"v1\"\ntree = \"{tree}\"\n"),
+    );
+    std::fs::write(&stack_path, &vouched).unwrap();
+    std::fs::remove_file(w.dir.path().join("stack.lock")).unwrap();
+    let out = w.xtask("home-b", &["lock", "--mirror", mirror_arg]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(!t.contains("WARNING deepep: TRUST ON FIRST USE"), "{t}");
+    let lock = std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap();
+    let deepep = locked_source(&lock, "deepep");
+    assert_eq!(deepep["origin"].as_str(), Some("stack.toml (deepep.tree)"));
+    assert_eq!(deepep["sha256"].as_str(), Some(sha256(bytes).as_str()));
+
+    // A tree that is not the archive's: refused, nothing written.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    std::fs::write(&stack_path, vouched.replace(&tree, &wrong)).unwrap();
+    std::fs::remove_file(w.dir.path().join("stack.lock")).unwrap();
+    let out = w.xtask("home-c", &["lock", "--mirror", mirror_arg]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("deepep") && t.contains(&wrong), "{t}");
+    assert!(!w.dir.path().join("stack.lock").exists());
+}
