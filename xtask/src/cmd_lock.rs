@@ -12,6 +12,11 @@ use commstack_steps::util;
 /// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
 /// sources, the toolchain wheels, and the compatibility rules it was checked against.
 ///
+/// A source the known table lacks (a DeepEP commit and its `[[deepep.submodule]]`s, an
+/// NVSHMEM `url` + `sha256`) is fetched (mirrors first), hashed (sha256 and tree) and
+/// recorded with where the trust came from: the stack's own hash, or first use, said
+/// loudly. Later fetches are held to those hashes (docs/sources.md).
+///
 /// When the lock already matches the manifest and the rules, nothing is resolved and no
 /// network is used. The lock keeps comments you add to it.
 #[derive(clap::Args)]
@@ -26,9 +31,21 @@ pub struct Args {
     /// stack.lock and requirements.lock, which the offline check cannot know.
     #[arg(long, requires = "check")]
     online: bool,
-    /// Resolve again even when the lock is up to date (rewrites every hash from the index).
+    /// Resolve again even when the lock is up to date (rewrites every hash from the index;
+    /// a source's hashes recorded by the previous lock are kept).
     #[arg(long, conflicts_with = "check")]
     force: bool,
+    /// Where the sources the lock has not seen come from, tried before upstream: a
+    /// directory of files named as upstream names them, a file:// URL, or an http(s) base
+    /// URL (as `fetch --mirror`). Repeatable. A source pinned by nothing is trusted on
+    /// first use from the first place that has it, and stack.lock names that place
+    /// (docs/sources.md).
+    #[arg(long, value_name = "DIR|URL", conflicts_with = "check")]
+    mirror: Vec<String>,
+    /// As `fetch --accept-tree-match`: accept a source whose sha256 differs from the one
+    /// stack.toml gives when its tree hash equals the expected one.
+    #[arg(long, conflicts_with = "check")]
+    accept_tree_match: bool,
 }
 
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
@@ -83,7 +100,12 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
+    let fetch = commstack_steps::options::SourceFetch {
+        mirror: args.mirror,
+        offline: false,
+        accept_tree_match: args.accept_tree_match,
+    };
+    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref(), &fetch)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -34,6 +34,6 @@ pub use build::{
 };
 pub use nvshmem::NvshmemInput;
 pub use python::PythonEnv;
-pub use source::SourceInput;
+pub use source::{SourceInput, SubmoduleInput};
 pub use venv::{LockedWheel, ManagedVenv, managed_venv, runtime_wheels};
 pub use wheelhouse::{Wheelhouse, WheelhouseKind, assemble_wheelhouse};

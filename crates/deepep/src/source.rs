@@ -23,6 +23,23 @@ pub struct SourceInput {
     /// tree-pinned source was fetched as, or the file given): recorded in the build report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// The locked submodules (`[[deepep.submodule]]`), each unpacked into its path after
+    /// the source is placed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub submodules: Vec<SubmoduleInput>,
+}
+
+/// One submodule's archive, for its path in the DeepEP tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmoduleInput {
+    /// Relative to the DeepEP tree (`third-party/fmt`).
+    pub path: String,
+    /// The archive (in the fetch cache).
+    pub archive: PathBuf,
+    pub tree_sha256: String,
+    pub rev: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl SourceInput {
@@ -52,6 +69,7 @@ impl SourceInput {
             rev: rev.to_string(),
             provenance,
             sha256,
+            submodules: Vec::new(),
         })
     }
 
@@ -64,6 +82,11 @@ impl SourceInput {
     /// unless the tree written hashes to [`SourceInput::tree_sha256`]: whatever was hashed
     /// before, the tree built from is checked. An archive's single top directory
     /// (GitHub's, `git archive --prefix`'s) is dropped by the rule the tree hash uses.
+    ///
+    /// Then each submodule is unpacked into its path, refused unless its tree is the
+    /// locked one, and every path the tree's `.gitmodules` lists must be filled (by the
+    /// tree itself or a submodule): a git archive leaves them empty. Nothing is left in
+    /// `dest` after a failure.
     pub fn materialize(&self, dest: &Path) -> Result<()> {
         commstack_fetch::tree::place_verified(
             &self.path,
@@ -71,8 +94,84 @@ impl SourceInput {
             commstack_fetch::tree::Strip::TopDirIfSingle,
             &self.tree_sha256,
         )
-        .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))
+        .with_context(|| format!("cannot place the DeepEP source {}", self.path.display()))?;
+        let filled = self
+            .fill_submodules(dest)
+            .and_then(|()| check_gitmodules(dest));
+        if filled.is_err() {
+            let _ = fs::remove_dir_all(dest);
+        }
+        filled
     }
+
+    fn fill_submodules(&self, dest: &Path) -> Result<()> {
+        for sub in &self.submodules {
+            let target = dest.join(&sub.path);
+            if target.is_dir() {
+                let empty = fs::read_dir(&target)?.next().is_none();
+                if !empty {
+                    bail!(
+                        "the DeepEP source {} already has files at {}, where the locked submodule {} ({}) goes: refused, nothing is replaced",
+                        self.path.display(),
+                        sub.path,
+                        sub.path,
+                        &sub.rev[..sub.rev.len().min(12)]
+                    );
+                }
+                fs::remove_dir(&target)?;
+            }
+            if let Some(parent) = target.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            commstack_fetch::tree::unpack_verified(
+                &sub.archive,
+                &target,
+                commstack_fetch::tree::Strip::TopDirIfSingle,
+                &sub.tree_sha256,
+            )
+            .with_context(|| {
+                format!(
+                    "cannot place DeepEP's submodule {} from {}",
+                    sub.path,
+                    sub.archive.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Every path `src/.gitmodules` lists holds something: a git archive of a commit (GitHub's
+/// too) leaves a submodule's path empty, and the build would fail far from the cause.
+pub fn check_gitmodules(src: &Path) -> Result<()> {
+    let file = src.join(".gitmodules");
+    let text = match fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    let listed = commstack_stack::gitmodules::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    for sub in listed {
+        let dir = src.join(&sub.path);
+        let empty = match fs::read_dir(&dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => true,
+        };
+        if empty {
+            bail!(
+                "DeepEP's .gitmodules lists the submodule {} ({}), and its path is empty in this source (a git archive \
+                 has no submodule contents) and not declared: add to the stack file\n[[deepep.submodule]]\npath = \"{}\"\n\
+                 repo = \"{}\"\nrev = \"<the commit DeepEP's gitlink names>\"\nthen run `cargo xtask lock` \
+                 (docs/sources.md); with --source, give a tree with its submodules checked out",
+                sub.path,
+                sub.url,
+                sub.path,
+                sub.url.trim_end_matches(".git")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The API a DeepEP tree implements, from its layout: V1 has `csrc/deep_ep.cpp` and
@@ -335,6 +434,76 @@ mod tests {
         }
     }
 
+    /// DeepEP with `.gitmodules` naming third-party/fmt, left empty as a git archive
+    /// leaves it, and fmt's own archive.
+    fn with_submodule(dir: &Path) -> (SourceInput, SubmoduleInput) {
+        use tar::EntryType::{Directory, Regular};
+        let gitmodules: &[u8] =
+            b"[submodule \"third-party/fmt\"]\n\tpath = third-party/fmt\n\turl = https://github.com/fmtlib/fmt.git\n";
+        let deepep = raw_tar_gz(
+            dir,
+            "DeepEP-dd758ca.tar.gz",
+            &[
+                (Regular, "DeepEP-dd758ca/setup.py", GOOD),
+                (Regular, "DeepEP-dd758ca/.gitmodules", gitmodules),
+                (Directory, "DeepEP-dd758ca/third-party/fmt/", b""),
+            ],
+        );
+        let fmt = raw_tar_gz(
+            dir,
+            "fmt-a4c7e17.tar.gz",
+            &[(Regular, "fmt-a4c7e17/include/fmt/core.h", b"#pragma once\n")],
+        );
+        let fmt_tree = commstack_fetch::tree::tree_sha256(&fmt, "fmt.tar.gz").unwrap();
+        let src = SourceInput::from_path(&deepep, None, "dd758ca").unwrap();
+        let sub = SubmoduleInput {
+            path: "third-party/fmt".into(),
+            archive: fmt,
+            tree_sha256: fmt_tree,
+            rev: "a4c7e17133ee9cb6a2f45545f6e974dd3c393efa".into(),
+            sha256: None,
+        };
+        (src, sub)
+    }
+
+    #[test]
+    fn a_declared_submodule_fills_its_empty_path() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut src, sub) = with_submodule(d.path());
+        src.submodules.push(sub);
+        let out = d.path().join("src");
+        src.materialize(&out).unwrap();
+        assert_eq!(
+            fs::read(out.join("third-party/fmt/include/fmt/core.h")).unwrap(),
+            b"#pragma once\n"
+        );
+        assert_eq!(fs::read(out.join("setup.py")).unwrap(), GOOD);
+    }
+
+    #[test]
+    fn an_undeclared_or_changed_submodule_is_refused_leaving_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, mut sub) = with_submodule(d.path());
+        // Undeclared: the empty path is named, with what to add.
+        let out = d.path().join("src");
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(
+            err.contains("third-party/fmt") && err.contains("[[deepep.submodule]]"),
+            "{err}"
+        );
+        assert!(!out.exists());
+        // Declared, but its archive is not the locked tree.
+        sub.tree_sha256 = format!("sha256:{}", "0".repeat(64));
+        let mut src = src;
+        src.submodules.push(sub);
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(
+            err.contains("third-party/fmt") && err.contains("not the expected"),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+
     #[test]
     fn rdc_fix_is_required_from_nvshmem_3_3_20_on() {
         let d = tempfile::tempdir().unwrap();
@@ -357,6 +526,32 @@ mod tests {
         assert!(!check_rdc_fix(d.path(), Some("3.4.5"), true).unwrap());
         fs::write(&cfg, "#pragma once\n#ifndef DISABLE_NVSHMEM\n#ifndef __CUDACC_RDC__\n#define __CUDACC_RDC__\n#endif\n#endif\n").unwrap();
         assert!(check_rdc_fix(d.path(), Some("3.4.5"), false).unwrap());
+    }
+
+    /// The real DeepEP dd758ca and its fmt submodule (a4c7e171), from a mirror directory
+    /// holding their git archives (../shared/mirror on this project's machines).
+    #[test]
+    #[ignore = "needs COMMSTACK_REAL_MIRROR=DIR with DeepEP-dd758caf….tar.gz and fmt-a4c7e171….tar.gz"]
+    fn real_dd758ca_gets_its_fmt_submodule() {
+        let dir = PathBuf::from(std::env::var("COMMSTACK_REAL_MIRROR").unwrap());
+        let deepep = dir.join("DeepEP-dd758caf451848bd150e1046af3d0a73e5fff38d.tar.gz");
+        let fmt = dir.join("fmt-a4c7e17133ee9cb6a2f45545f6e974dd3c393efa.tar.gz");
+        let d = tempfile::tempdir().unwrap();
+        let mut src = SourceInput::from_path(&deepep, None, "dd758ca").unwrap();
+        let out = d.path().join("bare");
+        let err = format!("{:#}", src.materialize(&out).unwrap_err());
+        assert!(err.contains("third-party/fmt"), "{err}");
+        src.submodules.push(SubmoduleInput {
+            path: "third-party/fmt".into(),
+            tree_sha256: commstack_fetch::tree::tree_sha256(&fmt, "fmt.tar.gz").unwrap(),
+            archive: fmt,
+            rev: "a4c7e17133ee9cb6a2f45545f6e974dd3c393efa".into(),
+            sha256: None,
+        });
+        let out = d.path().join("src");
+        src.materialize(&out).unwrap();
+        assert_eq!(detect_api(&out).unwrap(), DeepEpApi::V2);
+        assert!(out.join("third-party/fmt/include/fmt/format.h").is_file());
     }
 
     /// The real DeepEP 567632d, when its archive is at hand (`git archive` of the mirror).

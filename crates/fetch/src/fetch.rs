@@ -524,12 +524,34 @@ async fn resolve_overrides(
 }
 
 /// What every artifact of one `fetch_all` shares.
-struct Run<'a> {
-    cache: Cache,
-    client: Option<reqwest::Client>,
-    options: &'a FetchOptions,
-    progress: Progress,
-    policy: RetryPolicy,
+pub(crate) struct Run<'a> {
+    pub(crate) cache: Cache,
+    pub(crate) client: Option<reqwest::Client>,
+    pub(crate) options: &'a FetchOptions,
+    pub(crate) progress: Progress,
+    pub(crate) policy: RetryPolicy,
+}
+
+impl<'a> Run<'a> {
+    /// A run with `options`' client (none offline) and retry policy.
+    pub(crate) fn new(options: &'a FetchOptions) -> Result<Run<'a>, FetchError> {
+        let client = match options.offline {
+            true => None,
+            false => Some(http_client(options)?),
+        };
+        Ok(Run {
+            cache: Cache::new(&options.cache_dir),
+            client,
+            options,
+            progress: Progress::new(options.progress),
+            policy: RetryPolicy {
+                retries: options.retries,
+                backoff: options.backoff,
+                max_backoff: options.max_backoff,
+                max_retry_after: options.max_retry_after,
+            },
+        })
+    }
 }
 
 /// What to do with the bytes one source gave.
@@ -820,7 +842,7 @@ impl Run<'_> {
         Ok(path)
     }
 
-    async fn get_bytes(
+    pub(crate) async fn get_bytes(
         &self,
         source: &Source,
         part: &Path,

@@ -8,6 +8,8 @@
 //!   appears in the cache only after its hash matched (temp file + rename); a file lock
 //!   per digest so that concurrent processes download each file once.
 //! - `offline` opens no socket and reports everything missing ([`FetchError::Offline`]).
+//! - [`fetch_for_lock`] brings the sources `lock` has not seen and hashes them (sha256
+//!   and tree), trusting on first use what nothing pins yet.
 //! - [`export_mirror`] writes the air-gap bundle that `Mirror::Dir` reads.
 //! - [`tree`] defines the tree hash used to accept a re-packed source archive (only with
 //!   `accept_tree_match`) and to describe `--source NAME=PATH` overrides; both show up in
@@ -18,6 +20,7 @@ mod cache;
 mod download;
 mod error;
 mod fetch;
+mod first_use;
 mod mirror_export;
 mod progress;
 mod source;
@@ -33,6 +36,7 @@ pub use fetch::{
     FetchOptions, Fetched, Origin, Provenance, SourceOverride, Summary, fetch_all, fetch_all_async,
     not_cached, preflight,
 };
+pub use first_use::{Seen, fetch_for_lock};
 pub use mirror_export::{
     ExportReport, MIRROR_MANIFEST, MirrorEntry, MirrorManifest, export_mirror, read_manifest,
 };

@@ -136,6 +136,37 @@ pub fn tree_sha256_archive_in(path: &Path, scratch: &Path) -> io::Result<String>
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
 }
 
+/// [`tree_sha256_archive_in`], and the bytes of the file `name` at the top of the tree
+/// (inside its single top directory, as the tree hash strips it), read from the same
+/// unpacking: what `lock` learns of a source it fetches (its `.gitmodules`).
+pub fn tree_sha256_archive_and_file(
+    path: &Path,
+    scratch: &Path,
+    name: &str,
+) -> io::Result<(String, Option<Vec<u8>>)> {
+    let options = Options {
+        drop_git: true,
+        ..Options::default()
+    };
+    commstack_archive::with_unpacked(path, scratch, &options, |root| {
+        let tree = tree_sha256_dir(root)?;
+        let mut top = root.to_path_buf();
+        let entries: Vec<_> = std::fs::read_dir(root)?.collect::<io::Result<_>>()?;
+        if let [only] = entries.as_slice()
+            && only.file_type()?.is_dir()
+        {
+            top = only.path();
+        }
+        let file = top.join(name);
+        let bytes = match file.symlink_metadata() {
+            Ok(m) if m.is_file() => Some(std::fs::read(&file)?),
+            _ => None,
+        };
+        Ok((tree, bytes))
+    })
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
+}
+
 /// A source into `dest` (which must not exist), refused, leaving nothing, unless the tree
 /// written hashes to `expected`: a directory is copied without its `.git` ([`strip`] does
 /// not apply), an archive goes through [`unpack_verified`]. Every source step places its

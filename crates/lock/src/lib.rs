@@ -4,7 +4,9 @@
 //! 2. The target's Python closure is resolved from the index: torch at the exact version,
 //!    plus the stack's extra requirements, for the target's CPython, arch and glibc.
 //! 3. torch's own pins (CUDA toolkit, NCCL, NVSHMEM) are read from what resolved.
-//! 4. The NVSHMEM and DeepEP sources come from the known-hash table.
+//! 4. The NVSHMEM and DeepEP sources (and DeepEP's submodules) come from the known
+//!    table, or are fetched and hashed, trusted by the user's hash or on first use
+//!    ([`sources`], docs/sources.md).
 //! 5. The rules that need those facts run; any violation stops here with all diagnostics.
 //! 6. The toolchain (nvcc and the CUDA headers at torch's CUDA version, cmake, ninja) is
 //!    resolved for the build host.
@@ -24,7 +26,7 @@ use commstack_debian::mirror::IndexBounds;
 use commstack_pypi::{IndexClient, TargetPlatform};
 use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{
-    BaseLock, Deb, Inputs, LOCK_VERSION, RecordedIndex, Resolved, RuleRecord, Source, Wheel,
+    BaseLock, Deb, Inputs, LOCK_VERSION, RecordedIndex, Resolved, RuleRecord, Wheel,
 };
 use commstack_stack::manifest::NvshmemVersion;
 use commstack_stack::rules::{self, Facts, Status};
@@ -33,6 +35,9 @@ use pep440_rs::Version;
 use pep508_rs::Requirement;
 
 use commstack_stack::lock::{TOOLCHAIN_CUDA_EXTRAS, recipe};
+
+pub mod sources;
+pub use sources::{NoFetch, SeenFuture, SourceFetcher, SourceRequest, SourceSeen};
 
 /// Progress lines for the caller to print (or not).
 pub trait Progress {
@@ -50,6 +55,8 @@ pub struct Locked {
     pub lock: Lock,
     pub seconds: f64,
     pub requests: u64,
+    /// Lines the caller must print whatever its verbosity: sources trusted on first use.
+    pub warnings: Vec<String>,
 }
 
 /// The lock that is there before `lock` writes a new one: the base's index must not go
@@ -60,13 +67,26 @@ pub struct PreviousLock<'a> {
     pub text: &'a str,
 }
 
-/// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash;
-/// `previous` is the lock being replaced, if any.
+/// [`lock_with`] for a caller that fetches nothing: the sources must be known or
+/// recorded by `previous`.
 pub async fn lock(
     stack: &Stack,
     metadata_cache: Option<std::path::PathBuf>,
     previous: Option<PreviousLock<'_>>,
     progress: &dyn Progress,
+) -> Result<Locked> {
+    lock_with(stack, metadata_cache, previous, progress, &sources::NoFetch).await
+}
+
+/// Resolve `stack` against its index. `metadata_cache` keeps wheel metadata by wheel hash;
+/// `previous` is the lock being replaced, if any; `fetcher` brings and hashes the sources
+/// neither the known table nor `previous` has hashes for.
+pub async fn lock_with(
+    stack: &Stack,
+    metadata_cache: Option<std::path::PathBuf>,
+    previous: Option<PreviousLock<'_>>,
+    progress: &dyn Progress,
+    fetcher: &dyn SourceFetcher,
 ) -> Result<Locked> {
     let started = Instant::now();
     fail_on_violations(&rules::check_manifest(stack))?;
@@ -84,7 +104,16 @@ pub async fn lock(
     let outcomes = rules::check_resolved(stack, &facts);
     fail_on_violations(&outcomes)?;
     let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
-    let sources = sources(stack, &nvshmem_version)?;
+    let previous_lock = previous.and_then(|p| Lock::parse(p.path, p.text).ok());
+    let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    let (sources, warnings) = sources::lock_sources(
+        stack,
+        &nvshmem_version,
+        previous_lock.as_ref(),
+        fetcher,
+        &today,
+    )
+    .await?;
     // The toolchain runs on the build host: same arch, the host's glibc floor.
     let cuda = facts
         .torch_cuda
@@ -117,6 +146,7 @@ pub async fn lock(
         lock,
         seconds: started.elapsed().as_secs_f64(),
         requests,
+        warnings,
     })
 }
 
@@ -472,81 +502,6 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
         nvshmem_build: Some(nvshmem_build),
         deepep_rdc_fix,
     })
-}
-
-/// NVSHMEM and DeepEP sources from the known-hash table.
-fn sources(stack: &Stack, nvshmem: &Version) -> Result<Vec<Source>> {
-    let mut out = Vec::new();
-    let v = nvshmem.to_string();
-    let Some(release) = known::nvshmem_release(&v) else {
-        let loc = stack
-            .locate("nvshmem.version")
-            .map(|l| format!("{l}: "))
-            .unwrap_or_default();
-        bail!(
-            "{loc}NVSHMEM {v} is not in commstack's known-hash table (known: {}); commstack pins sources by a \
-             published sha256 and cannot reach developer.download.nvidia.com to check another one. Choose a known \
-             version, or add {v} to crates/stack/src/known-sources.toml with its published sha256",
-            known::nvshmem_versions().join(", ")
-        );
-    };
-    out.push(Source {
-        name: "nvshmem".into(),
-        version: v.clone(),
-        rev: None,
-        filename: release
-            .url
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_string(),
-        url: release.url.clone(),
-        sha256: Some(release.sha256.clone()),
-        tree: release.tree.clone(),
-        origin: match &release.tree_from {
-            Some(from) => format!(
-                "known-hash table: sha256 from {}; tree hash from {from}",
-                release.sha256_from
-            ),
-            None => format!("known-hash table: sha256 from {}", release.sha256_from),
-        },
-    });
-    let Some(rev) = known::deepep_rev(&stack.deepep.rev) else {
-        let loc = stack
-            .locate("deepep.rev")
-            .map(|l| format!("{l}: "))
-            .unwrap_or_default();
-        bail!(
-            "{loc}DeepEP revision {} is not in commstack's known-source table: commstack verifies DeepEP by a \
-             tree hash it computed from the sources and cannot reach github.com from here. Use 567632d (V1), or add \
-             the revision with its tree hash to crates/stack/src/known-sources.toml",
-            stack.deepep.rev
-        );
-    };
-    if rev.api() != stack.deepep.api {
-        let loc = stack
-            .locate("deepep.api")
-            .map(|l| format!("{l}: "))
-            .unwrap_or_default();
-        bail!(
-            "{loc}deepep.api is {} but DeepEP {} is a {} revision ({})",
-            stack.deepep.api.as_str(),
-            &rev.rev[..7],
-            rev.api().as_str(),
-            rev.note
-        );
-    }
-    out.push(Source {
-        name: "deepep".into(),
-        version: format!("0+g{}", &rev.rev[..12]),
-        rev: Some(rev.rev.clone()),
-        filename: format!("DeepEP-{}.tar.gz", rev.rev),
-        url: rev.url(),
-        sha256: None,
-        tree: rev.tree.clone(),
-        origin: format!("known-source table: {}", rev.note),
-    });
-    Ok(out)
 }
 
 fn fail_on_violations(outcomes: &[rules::Outcome]) -> Result<()> {

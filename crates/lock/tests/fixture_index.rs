@@ -708,3 +708,95 @@ async fn an_index_older_than_the_previous_lock_records_is_refused() {
     assert_ne!(elsewhere, newer);
     relock(elsewhere).await.unwrap();
 }
+
+/// The known table stays as extra assurance (docs/sources.md): a hash the stack gives
+/// for a source it knows must agree with it, and then the trust is the table's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hashes_the_stack_gives_for_known_sources_must_agree_with_the_table() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let known_tree = "sha256:8aec908cb686bad3352f58265e8f43e658669ea660f7f73fadf8c7b63688526f";
+    let agreeing = stack(&url, |t| {
+        t.replace(
+            "api = \"v1\"\n",
+            &format!("api = \"v1\"\ntree = \"{known_tree}\"\n"),
+        )
+        .replace(
+            "cuda-archs = [\"90\"]\n",
+            "cuda-archs = [\"90\"]\nurl = \"https://mirror.example/nv/nvshmem_src_cuda12-all-all-3.4.5.tar.gz\"\n\
+             sha256 = \"40c1d4c255dd7395e04df41b181c4afdf2e0724c06b6fabde58bf2f8f532b0e5\"\n",
+        )
+    });
+    let locked = lock(&agreeing).await.unwrap();
+    let deepep = locked.sources.iter().find(|s| s.name == "deepep").unwrap();
+    assert_eq!(deepep.tree.as_deref(), Some(known_tree));
+    assert!(
+        deepep.origin.starts_with("known-source table"),
+        "{deepep:?}"
+    );
+    let nvshmem = locked.sources.iter().find(|s| s.name == "nvshmem").unwrap();
+    assert_eq!(
+        nvshmem.url,
+        "https://mirror.example/nv/nvshmem_src_cuda12-all-all-3.4.5.tar.gz"
+    );
+    assert!(
+        nvshmem.origin.starts_with("known-hash table"),
+        "{nvshmem:?}"
+    );
+
+    let other = format!("sha256:{}", "ab".repeat(32));
+    let disagreeing = stack(&url, |t| {
+        t.replace(
+            "api = \"v1\"\n",
+            &format!("api = \"v1\"\ntree = \"{other}\"\n"),
+        )
+    });
+    let err = format!("{:#}", lock(&disagreeing).await.unwrap_err());
+    assert!(
+        err.contains("stack.toml:17:8: deepep.tree")
+            && err.contains(known_tree)
+            && err.contains("refused"),
+        "{err}"
+    );
+    let disagreeing = stack(&url, |t| {
+        t.replace(
+            "cuda-archs = [\"90\"]\n",
+            &format!(
+                "cuda-archs = [\"90\"]\nurl = \"https://mirror.example/nvshmem_src.tar.gz\"\nsha256 = \"{}\"\n",
+                "cd".repeat(32)
+            ),
+        )
+    });
+    let err = format!("{:#}", lock(&disagreeing).await.unwrap_err());
+    assert!(
+        err.contains("nvshmem.sha256") && err.contains("40c1d4c255dd") && err.contains("refused"),
+        "{err}"
+    );
+}
+
+/// A commit no table knows is named in full, and is fetched: a lock that fetches nothing
+/// says which sources it would need, and how to fetch them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_no_table_knows_is_named_in_full_and_fetched() {
+    let server = TestServer::start();
+    let url = world().serve(&server);
+    let short = stack(&url, |t| {
+        t.replace("rev = \"567632d\"", "rev = \"dd758ca\"")
+    });
+    let err = format!("{:#}", lock(&short).await.unwrap_err());
+    assert!(
+        err.contains("stack.toml:15:7: DeepEP revision dd758ca") && err.contains("40 hex digits"),
+        "{err}"
+    );
+    let full = stack(&url, |t| {
+        t.replace(
+            "rev = \"567632d\"",
+            "rev = \"dd758caf451848bd150e1046af3d0a73e5fff38d\"",
+        )
+    });
+    let err = format!("{:#}", lock(&full).await.unwrap_err());
+    assert!(
+        err.contains("need fetching (deepep)") && err.contains("cargo xtask lock"),
+        "{err}"
+    );
+}

@@ -72,7 +72,11 @@ fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
 /// The lock first: fresh, resolved again (unless --locked), or, in a dry run, what would
 /// change. Returns None when a dry run stops here, else why the lock was resolved again
 /// (None inside: it was fresh).
-fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>> {
+fn ensure_lock(
+    ctx: &Ctx,
+    graph: &GraphOptions,
+    fetch: &commstack_steps::options::SourceFetch,
+) -> Result<Option<Option<String>>> {
     let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
     let path = ctx.lock_path();
     let (previous, stale) = commstack_steps::flow::lock::lock_problems(ctx, &stack)?;
@@ -96,7 +100,7 @@ fn ensure_lock(ctx: &Ctx, graph: &GraphOptions) -> Result<Option<Option<String>>
         return Ok(None);
     }
     eprintln!("lock: {}: resolving again", stale.join("; "));
-    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref())?;
+    commstack_steps::flow::lock::resolve_and_write(ctx, &stack, previous.as_deref(), fetch)?;
     Ok(Some(Some(stale.join("; "))))
 }
 
@@ -143,7 +147,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     if graph.json {
         commstack_steps::util::results_to_stderr();
     }
-    let Some(relocked) = ensure_lock(ctx, graph)? else {
+    let Some(relocked) = ensure_lock(ctx, graph, &args.fetch)? else {
         return Ok(Built {
             rows: Vec::new(),
             exit: ExitCode::SUCCESS,

@@ -48,15 +48,6 @@ impl DeepEpRev {
             DeepEpApi::V1
         }
     }
-    pub fn url(&self) -> String {
-        deepep_archive_url(&self.rev)
-    }
-}
-
-pub const DEEPEP_REPO: &str = "https://github.com/deepseek-ai/DeepEP";
-
-pub fn deepep_archive_url(rev: &str) -> String {
-    format!("{DEEPEP_REPO}/archive/{rev}.tar.gz")
 }
 
 pub(crate) const TABLE_TEXT: &str = include_str!("known-sources.toml");

@@ -10,6 +10,7 @@ pub mod bases;
 pub mod deploy;
 mod deploy_check;
 pub mod diag;
+pub mod gitmodules;
 pub mod known;
 pub mod lock;
 pub mod manifest;

@@ -223,6 +223,9 @@ pub struct Source {
     /// Git commit, for sources pinned by revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rev: Option<String>,
+    /// For a submodule (`deepep:<path>`): where it goes in its parent's tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     pub url: String,
     pub filename: String,
     /// sha256 of the archive; absent for git archives, which are verified by `tree`.
@@ -231,7 +234,9 @@ pub struct Source {
     /// commstack tree hash of the unpacked sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<String>,
-    /// Where the hashes come from.
+    /// Where the trust in the hashes comes from (docs/sources.md): the known table
+    /// (`known-...`), the user's stack file (`stack.toml: ...`), or `first-use <where>
+    /// <date>`.
     pub origin: String,
 }
 
@@ -539,6 +544,7 @@ mod tests {
                 name: "nvshmem".into(),
                 version: "3.4.5".into(),
                 rev: None,
+                path: None,
                 url: "https://files.example/nvshmem_src-3.4.5.tar.gz".into(),
                 filename: "nvshmem_src-3.4.5.tar.gz".into(),
                 sha256: Some("33".repeat(32)),

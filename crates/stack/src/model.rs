@@ -145,13 +145,62 @@ pub struct Nvshmem {
     /// Also build libnvshmem.a, nvshmem-info and the CMake package (NVIDIA's wheel has
     /// none of them; they double the compile work). Default false.
     pub static_lib: bool,
+    /// `url` + `sha256`: the source archive to build, when it is not the known table's
+    /// release of `version` (docs/sources.md).
+    pub source: Option<NvshmemSource>,
+}
+
+/// `[nvshmem] url` and `sha256`: an NVSHMEM source the user names and vouches for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvshmemSource {
+    pub url: String,
+    /// 64 lowercase hex digits.
+    pub sha256: String,
 }
 
 #[derive(Clone, Debug)]
 pub struct DeepEp {
-    /// As written: 7 to 40 hex digits.
+    /// The git repository, default [`DEFAULT_DEEPEP_REPO`]; its archive of `rev` is
+    /// `<repo>/archive/<rev>.tar.gz` (GitHub's form).
+    pub repo: String,
+    /// As written: 7 to 40 hex digits (40 for a revision the known table lacks).
     pub rev: String,
     pub api: DeepEpApi,
+    /// The tree hash (`sha256:<hex>`) the user vouches for, if any.
+    pub tree: Option<String>,
+    /// `[[deepep.submodule]]`: what fills the source's `.gitmodules` paths.
+    pub submodules: Vec<Submodule>,
+}
+
+pub const DEFAULT_DEEPEP_REPO: &str = "https://github.com/deepseek-ai/DeepEP";
+
+/// One `[[deepep.submodule]]`: a git archive of a commit has no gitlinks, so the commit
+/// each `.gitmodules` path holds is declared here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submodule {
+    /// Relative to the DeepEP tree, as `.gitmodules` writes it (`third-party/fmt`).
+    pub path: String,
+    pub repo: String,
+    /// 40 hex digits.
+    pub rev: String,
+    pub tree: Option<String>,
+}
+
+/// `<repo>/archive/<rev>.tar.gz`: GitHub's archive of a commit.
+pub fn git_archive_url(repo: &str, rev: &str) -> String {
+    format!("{}/archive/{rev}.tar.gz", repo.trim_end_matches('/'))
+}
+
+/// `<last segment of repo>-<rev>.tar.gz`: the name GitHub gives that archive (and a
+/// mirror holds it under).
+pub fn git_archive_filename(repo: &str, rev: &str) -> String {
+    let name = repo
+        .trim_end_matches('/')
+        .trim_end_matches(".git")
+        .rsplit('/')
+        .next()
+        .unwrap_or("source");
+    format!("{name}-{rev}.tar.gz")
 }
 
 #[derive(Clone, Debug)]
@@ -310,6 +359,7 @@ impl Stack {
         );
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
+        self.echo_sources(&mut m);
         m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());
         m.insert("toolchain.ninja".into(), self.toolchain.ninja.to_string());
         m.insert(
@@ -352,6 +402,31 @@ impl Stack {
             // lock says, so a lock stays fresh when it is raised.
         }
         m
+    }
+
+    /// The named sources (docs/sources.md), only where written: a stack that names none
+    /// keeps the echo (and the fingerprint) it had before they existed.
+    fn echo_sources(&self, m: &mut BTreeMap<String, String>) {
+        let d = &self.deepep;
+        if d.repo != DEFAULT_DEEPEP_REPO {
+            m.insert("deepep.repo".into(), d.repo.clone());
+        }
+        if let Some(tree) = &d.tree {
+            m.insert("deepep.tree".into(), tree.clone());
+        }
+        for s in &d.submodules {
+            let tree = s.tree.as_deref().unwrap_or("");
+            m.insert(
+                format!("deepep.submodule.{}", s.path),
+                format!("{} {} {tree}", s.repo, s.rev)
+                    .trim_end()
+                    .to_string(),
+            );
+        }
+        if let Some(source) = &self.nvshmem.source {
+            m.insert("nvshmem.url".into(), source.url.clone());
+            m.insert("nvshmem.sha256".into(), source.sha256.clone());
+        }
     }
 
     /// sha256 of the manifest's meaning (not its bytes: comments and layout don't count).

@@ -57,6 +57,9 @@ pub(crate) struct RawNvshmem {
     pub(crate) switches: Vec<(&'static Switch, Spanned<bool>)>,
     pub(crate) static_lib: Option<Spanned<bool>>,
     pub(crate) pass_env: Vec<Spanned<String>>,
+    /// The source archive's URL and sha256, when not the known table's release.
+    pub(crate) url: Option<Spanned<String>>,
+    pub(crate) sha256: Option<Spanned<String>>,
 }
 
 enum NvshmemField {
@@ -65,6 +68,8 @@ enum NvshmemField {
     Switch(&'static Switch),
     StaticLib,
     PassEnv,
+    Url,
+    Sha256,
 }
 
 /// Every key of `[nvshmem]`, in the order an unknown-key error lists them.
@@ -73,7 +78,7 @@ fn nvshmem_fields() -> &'static [&'static str] {
     FIELDS.get_or_init(|| {
         let mut v = vec!["version", "cuda-archs"];
         v.extend(switches::in_stack().map(|s| s.key));
-        v.extend(["static-lib", "pass-env"]);
+        v.extend(["static-lib", "pass-env", "url", "sha256"]);
         v
     })
 }
@@ -94,6 +99,8 @@ impl<'de> Deserialize<'de> for NvshmemField {
                     "cuda-archs" => NvshmemField::CudaArchs,
                     "static-lib" => NvshmemField::StaticLib,
                     "pass-env" => NvshmemField::PassEnv,
+                    "url" => NvshmemField::Url,
+                    "sha256" => NvshmemField::Sha256,
                     _ => match switches::in_stack().find(|s| s.key == key) {
                         Some(s) => NvshmemField::Switch(s),
                         None => return Err(E::unknown_field(key, nvshmem_fields())),
@@ -119,6 +126,8 @@ impl<'de> Deserialize<'de> for RawNvshmem {
                 let mut switches = Vec::new();
                 let mut static_lib = None;
                 let mut pass_env = None;
+                let mut url = None;
+                let mut sha256 = None;
                 // TOML itself refuses a key written twice.
                 while let Some(field) = map.next_key::<NvshmemField>()? {
                     match field {
@@ -127,6 +136,8 @@ impl<'de> Deserialize<'de> for RawNvshmem {
                         NvshmemField::Switch(s) => switches.push((s, map.next_value()?)),
                         NvshmemField::StaticLib => static_lib = Some(map.next_value()?),
                         NvshmemField::PassEnv => pass_env = Some(map.next_value()?),
+                        NvshmemField::Url => url = Some(map.next_value()?),
+                        NvshmemField::Sha256 => sha256 = Some(map.next_value()?),
                     }
                 }
                 Ok(RawNvshmem {
@@ -135,6 +146,8 @@ impl<'de> Deserialize<'de> for RawNvshmem {
                     switches,
                     static_lib,
                     pass_env: pass_env.unwrap_or_default(),
+                    url,
+                    sha256,
                 })
             }
         }
@@ -145,8 +158,22 @@ impl<'de> Deserialize<'de> for RawNvshmem {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub(crate) struct RawDeepEp {
+    pub(crate) repo: Option<Spanned<String>>,
     pub(crate) rev: Spanned<String>,
     pub(crate) api: Spanned<String>,
+    pub(crate) tree: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) submodule: Vec<RawSubmodule>,
+}
+
+/// `[[deepep.submodule]]`: what fills one of the source's `.gitmodules` paths.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawSubmodule {
+    pub(crate) path: Spanned<String>,
+    pub(crate) repo: Spanned<String>,
+    pub(crate) rev: Spanned<String>,
+    pub(crate) tree: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]

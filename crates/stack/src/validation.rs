@@ -298,6 +298,7 @@ impl Validator<'_> {
                 pass_env.push(name.clone());
             }
         }
+        let source = self.nvshmem_source(raw.url.as_ref(), raw.sha256.as_ref());
         if !ok {
             return None;
         }
@@ -307,6 +308,7 @@ impl Validator<'_> {
             transports,
             pass_env,
             static_lib,
+            source: source?,
         })
     }
 
@@ -334,10 +336,172 @@ impl Validator<'_> {
                 None
             }
         };
+        let repo = match &raw.repo {
+            Some(r) => self.repo_url(r, "deepep.repo"),
+            None => Some(DEFAULT_DEEPEP_REPO.to_string()),
+        };
+        let tree = raw.tree.as_ref().map(|t| self.tree_hash(t, "deepep.tree"));
+        let mut submodules = Vec::new();
+        for (i, sub) in raw.submodule.iter().enumerate() {
+            submodules.push(self.submodule(sub, i, &submodules));
+        }
         if !rev_ok {
             return None;
         }
-        Some(DeepEp { rev, api: api? })
+        Some(DeepEp {
+            repo: repo?,
+            rev,
+            api: api?,
+            tree: tree.map_or(Some(None), |t| t.map(Some))?,
+            submodules: submodules.into_iter().collect::<Option<Vec<_>>>()?,
+        })
+    }
+
+    /// One `[[deepep.submodule]]`; `before` are the ones read so far (a path twice is an
+    /// error).
+    fn submodule(
+        &mut self,
+        raw: &RawSubmodule,
+        index: usize,
+        before: &[Option<Submodule>],
+    ) -> Option<Submodule> {
+        let field = |k: &str| format!("deepep.submodule[{index}].{k}");
+        self.span(&field("path"), &raw.path);
+        let path = raw.path.get_ref().trim_matches('/').to_string();
+        let path_ok = !path.is_empty()
+            && path
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".." && c != ".git");
+        if !path_ok {
+            self.err(
+                raw.path.span(),
+                format!(
+                    "{}: {:?} is not a relative path inside the DeepEP tree",
+                    field("path"),
+                    raw.path.get_ref()
+                ),
+                Some(
+                    "write the path as the source's .gitmodules does, e.g. \"third-party/fmt\""
+                        .into(),
+                ),
+            );
+        }
+        if before.iter().flatten().any(|s| s.path == path) {
+            self.err(
+                raw.path.span(),
+                format!("{}: submodule {path:?} is declared twice", field("path")),
+                None,
+            );
+            return None;
+        }
+        let repo = self.repo_url(&raw.repo, &field("repo"));
+        let rev = raw.rev.get_ref().to_ascii_lowercase();
+        if rev.len() != 40 || !rev.chars().all(|c| c.is_ascii_hexdigit()) {
+            self.err(
+                raw.rev.span(),
+                format!("{}: a submodule is pinned by its full commit (40 hex digits), got {:?}", field("rev"), raw.rev.get_ref()),
+                Some("the commit the DeepEP revision's gitlink names: `git ls-tree <deepep rev> <path>` in a clone of DeepEP".into()),
+            );
+            return None;
+        }
+        let tree = raw.tree.as_ref().map(|t| self.tree_hash(t, &field("tree")));
+        if !path_ok {
+            return None;
+        }
+        Some(Submodule {
+            path,
+            repo: repo?,
+            rev,
+            tree: tree.map_or(Some(None), |t| t.map(Some))?,
+        })
+    }
+
+    /// `[nvshmem] url` and `sha256`: both or neither.
+    fn nvshmem_source(
+        &mut self,
+        url: Option<&Spanned<String>>,
+        sha256: Option<&Spanned<String>>,
+    ) -> Option<Option<NvshmemSource>> {
+        match (url, sha256) {
+            (None, None) => Some(None),
+            (Some(url), Some(sha256)) => {
+                self.span("nvshmem.url", url);
+                self.span("nvshmem.sha256", sha256);
+                let checked = self.repo_url(url, "nvshmem.url");
+                let hex = sha256
+                    .get_ref()
+                    .trim_start_matches("sha256:")
+                    .to_ascii_lowercase();
+                if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                    self.err(
+                        sha256.span(),
+                        format!(
+                            "nvshmem.sha256: {:?} is not a sha256 (64 hex digits)",
+                            sha256.get_ref()
+                        ),
+                        Some("the archive's published sha256 (`sha256sum FILE`)".into()),
+                    );
+                    return None;
+                }
+                Some(Some(NvshmemSource {
+                    url: checked?,
+                    sha256: hex,
+                }))
+            }
+            (Some(one), None) | (None, Some(one)) => {
+                self.err(
+                    one.span(),
+                    "[nvshmem] names its source with both url and sha256, or neither",
+                    Some("url = \"https://.../nvshmem_src_....tar.gz\" and sha256 = \"<its sha256>\"; without them the known table's release of nvshmem.version is used".into()),
+                );
+                None
+            }
+        }
+    }
+
+    /// An http(s) URL, without a trailing slash.
+    fn repo_url(&mut self, value: &Spanned<String>, field: &str) -> Option<String> {
+        self.span(field, value);
+        let text = value.get_ref().trim_end_matches('/');
+        let rest = text
+            .strip_prefix("https://")
+            .or_else(|| text.strip_prefix("http://"));
+        match rest {
+            Some(rest) if !rest.is_empty() && !rest.contains(char::is_whitespace) => {
+                Some(text.to_string())
+            }
+            _ => {
+                self.err(
+                    value.span(),
+                    format!("{field}: {:?} is not an http(s) URL", value.get_ref()),
+                    Some("e.g. \"https://github.com/deepseek-ai/DeepEP\"; a machine that cannot reach it locks from a mirror (`cargo xtask lock --mirror DIR`)".into()),
+                );
+                None
+            }
+        }
+    }
+
+    /// `sha256:<64 lowercase hex>`, as `cargo xtask cache hash` prints a tree hash.
+    fn tree_hash(&mut self, value: &Spanned<String>, field: &str) -> Option<String> {
+        self.span(field, value);
+        let text = value.get_ref();
+        let ok = text.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64 && h.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
+        });
+        if !ok {
+            self.err(
+                value.span(),
+                format!(
+                    "{field}: {text:?} is not a tree hash (`sha256:` and 64 lowercase hex digits)"
+                ),
+                Some(
+                    "`cargo xtask cache hash PATH` prints the tree hash of a directory or archive"
+                        .into(),
+                ),
+            );
+            return None;
+        }
+        Some(text.clone())
     }
 
     fn specifiers(

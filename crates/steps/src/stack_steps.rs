@@ -169,7 +169,8 @@ impl<'a> StackSteps<'a> {
             .lock
             .sources
             .iter()
-            .filter(|s| !wanted.contains(s.name.as_str()))
+            // A submodule (`deepep:<path>`) is read with its parent.
+            .filter(|s| !wanted.contains(s.name.split(':').next().unwrap_or_default()))
             .map(|s| s.filename.as_str())
             .collect();
         Ok(artifacts_of_parts(&self.settings.lock, &parts)?
@@ -193,13 +194,29 @@ impl<'a> StackSteps<'a> {
             .collect()
     }
 
+    /// The locked source `name` as a step's input, with its submodules (`name:<path>`)
+    /// where it has any (only then: a key without them is the key it always was).
     fn source(&self, name: &str) -> serde_json::Value {
-        self.settings
-            .lock
-            .sources
+        let sources = &self.settings.lock.sources;
+        let submodules: Vec<serde_json::Value> = sources
+            .iter()
+            .filter(|s| {
+                s.name
+                    .split_once(':')
+                    .is_some_and(|(parent, _)| parent == name)
+            })
+            .map(|s| json!({ "path": s.path, "tree": s.tree, "rev": s.rev, "sha256": s.sha256 }))
+            .collect();
+        sources
             .iter()
             .find(|s| s.name == name)
-            .map(|s| json!({ "tree": s.tree, "rev": s.rev, "sha256": s.sha256 }))
+            .map(|s| {
+                let mut v = json!({ "tree": s.tree, "rev": s.rev, "sha256": s.sha256 });
+                if !submodules.is_empty() {
+                    v["submodules"] = json!(submodules);
+                }
+                v
+            })
             .unwrap_or_default()
     }
 }

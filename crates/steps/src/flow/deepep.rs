@@ -373,8 +373,10 @@ fn dropin_wheel(
 }
 
 /// `--source PATH` (hashed, compared with the lock), else the lock's archive from the
-/// fetch cache (verified by its tree hash when it was fetched, held to its recorded
-/// sha256 since, and by its tree again as it is unpacked: `SourceInput::materialize`).
+/// fetch cache (verified by its hashes when it was fetched, held to its recorded sha256
+/// since, and by its tree again as it is unpacked: `SourceInput::materialize`), with the
+/// locked submodules (`deepep:<path>`), each from the cache the same way. A `--source`
+/// is taken as it is, submodules and all.
 fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<SourceInput> {
     let locked = lock
         .sources
@@ -393,32 +395,71 @@ fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<Sour
     if let Some(p) = explicit {
         return SourceInput::from_path(p, locked.tree.as_deref(), &rev);
     }
+    let (path, sha256, tree) = cached_source(ctx, locked)?;
+    let mut submodules = Vec::new();
+    for sub in lock
+        .sources
+        .iter()
+        .filter(|s| s.name.starts_with("deepep:"))
+    {
+        let (archive, sha256, tree) = cached_source(ctx, sub)?;
+        submodules.push(commstack_deepep::SubmoduleInput {
+            path: sub.path.clone().with_context(|| {
+                format!(
+                    "{}: source {} has no path",
+                    ctx.lock_path().display(),
+                    sub.name
+                )
+            })?,
+            archive,
+            tree_sha256: tree,
+            rev: sub.rev.clone().unwrap_or_default(),
+            sha256,
+        });
+    }
+    Ok(SourceInput {
+        sha256,
+        path,
+        tree_sha256: tree,
+        rev,
+        provenance: "locked".into(),
+        submodules,
+    })
+}
+
+/// A locked source archive from the fetch cache, offline, held to the lock's hashes:
+/// (its path, the sha256 of its bytes, its tree hash).
+fn cached_source(
+    ctx: &Ctx,
+    locked: &commstack_stack::lock::Source,
+) -> Result<(PathBuf, Option<String>, String)> {
     let tree = locked
         .tree
         .clone()
-        .context("the lock pins the deepep source by no tree hash")?;
-    let artifact =
-        Artifact::tree_only(&locked.name, &locked.url, &tree).map_err(anyhow::Error::msg)?;
+        .with_context(|| format!("the lock pins the {} source by no tree hash", locked.name))?;
+    let artifact = Artifact {
+        name: locked.name.clone(),
+        filename: locked.filename.clone(),
+        urls: vec![locked.url.clone()],
+        sha256: locked.sha256.clone(),
+        size: None,
+        tree_sha256: Some(tree.clone()),
+    };
+    artifact.validate().map_err(anyhow::Error::msg)?;
     let mut options = FetchOptions::new(ctx.cache_dir());
     options.offline = true;
     options.progress = false;
     let fetched = commstack_fetch::fetch_all(&[artifact], &options).with_context(|| {
         format!(
-            "the DeepEP source {} is not in the download cache: run `cargo xtask fetch --only sources` (or pass --source DIR|ARCHIVE)",
-            locked.filename
+            "the source {} ({}) is not in the download cache: run `cargo xtask fetch --only sources` (or pass --source DIR|ARCHIVE)",
+            locked.name, locked.filename
         )
     })?;
     let f = fetched
         .into_iter()
         .next()
         .context("fetch returned nothing")?;
-    Ok(SourceInput {
-        sha256: f.sha256().map(str::to_string),
-        path: f.path,
-        tree_sha256: tree,
-        rev,
-        provenance: "locked".into(),
-    })
+    Ok((f.path.clone(), f.sha256().map(str::to_string), tree))
 }
 
 /// The wheel's times: the lock's epoch where it has one (a stack with [base]), else a

@@ -2,9 +2,10 @@
 //! (`fetch`, `mirror export`, and `build` / `gpu-bundle` on the way).
 
 use anyhow::{Context, Result};
-use commstack_fetch::{Artifact, FetchOptions, Mirror};
+use commstack_fetch::{Artifact, FetchOptions};
 
 use crate::ctx::Ctx;
+pub use crate::flow::fetch_options::base_options;
 use crate::flow::lock::{artifacts_of_parts, read_lock};
 use crate::options::FetchRequest;
 
@@ -14,27 +15,6 @@ pub fn fetch_options(ctx: &Ctx, flags: &FetchRequest) -> Result<FetchOptions> {
     options.jobs = flags.jobs.max(1);
     options.retries = flags.retries;
     options.verify = flags.verify;
-    Ok(options)
-}
-
-/// Fetch options with the cache under `ctx.home`, the given mirrors and trust flags, and
-/// progress unless `--quiet`; every other field at its default. Shared by the commands
-/// that fetch on the way (build, gpu-bundle).
-pub fn base_options(
-    ctx: &Ctx,
-    mirrors: &[String],
-    offline: bool,
-    accept_tree_match: bool,
-) -> Result<FetchOptions> {
-    let mut options = FetchOptions::new(ctx.cache_dir());
-    options.mirrors = mirrors
-        .iter()
-        .map(|m| Mirror::parse(m).map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()
-        .context("--mirror")?;
-    options.offline = offline;
-    options.accept_tree_match = accept_tree_match;
-    options.progress = !ctx.quiet;
     Ok(options)
 }
 

@@ -79,13 +79,59 @@ pub fn artifacts_of_parts(lock: &commstack_stack::Lock, parts: &[Part]) -> Resul
         .collect()
 }
 
+/// `lock`'s fetcher: the sources neither the known table nor the previous lock has
+/// hashes for, through commstack-fetch with the command's mirrors and
+/// `--accept-tree-match` (docs/sources.md).
+struct LockFetcher {
+    options: commstack_fetch::FetchOptions,
+}
+
+impl commstack_lock::SourceFetcher for LockFetcher {
+    fn fetch<'a>(
+        &'a self,
+        requests: &'a [commstack_lock::SourceRequest],
+    ) -> commstack_lock::SeenFuture<'a> {
+        Box::pin(async move {
+            let artifacts: Vec<Artifact> = requests
+                .iter()
+                .map(|r| {
+                    let a = Artifact {
+                        name: r.name.clone(),
+                        filename: r.filename.clone(),
+                        urls: vec![r.url.clone()],
+                        sha256: r.sha256.clone(),
+                        size: None,
+                        tree_sha256: r.tree.clone(),
+                    };
+                    a.validate().map_err(anyhow::Error::msg)?;
+                    Ok(a)
+                })
+                .collect::<Result<_>>()?;
+            let seen = commstack_fetch::fetch_for_lock(&artifacts, &self.options)
+                .await
+                .context("fetching the sources the lock has no hashes for")?;
+            Ok(seen
+                .into_iter()
+                .map(|s| commstack_lock::SourceSeen {
+                    sha256: s.sha256,
+                    tree: s.tree_sha256,
+                    from: s.from,
+                    gitmodules: s.gitmodules,
+                })
+                .collect())
+        })
+    }
+}
+
 /// Resolves the manifest into its lock against the index and writes stack.lock and its
 /// requirements file (together, atomically); `previous` is the old lock's text, whose
-/// comments are kept. Prints what was locked.
+/// comments are kept; `fetch` says where the sources it has not seen come from. Prints
+/// what was locked, and always the sources trusted on first use.
 pub fn resolve_and_write(
     ctx: &Ctx,
     stack: &commstack_stack::Stack,
     previous: Option<&str>,
+    fetch: &crate::options::SourceFetch,
 ) -> Result<Lock> {
     let lock_path = ctx.lock_path();
     let req_path = requirements_path(ctx);
@@ -101,12 +147,24 @@ pub fn resolve_and_write(
         path: &lock_path,
         text,
     });
-    let locked = crate::util::runtime()?.block_on(commstack_lock::lock(
+    let fetcher = LockFetcher {
+        options: crate::flow::fetch_options::base_options(
+            ctx,
+            &fetch.mirror,
+            fetch.offline,
+            fetch.accept_tree_match,
+        )?,
+    };
+    let locked = crate::util::runtime()?.block_on(commstack_lock::lock_with(
         stack,
         Some(cache),
         replaced,
         &progress,
+        &fetcher,
     ))?;
+    for warning in &locked.warnings {
+        eprintln!("{}", commstack_digest::terminal_safe_capped(warning, 4096));
+    }
     let lock = locked.lock;
     let text = lock.render(previous);
     commstack_store::write_all_atomically(&[
@@ -136,6 +194,9 @@ pub fn resolve_and_write(
         &r.deepep_rev[..r.deepep_rev.len().min(12)],
         r.deepep_api.as_str()
     );
+    for s in &lock.sources {
+        crate::out!("  source {} ({}): {}", s.name, s.filename, s.origin);
+    }
     if let Some(base) = &lock.base {
         crate::out!(
             "  base: {} Debian packages of {} {} {} (index of {}, epoch {})",

@@ -5,6 +5,7 @@
 
 pub mod deepep;
 pub mod fetch;
+pub mod fetch_options;
 pub mod image;
 pub mod kernels;
 pub mod lock;
