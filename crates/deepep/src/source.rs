@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use commstack_stack::manifest::DeepEpApi;
+use commstack_stack::rules;
 use serde::{Deserialize, Serialize};
 
 /// One DeepEP source tree or archive, with its tree hash (commstack_fetch::tree).
@@ -197,24 +198,23 @@ pub fn check_rdc_fix(src: &Path, nvshmem_version: Option<&str>, allowed: bool) -
     let path = src.join("csrc/kernels/configs.cuh");
     let text =
         fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let has_fix = commstack_stack::rules::deepep_v1_has_rdc_fix(&text);
-    let sensitive: pep440_rs::Version = commstack_stack::rules::NVSHMEM_RDC_SENSITIVE
-        .parse()
-        .expect("a version");
-    let needs_fix = match nvshmem_version.map(str::parse::<pep440_rs::Version>) {
-        Some(Ok(v)) => v >= sensitive,
-        _ => true,
-    };
-    if needs_fix && !has_fix && !allowed {
+    let has_fix = rules::deepep_v1_has_rdc_fix(&text);
+    // An unreadable version counts as one that needs the fix, as the lock's rule does.
+    let version = nvshmem_version.and_then(|v| v.parse::<pep440_rs::Version>().ok());
+    if rules::nvshmem_needs_rdc_fix(version.as_ref()) && !has_fix && !allowed {
         bail!(
-            "{} does not force RDC (no `#define __CUDACC_RDC__` under `#ifndef DISABLE_NVSHMEM`), and NVSHMEM {} defines nvshmemi_ibgda_device_state_d itself: \
-             the link would fail with `multiple definition of nvshmemi_ibgda_device_state_d` [rule deepep-v1-rdc-fix]. \
-             Use DeepEP 567632d (the last V1 commit, includes the fix of 29d31c0), or NVSHMEM < {sensitive}",
-            path.display(),
-            nvshmem_version.unwrap_or("(unknown version)")
+            "{} [rule deepep-v1-rdc-fix]. {}",
+            rules::missing_rdc_fix(&path.display().to_string(), version.as_ref()),
+            capitalized(&rules::rdc_fix_ways_out())
         );
     }
     Ok(has_fix)
+}
+
+/// A rule's sentence, capitalized to start one of its own.
+fn capitalized(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
 }
 
 /// The version setup.py will write (`1.2.1` for V1 567632d), for messages.

@@ -104,8 +104,8 @@ fn ensure_lock(
     Ok(Some(Some(stale.join("; "))))
 }
 
-/// Refuses, before anything runs, what the selection cannot give: an image target of a
-/// stack without [image], `--oci`/`--context` without the image step or into an existing
+/// Refuses, before anything runs, what the selection cannot give: DeepEP on an NVSHMEM
+/// without IBGDA, an image target of a stack without [image], `--oci`/`--context` without the image step or into an existing
 /// directory.
 fn preflight(steps: &StackSteps, graph: &GraphOptions, selection: Selection) -> Result<()> {
     use commstack_steps::graph::Steps;
@@ -117,6 +117,9 @@ fn preflight(steps: &StackSteps, graph: &GraphOptions, selection: Selection) -> 
         && let Some(why) = steps.skipped(t)
     {
         bail!("cannot build {t}: {why}");
+    }
+    if target.is_none_or(|t| t.with_ancestors().contains(&StepId::Deepep)) {
+        steps.settings.check_deepep_needs()?;
     }
     let image_selected = target.is_none_or(|t| t.with_ancestors().contains(&StepId::Image));
     for (flag, dir) in [("--oci", &graph.oci), ("--context", &graph.context)] {

@@ -24,6 +24,7 @@ pub enum RuleId {
     DeepEpV2Torch,
     DeepEpV1RdcFix,
     DeepEpV1Cccl,
+    DeepEpNeedsIbgda,
 }
 
 /// NCCL version DeepEP V2's NCCL device API needs (ncclGetLsaDevicePointer and friends).
@@ -33,7 +34,7 @@ pub const DEEPEP_V2_MIN_TORCH: &str = "2.10";
 pub const NVSHMEM_RDC_SENSITIVE: &str = "3.3.20";
 
 impl RuleId {
-    pub const ALL: [RuleId; 9] = [
+    pub const ALL: [RuleId; 10] = [
         RuleId::PythonMatchesBase,
         RuleId::GlibcWithinBase,
         RuleId::TorchCudaMajor,
@@ -43,6 +44,7 @@ impl RuleId {
         RuleId::DeepEpV2Torch,
         RuleId::DeepEpV1RdcFix,
         RuleId::DeepEpV1Cccl,
+        RuleId::DeepEpNeedsIbgda,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +58,7 @@ impl RuleId {
             RuleId::DeepEpV2Torch => "deepep-v2-torch",
             RuleId::DeepEpV1RdcFix => "deepep-v1-rdc-fix",
             RuleId::DeepEpV1Cccl => "deepep-v1-cccl",
+            RuleId::DeepEpNeedsIbgda => "deepep-needs-ibgda",
         }
     }
 
@@ -228,6 +231,13 @@ pub const RULES: &[Rule] = &[
         reason: "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)",
         manifest_only: false,
         check: deepep_v1_cccl,
+    },
+    Rule {
+        id: RuleId::DeepEpNeedsIbgda,
+        revision: 1,
+        reason: "DeepEP's V1 kernels (and V2's legacy ones) use NVSHMEM's IBGDA device state: an NVSHMEM built without IBGDA leaves `nvshmemi_ibgda_device_state_d` undefined and DeepEP's device link fails, after NVSHMEM's whole build",
+        manifest_only: true,
+        check: deepep_needs_ibgda,
     },
 ];
 
@@ -608,6 +618,38 @@ pub fn deepep_v1_has_rdc_fix(configs_cuh: &str) -> bool {
         }
     }
     false
+}
+
+/// DeepEP needs an NVSHMEM built with IBGDA (stack.toml's `nvshmem.ibgda`).
+fn deepep_needs_ibgda(stack: &Stack, _: &Facts) -> Outcome {
+    let rev = &stack.deepep.rev;
+    if stack.nvshmem.transports.get("ibgda") {
+        return ok(
+            RuleId::DeepEpNeedsIbgda,
+            format!("NVSHMEM is built with IBGDA, which DeepEP {rev} links"),
+        );
+    }
+    violation(
+        stack,
+        RuleId::DeepEpNeedsIbgda,
+        "nvshmem.ibgda",
+        deepep_without_ibgda(rev),
+        Some(("deepep.rev", format!("DeepEP {rev} is built from this stack"))),
+        ibgda_ways_out(),
+    )
+}
+
+/// Rule `deepep-needs-ibgda`'s conflict, for DeepEP `rev` (also said by a build whose
+/// `--no-ibgda` turns IBGDA off).
+pub fn deepep_without_ibgda(rev: &str) -> String {
+    format!(
+        "NVSHMEM would be built without IBGDA, but DeepEP {rev}'s kernels use its IBGDA device state: its device link would fail with `Undefined reference to 'nvshmemi_ibgda_device_state_d'`"
+    )
+}
+
+/// Rule `deepep-needs-ibgda`'s ways out (but allowing it).
+pub fn ibgda_ways_out() -> String {
+    "keep IBGDA on (`nvshmem.ibgda = true`, no `--no-ibgda`); an IBGDA build runs on hosts without IBGDA too (NVSHMEM falls back to P2P/other transports at run time); to build NVSHMEM alone without it, `cargo xtask build nvshmem --no-ibgda`".into()
 }
 
 fn ok(rule: RuleId, detail: String) -> Outcome {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use commstack_nvshmem::NvshmemOptions;
-use commstack_stack::rules::RuleId;
+use commstack_stack::rules::{self, RuleId};
 use commstack_stack::{CudaArch, Lock, Stack};
 
 use crate::ctx::Ctx;
@@ -116,6 +116,23 @@ impl Settings {
         for note in &self.notes {
             crate::out!("note: {note}");
         }
+    }
+
+    /// Refuses, before anything is built, a DeepEP build on an NVSHMEM without IBGDA
+    /// (`--no-ibgda`; stack.toml's own `ibgda = false` is refused by `lock`): rule
+    /// `deepep-needs-ibgda`, unless `resolve.allow` names it.
+    pub fn check_deepep_needs(&self) -> Result<()> {
+        let rule = RuleId::DeepEpNeedsIbgda;
+        if self.nvshmem.switches.is_on("ibgda") || self.stack.is_allowed(rule) {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "{} [rule {}]. Ways out: {}. Why: {}",
+            rules::deepep_without_ibgda(&self.stack.deepep.rev),
+            rule.as_str(),
+            rules::ibgda_ways_out(),
+            rule.reason()
+        )
     }
 
     /// What the drop-in NVSHMEM wheel is named and versioned as, for torch's pin `pin`:

@@ -245,6 +245,36 @@ fn a_broken_import_fails_with_its_traceback() {
     );
 }
 
+/// A warning at import fails the import's check, named with its text and the fix: torch
+/// without numpy warns "Failed to initialize NumPy" (issue 29), as a real torch 2.11 does
+/// in an image whose closure lacks numpy. Warnings come from C code through
+/// PyErr_WarnEx just as from Python: the probe records them through the warnings module.
+#[test]
+fn a_warning_at_import_fails_the_import_naming_it_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 22809);
+    fake_deep_ep(&site, None);
+    let init = site.join("torch/__init__.py");
+    let mut text = std::fs::read_to_string(&init).unwrap();
+    text.push_str("import warnings as _w\n_w.warn(\"Failed to initialize NumPy: No module named 'numpy' (Triggered internally at torch/csrc/utils/tensor_numpy.cpp:84.)\", UserWarning)\n");
+    std::fs::write(&init, text).unwrap();
+    let findings = check_runtime(&probe(&site), &expectations(&site));
+    let c = check(&findings, "import.torch");
+    assert_eq!(c.status, Status::Failed, "{c:#?}");
+    assert!(
+        c.detail.contains("UserWarning: Failed to initialize NumPy: No module named 'numpy'"),
+        "{}",
+        c.detail
+    );
+    assert!(
+        c.fix.as_deref().unwrap_or("").contains("\"numpy\" to [resolve] extra-requirements"),
+        "{c:#?}"
+    );
+    assert_eq!(findings.status(), Status::Failed);
+    // deep_ep imported after torch warned nothing itself: its check passes.
+    assert_eq!(check(&findings, "import.deep_ep").status, Status::Passed);
+}
+
 #[test]
 fn verdicts_on_a_recorded_probe_with_unreadable_libraries() {
     // The recorded listing points at files that do not exist here: every mapped

@@ -50,6 +50,7 @@ pub fn build_deepep(ctx: &Ctx, args: &BuildOptions) -> Result<PathBuf> {
     let say = |line: &str| ctx.say(line);
     let settings = Settings::resolve(ctx, args)?;
     settings.print_notes();
+    settings.check_deepep_needs()?;
     let made = deepep_step(ctx, &settings, args, &say, &|l: &str| crate::out!("{l}"))?;
     let house = wheelhouse_step(
         ctx,

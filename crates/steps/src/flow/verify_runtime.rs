@@ -165,7 +165,13 @@ fn verify_gpu_levels(
 /// no driver. (deep_ep's extension needs the driver's libcuda.so.1: `--gpus`.) Started
 /// here, its verdict taken by [`finish_import_without_gpu`].
 fn start_import_without_gpu(image: &Image) -> Result<std::process::Child> {
-    let script = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))";
+    // A clean import warns of nothing (verify's runtime probe holds imports to the same):
+    // every warning is recorded, printed, and fails the step.
+    let script = "import json, warnings\n\
+with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    import torch\n\
+warned = ['%s: %s' % (w.category.__name__, w.message) for w in caught]\n\
+print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'warnings': warned}))\n\
+raise SystemExit(3 if warned else 0)";
     Command::new("docker")
         .args([
             "run",
@@ -206,6 +212,12 @@ fn finish_import_without_gpu(
         stdout.lines().last().unwrap_or("").trim()
     ));
     if !ok {
+        if out.status.code() == Some(3) {
+            say("  `import torch` warned: a clean import warns of nothing");
+            if text.contains("Failed to initialize NumPy") {
+                say("  add \"numpy\" to [resolve] extra-requirements in stack.toml, then `cargo xtask lock` and build again");
+            }
+        }
         say(&format!("  output: {}", file.display()));
     }
     Ok(ok)

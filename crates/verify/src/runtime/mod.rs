@@ -55,6 +55,10 @@ pub struct ImportResult {
     pub file: Option<String>,
     pub version: Option<String>,
     pub error: Option<String>,
+    /// What the import warned (`Category: message (file:line)`); recorded probes of
+    /// older reports have none.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// `ncclGetVersion` of one mapped libnccl, asked through ctypes.
@@ -307,9 +311,29 @@ fn judge(f: &RuntimeFindings, expect: &Expectations) -> Vec<Check> {
     checks
 }
 
+/// What to do about warnings at import: the one seen in every torch image without numpy
+/// by name, any other by its text.
+fn import_warning_fix(warnings: &[String]) -> &'static str {
+    if warnings.iter().any(|w| w.contains("Failed to initialize NumPy")) {
+        "add \"numpy\" to [resolve] extra-requirements in stack.toml (torch's wheel does not require it, nearly every torch user imports it), then `cargo xtask lock` and build again"
+    } else {
+        "fix what the warning names (a module the import looks for: add it to [resolve] extra-requirements and `cargo xtask lock`; a deprecated setting: change it)"
+    }
+}
+
 fn import_check(i: &ImportResult) -> Check {
     let name = format!("import.{}", i.module);
     match i.status.as_str() {
+        "ok" if !i.warnings.is_empty() => Check::fail(
+            &name,
+            format!(
+                "`import {}` warned {} time(s): a clean import warns of nothing:\n{}",
+                i.module,
+                i.warnings.len(),
+                i.warnings.join("\n")
+            ),
+            import_warning_fix(&i.warnings),
+        ),
         "ok" => Check::pass(
             &name,
             format!(

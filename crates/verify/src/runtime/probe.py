@@ -10,11 +10,24 @@ import json
 import os
 import sys
 import traceback
+import warnings
 
 MARK = "@@commstack-probe@@"
 
 
 def import_module(name):
+    # Every warning the import raises is recorded (each once): a clean import warns of
+    # nothing, e.g. torch without numpy warns "Failed to initialize NumPy".
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = import_module_quietly(name)
+    result["warnings"] = [
+        "%s: %s (%s:%s)" % (w.category.__name__, w.message, w.filename, w.lineno) for w in caught
+    ]
+    return result
+
+
+def import_module_quietly(name):
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as err:
