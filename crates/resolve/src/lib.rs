@@ -25,7 +25,7 @@ use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement};
 use pubgrub::PubGrubError;
 
 use crate::provider::{Pkg, Provider};
-pub use crate::resolution::{Resolution, Resolved};
+pub use crate::resolution::{Overridden, Resolution, Resolved};
 
 /// What to resolve.
 #[derive(Clone, Debug)]
@@ -36,6 +36,12 @@ pub struct Request {
     pub python_full: (u64, u64, u64),
     /// Ignore files uploaded after this time.
     pub exclude_newer: Option<jiff::Timestamp>,
+    /// Requirements that replace every package's requirement on the same name, as uv's
+    /// `override-dependencies` do: the version specifier of the override is taken, the
+    /// markers and extras of the requirement it replaces are kept (an override never adds a
+    /// dependency a package does not have on the target). Each one applied is recorded in
+    /// [`Resolution::overridden`].
+    pub overrides: Vec<Requirement>,
 }
 
 /// The marker environment of a CPython on Linux.
@@ -74,6 +80,7 @@ pub async fn resolve(client: &IndexClient, request: &Request) -> Result<Resoluti
         python,
         request.exclude_newer,
         request.requirements.clone(),
+        request.overrides.clone(),
     ));
     let p = provider.clone();
     // The solver calls back synchronously and waits for the network: it runs on a

@@ -44,6 +44,28 @@ pub enum NvshmemVersion {
     Exact(Version),
 }
 
+/// `[nccl] version`: the NCCL (`nvidia-nccl-cuXX`) the environment holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NcclVersion {
+    /// torch's own pin (`nvidia-nccl-cuXX==V` in torch's metadata); also what a stack
+    /// without `[nccl]` gets.
+    MatchTorch,
+    /// This version instead of torch's pin: torch's Requires-Dist on NCCL is overridden
+    /// (as uv's `override-dependencies` does). Rules `nccl-not-older-than-torch` and
+    /// `nccl-soname` keep it one torch can load.
+    Exact(Version),
+}
+
+impl NcclVersion {
+    /// As stack.toml spells it.
+    pub fn as_text(&self) -> String {
+        match self {
+            NcclVersion::MatchTorch => "match-torch".into(),
+            NcclVersion::Exact(v) => v.to_string(),
+        }
+    }
+}
+
 // Serialized as `as_str` spells it: the lock's `deepep-api`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,6 +170,11 @@ pub struct Nvshmem {
 }
 
 #[derive(Clone, Debug)]
+pub struct Nccl {
+    pub version: NcclVersion,
+}
+
+#[derive(Clone, Debug)]
 pub struct DeepEp {
     /// As written: 7 to 40 hex digits.
     pub rev: String,
@@ -232,6 +259,8 @@ pub struct Stack {
     pub target: Target,
     pub torch: Torch,
     pub nvshmem: Nvshmem,
+    /// `[nccl]` (absent: match-torch).
+    pub nccl: Nccl,
     pub deepep: DeepEp,
     pub toolchain: Toolchain,
     pub resolve: Resolve,
@@ -308,6 +337,7 @@ impl Stack {
             "nvshmem.static-lib".into(),
             self.nvshmem.static_lib.to_string(),
         );
+        m.insert("nccl.version".into(), self.nccl.version.as_text());
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
         m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());
