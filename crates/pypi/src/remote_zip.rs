@@ -209,6 +209,10 @@ pub fn wheel_file_names(
 ) -> Result<(Vec<String>, u64)> {
     let reader = RangeReader::open(client, url, handle)?;
     let zip = zip::ZipArchive::new(reader).with_context(|| format!("{url}: not a zip file"))?;
-    let names = zip.file_names().map(str::to_string).collect();
+    let names = zip
+        .file_names()
+        .map(|n| n.map(|n| n.into_owned()))
+        .collect::<Result<Vec<String>, _>>()
+        .with_context(|| format!("{url}: a file name in the zip directory"))?;
     Ok((names, zip.into_inner().bytes_fetched))
 }
