@@ -56,16 +56,6 @@ pub enum NcclVersion {
     Exact(Version),
 }
 
-impl NcclVersion {
-    /// As stack.toml spells it.
-    pub fn as_text(&self) -> String {
-        match self {
-            NcclVersion::MatchTorch => "match-torch".into(),
-            NcclVersion::Exact(v) => v.to_string(),
-        }
-    }
-}
-
 // Serialized as `as_str` spells it: the lock's `deepep-api`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -337,7 +327,11 @@ impl Stack {
             "nvshmem.static-lib".into(),
             self.nvshmem.static_lib.to_string(),
         );
-        m.insert("nccl.version".into(), self.nccl.version.as_text());
+        // Only an override: a stack on torch's pin (with or without [nccl]) keeps the echo
+        // and fingerprint it had before [nccl] existed.
+        if let NcclVersion::Exact(v) = &self.nccl.version {
+            m.insert("nccl.version".into(), v.to_string());
+        }
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
         m.insert("toolchain.cmake".into(), self.toolchain.cmake.to_string());

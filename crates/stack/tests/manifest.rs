@@ -620,3 +620,45 @@ fn deploy_section_names_each_bad_field() {
         "{err}"
     );
 }
+
+/// `[nccl]`: absent and "match-torch" are torch's pin and leave the fingerprint as it was
+/// before the section existed; an exact version is an override in the echo; a specifier or
+/// an unknown key is refused at its place.
+#[test]
+fn nccl_section_parses_and_only_an_override_moves_the_fingerprint() {
+    use commstack_stack::manifest::NcclVersion;
+    let (name, text) = shipped("stacks/gpu-adopt.toml");
+    let without = text
+        .split("\n[nccl]")
+        .next()
+        .map(str::to_string)
+        .unwrap();
+    let base = Stack::parse(Path::new(&name), &without).unwrap();
+    assert_eq!(base.nccl.version, NcclVersion::MatchTorch);
+    let matched = Stack::parse(
+        Path::new(&name),
+        &format!("{without}\n[nccl]\nversion = \"match-torch\"\n"),
+    )
+    .unwrap();
+    assert_eq!(matched.nccl.version, NcclVersion::MatchTorch);
+    assert_eq!(matched.fingerprint(), base.fingerprint());
+    let exact = Stack::parse(
+        Path::new(&name),
+        &format!("{without}\n[nccl]\nversion = \"2.30.7\"\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        exact.nccl.version,
+        NcclVersion::Exact("2.30.7".parse().unwrap())
+    );
+    assert_eq!(exact.echo()["nccl.version"], "2.30.7");
+    assert_ne!(exact.fingerprint(), base.fingerprint());
+
+    let spec = errors(&format!("{without}\n[nccl]\nversion = \">=2.30\"\n"));
+    assert!(
+        spec.contains("nccl.version must be one exact version, not a specifier"),
+        "{spec}"
+    );
+    let unknown = errors(&format!("{without}\n[nccl]\nversoin = \"2.30.7\"\n"));
+    assert!(unknown.contains("unknown field `versoin`"), "{unknown}");
+}
