@@ -83,25 +83,6 @@ pub fn nccl_version_in(bytes: &[u8]) -> Option<(u32, u32, u32)> {
     })
 }
 
-#[cfg(test)]
-mod nccl_version_tests {
-    use super::nccl_version_in;
-
-    #[test]
-    fn reads_the_version_string_nccl_prints() {
-        // As in nvidia-nccl-cu13 2.28.9's libnccl.so.2 (.rodata, offset 2116665), after
-        // a format string that mentions the version without one.
-        let rodata = b"NCCL version detected : rank %d version %d\0workFifoBytes %d\0NCCL version 2.28.9+cuda13.0\0";
-        assert_eq!(nccl_version_in(rodata), Some((2, 28, 9)));
-        assert_eq!(
-            nccl_version_in(b"\0NCCL version 2.30.7 compiled with CUDA 13.0\n"),
-            Some((2, 30, 7))
-        );
-        assert_eq!(nccl_version_in(b"NCCL version %s\0"), None);
-        assert_eq!(nccl_version_in(b"no nccl here"), None);
-    }
-}
-
 /// The NUL-delimited run of bytes around `at`, lossily decoded, cut to `max` bytes
 /// around the hit.
 pub(crate) fn c_string_around(bytes: &[u8], at: usize, max: usize) -> String {
@@ -119,4 +100,23 @@ pub(crate) fn c_string_around(bytes: &[u8], at: usize, max: usize) -> String {
         .chars()
         .map(|c| if c.is_control() { '.' } else { c })
         .collect()
+}
+
+#[cfg(test)]
+mod nccl_version_tests {
+    use super::nccl_version_in;
+
+    #[test]
+    fn reads_the_version_string_nccl_prints() {
+        // As in nvidia-nccl-cu13 2.28.9's libnccl.so.2 (.rodata, offset 2116665), after
+        // a format string that mentions the version without one.
+        let rodata = b"NCCL version detected : rank %d version %d\0workFifoBytes %d\0NCCL version 2.28.9+cuda13.0\0";
+        assert_eq!(nccl_version_in(rodata), Some((2, 28, 9)));
+        assert_eq!(
+            nccl_version_in(b"\0NCCL version 2.30.7 compiled with CUDA 13.0\n"),
+            Some((2, 30, 7))
+        );
+        assert_eq!(nccl_version_in(b"NCCL version %s\0"), None);
+        assert_eq!(nccl_version_in(b"no nccl here"), None);
+    }
 }

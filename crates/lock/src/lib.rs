@@ -28,8 +28,8 @@ use commstack_debian::mirror::IndexBounds;
 use commstack_pypi::{IndexClient, TargetPlatform};
 use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{
-    BaseLock, Deb, Inputs, LOCK_VERSION, NcclOverride, RecordedIndex, Resolved, RuleRecord,
-    Source, Wheel,
+    BaseLock, Deb, Inputs, LOCK_VERSION, NcclOverride, RecordedIndex, Resolved, RuleRecord, Source,
+    Wheel,
 };
 use commstack_stack::manifest::{NcclVersion, NvshmemVersion};
 use commstack_stack::rules::{self, Facts, Status};

@@ -519,7 +519,10 @@ async fn an_nccl_override_replaces_torchs_pin_and_the_lock_says_why() {
 
     // Written, read back, fresh; and going back to match-torch is a change the lock sees.
     let text = lock.render(None);
-    assert!(text.contains("[resolved.nccl-override]\ntorch-pin = \"nvidia-nccl-cu13==2.28.9\"\n"), "{text}");
+    assert!(
+        text.contains("[resolved.nccl-override]\ntorch-pin = \"nvidia-nccl-cu13==2.28.9\"\n"),
+        "{text}"
+    );
     let back = commstack_stack::Lock::parse(Path::new("stack.lock"), &text).unwrap();
     assert_eq!(back, lock);
     assert!(back.staleness(&s).is_empty());
@@ -536,14 +539,19 @@ async fn an_nccl_override_replaces_torchs_pin_and_the_lock_says_why() {
     assert_eq!(plain.resolved.nccl.to_string(), "nvidia-nccl-cu13==2.28.9");
     assert!(plain.resolved.nccl_override.is_none());
     let plain_rule = plain.rules.iter().find(|r| r.id == "nccl-soname").unwrap();
-    assert_eq!(plain_rule.status, commstack_stack::rules::Status::NotApplicable);
+    assert_eq!(
+        plain_rule.status,
+        commstack_stack::rules::Status::NotApplicable
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deepep_v2_passes_the_nccl_rule_with_the_override() {
     let server = TestServer::start();
     let url = with_nccl_wheels(world()).serve(&server);
-    let s = stack(&url, |t| with_nccl("2.30.7")(t.replace("api = \"v1\"", "api = \"v2\"")));
+    let s = stack(&url, |t| {
+        with_nccl("2.30.7")(t.replace("api = \"v1\"", "api = \"v2\""))
+    });
     // Every rule holds; what stops this stack is the known-source table, which has no V2
     // revision (DeepEP 567632d is V1).
     let err = format!("{:#}", lock(&s).await.unwrap_err());
@@ -553,7 +561,9 @@ async fn deepep_v2_passes_the_nccl_rule_with_the_override() {
         "{err}"
     );
     // An override still below DeepEP V2's floor is refused at [nccl], not at deepep.api.
-    let low = stack(&url, |t| with_nccl("2.28.9")(t.replace("api = \"v1\"", "api = \"v2\"")));
+    let low = stack(&url, |t| {
+        with_nccl("2.28.9")(t.replace("api = \"v1\"", "api = \"v2\""))
+    });
     let err = format!("{:#}", lock(&low).await.unwrap_err());
     assert!(
         err.contains("stack.toml:23:11: DeepEP V2 needs NCCL >= 2.30.4 but [nccl] version gives nvidia-nccl-cu13==2.28.9 [rule deepep-v2-nccl]"),
@@ -565,7 +575,10 @@ async fn deepep_v2_passes_the_nccl_rule_with_the_override() {
 async fn an_nccl_older_than_torchs_pin_is_refused_naming_the_rule() {
     let server = TestServer::start();
     let url = with_nccl_wheels(world()).serve(&server);
-    let err = format!("{:#}", lock(&stack(&url, with_nccl("2.27.7"))).await.unwrap_err());
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("2.27.7"))).await.unwrap_err()
+    );
     assert!(
         err.contains("stack.toml:23:11: nccl.version is 2.27.7, older than torch's pin nvidia-nccl-cu13==2.28.9: torch was built against NCCL 2.28.9 and may call what 2.27.7 lacks [rule nccl-not-older-than-torch]"),
         "{err}"
@@ -581,7 +594,9 @@ async fn an_nccl_older_than_torchs_pin_is_refused_naming_the_rule() {
         "[target]\npython = \"3.12\"\nbase = \"ubuntu-24.04\"\n[torch]\nversion = \"2.11.0\"\ncuda = 13\n\
          [nvshmem]\nversion = \"match-torch\"\ncuda-archs = [\"90\"]\n[deepep]\nrev = \"567632d\"\napi = \"v1\"\n[resolve]\n"
     );
-    let refused = Stack::parse(Path::new("stack.toml"), &text).unwrap_err().to_string();
+    let refused = Stack::parse(Path::new("stack.toml"), &text)
+        .unwrap_err()
+        .to_string();
     assert!(
         refused.contains("rule nccl-not-older-than-torch cannot be allowed in resolve.allow"),
         "{refused}"
@@ -593,13 +608,19 @@ async fn an_nccl_wheel_of_another_soname_is_refused_naming_the_rule() {
     let server = TestServer::start();
     let url = with_nccl_wheels(world()).serve(&server);
     // A 2.x version whose wheel ships libnccl.so.3: its file list says so.
-    let err = format!("{:#}", lock(&stack(&url, with_nccl("2.99.0"))).await.unwrap_err());
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("2.99.0"))).await.unwrap_err()
+    );
     assert!(
         err.contains("nvidia_nccl_cu13-2.99.0-py3-none-manylinux_2_18_x86_64.whl, the wheel of nccl.version = \"2.99.0\", ships nvidia/nccl/lib/libnccl.so.3, not exactly one libnccl.so.2 (its zip directory, read at lock time) [rule nccl-soname]"),
         "{err}"
     );
     // A 3.x NCCL: its major says so, whatever its wheel holds.
-    let err = format!("{:#}", lock(&stack(&url, with_nccl("3.0.0"))).await.unwrap_err());
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("3.0.0"))).await.unwrap_err()
+    );
     assert!(
         err.contains("nccl.version is 3.0.0: NCCL 3 ships libnccl.so.3, not libnccl.so.2 (decided from the version's major at lock time) [rule nccl-soname]"),
         "{err}"

@@ -24,7 +24,7 @@ use pep440_rs::Version;
 use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement};
 use pubgrub::PubGrubError;
 
-use crate::provider::{Pkg, Provider};
+use crate::provider::{Asked, Pkg, Provider};
 pub use crate::resolution::{Overridden, Resolution, Resolved};
 
 /// What to resolve.
@@ -79,8 +79,10 @@ pub async fn resolve(client: &IndexClient, request: &Request) -> Result<Resoluti
         markers,
         python,
         request.exclude_newer,
-        request.requirements.clone(),
-        request.overrides.clone(),
+        Asked {
+            roots: request.requirements.clone(),
+            overrides: request.overrides.clone(),
+        },
     ));
     let p = provider.clone();
     // The solver calls back synchronously and waits for the network: it runs on a

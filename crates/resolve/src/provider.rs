@@ -72,6 +72,13 @@ struct Inner {
     discovered: Mutex<HashMap<Pkg, usize>>,
 }
 
+/// What the request asks for: its requirements, and the overrides of anyone's requirement
+/// on the same names.
+pub struct Asked {
+    pub roots: Vec<Requirement>,
+    pub overrides: Vec<Requirement>,
+}
+
 pub struct Provider {
     inner: Arc<Inner>,
     handle: Handle,
@@ -94,9 +101,9 @@ impl Provider {
         markers: MarkerEnvironment,
         python: Version,
         exclude_newer: Option<jiff::Timestamp>,
-        roots: Vec<Requirement>,
-        overrides: Vec<Requirement>,
+        asked: Asked,
     ) -> Provider {
+        let Asked { roots, overrides } = asked;
         let inner = Arc::new(Inner {
             client,
             tags: TargetTags::new(&target),

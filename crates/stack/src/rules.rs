@@ -534,9 +534,13 @@ fn nccl_not_older_than_torch(stack: &Stack, facts: &Facts) -> Outcome {
             stack,
             RuleId::NcclNotOlderThanTorch,
             "nccl.version",
-            format!("nccl.version is {want} but torch {torch} pins no nvidia-nccl-cu{} wheel: there is no pin to override", stack.torch.cuda_major),
+            format!(
+                "nccl.version is {want} but torch {torch} pins no nvidia-nccl-cu{} wheel: there is no pin to override",
+                stack.torch.cuda_major
+            ),
             Some(("torch.version", format!("torch {torch} is chosen here"))),
-            "remove [nccl] (or set version = \"match-torch\"), or choose a torch that pins NCCL".into(),
+            "remove [nccl] (or set version = \"match-torch\"), or choose a torch that pins NCCL"
+                .into(),
         );
     };
     match nccl_not_older_than_pin(want, pin) {
@@ -577,13 +581,20 @@ fn nccl_soname(stack: &Stack, facts: &Facts) -> Outcome {
             stack,
             RuleId::NcclSoname,
             "nccl.version",
-            format!("nccl.version is {want}: NCCL {} ships libnccl.so.{}, not libnccl.so.{NCCL_SONAME_MAJOR} (decided from the version's major at lock time)", want.release()[0], want.release()[0]),
+            format!(
+                "nccl.version is {want}: NCCL {} ships libnccl.so.{}, not libnccl.so.{NCCL_SONAME_MAJOR} (decided from the version's major at lock time)",
+                want.release()[0],
+                want.release()[0]
+            ),
             None,
             way_out("the soname follows NCCL's major version"),
         );
     }
     let Some((wheel, libs)) = &facts.nccl_wheel_libs else {
-        return deferred(RuleId::NcclSoname, "the override's wheel file list is not read yet");
+        return deferred(
+            RuleId::NcclSoname,
+            "the override's wheel file list is not read yet",
+        );
     };
     match nccl_wheel_soname(libs) {
         Ok(lib) => ok(
@@ -594,7 +605,9 @@ fn nccl_soname(stack: &Stack, facts: &Facts) -> Outcome {
             stack,
             RuleId::NcclSoname,
             "nccl.version",
-            format!("{wheel}, the wheel of nccl.version = \"{want}\", ships {found}, not exactly one libnccl.so.{NCCL_SONAME_MAJOR} (its zip directory, read at lock time)"),
+            format!(
+                "{wheel}, the wheel of nccl.version = \"{want}\", ships {found}, not exactly one libnccl.so.{NCCL_SONAME_MAJOR} (its zip directory, read at lock time)"
+            ),
             None,
             way_out("the wheel's file list is what pip would install"),
         ),

@@ -481,7 +481,10 @@ impl Validator<'_> {
                     self.err(
                         id.span(),
                         format!("rule {} cannot be allowed in resolve.allow", rule.as_str()),
-                        Some(format!("fix what it names instead. Why the rule exists: {}", rule.reason())),
+                        Some(format!(
+                            "fix what it names instead. Why the rule exists: {}",
+                            rule.reason()
+                        )),
                     );
                     ok = false;
                 }

@@ -628,11 +628,7 @@ fn deploy_section_names_each_bad_field() {
 fn nccl_section_parses_and_only_an_override_moves_the_fingerprint() {
     use commstack_stack::manifest::NcclVersion;
     let (name, text) = shipped("stacks/gpu-adopt.toml");
-    let without = text
-        .split("\n[nccl]")
-        .next()
-        .map(str::to_string)
-        .unwrap();
+    let without = text.split("\n[nccl]").next().map(str::to_string).unwrap();
     let base = Stack::parse(Path::new(&name), &without).unwrap();
     assert_eq!(base.nccl.version, NcclVersion::MatchTorch);
     let matched = Stack::parse(

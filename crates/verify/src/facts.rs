@@ -141,7 +141,8 @@ fn read_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
             .and_then(|l| l.as_ref().ok())
             .map(|l| l.name.as_str());
         if let Ok(elf) = &elf
-            && (name.starts_with("libnccl.so") || soname.is_some_and(|s| s.starts_with("libnccl.so")))
+            && (name.starts_with("libnccl.so")
+                || soname.is_some_and(|s| s.starts_with("libnccl.so")))
         {
             facts.nccl = Some(NcclFacts {
                 version: elf.nccl_version().map(|(a, b, c)| format!("{a}.{b}.{c}")),

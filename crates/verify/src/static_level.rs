@@ -483,16 +483,26 @@ fn nccl_check(env: &Gathered<'_>, expect: &Expectations) -> Check {
         ([(path, version)], Some(want)) => match version.map(|v| v == want.to_string()) {
             Some(true) => Check::pass(
                 NCCL_ONE,
-                format!("one NCCL: {}, the locked release (its version string)", named[0]),
+                format!(
+                    "one NCCL: {}, the locked release (its version string)",
+                    named[0]
+                ),
             ),
             Some(false) => Check::fail(
                 NCCL_ONE,
-                format!("{} is NCCL {}; the lock pins NCCL {want}", path.display(), version.unwrap_or("?")),
+                format!(
+                    "{} is NCCL {}; the lock pins NCCL {want}",
+                    path.display(),
+                    version.unwrap_or("?")
+                ),
                 "install the nvidia-nccl wheel requirements.lock pins in place of it (`[nccl] version` in stack.toml decides which)",
             ),
             None => Check::fail(
                 NCCL_ONE,
-                format!("{} has no `NCCL version X.Y.Z` string: its release cannot be told; the lock pins NCCL {want}", path.display()),
+                format!(
+                    "{} has no `NCCL version X.Y.Z` string: its release cannot be told; the lock pins NCCL {want}",
+                    path.display()
+                ),
                 "install the nvidia-nccl wheel requirements.lock pins in place of it",
             ),
         },
