@@ -628,7 +628,11 @@ fn deploy_section_names_each_bad_field() {
 fn nccl_section_parses_and_only_an_override_moves_the_fingerprint() {
     use commstack_stack::manifest::NcclVersion;
     let (name, text) = shipped("stacks/gpu-adopt.toml");
-    let without = text.split("\n[nccl]").next().map(str::to_string).unwrap();
+    // The shipped stack with its [nccl] section (to the blank line after it) cut out.
+    let start = text.find("\n[nccl]\n").expect("the shipped stack has [nccl]");
+    let end = start + 1 + text[start + 1..].find("\n\n").unwrap();
+    let without = format!("{}{}", &text[..start], &text[end..]);
+    assert!(!without.contains("\n[nccl]\n") && without.contains("\n[deepep]\n"));
     let base = Stack::parse(Path::new(&name), &without).unwrap();
     assert_eq!(base.nccl.version, NcclVersion::MatchTorch);
     let matched = Stack::parse(
