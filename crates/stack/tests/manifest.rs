@@ -629,7 +629,9 @@ fn nccl_section_parses_and_only_an_override_moves_the_fingerprint() {
     use commstack_stack::manifest::NcclVersion;
     let (name, text) = shipped("stacks/gpu-adopt.toml");
     // The shipped stack with its [nccl] section (to the blank line after it) cut out.
-    let start = text.find("\n[nccl]\n").expect("the shipped stack has [nccl]");
+    let start = text
+        .find("\n[nccl]\n")
+        .expect("the shipped stack has [nccl]");
     let end = start + 1 + text[start + 1..].find("\n\n").unwrap();
     let without = format!("{}{}", &text[..start], &text[end..]);
     assert!(!without.contains("\n[nccl]\n") && without.contains("\n[deepep]\n"));
