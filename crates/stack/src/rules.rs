@@ -892,5 +892,32 @@ mod tests {
         assert!(!nvshmem_needs_rdc_fix(Some(&v("3.3.9"))));
         assert!(missing_rdc_fix("DeepEP abc", None).contains("NVSHMEM (unknown version)"));
         assert!(libcxx_under_cccl(13) && !libcxx_under_cccl(12));
+        let nccl = Pin::new("nvidia-nccl-cu13", v("2.28.9"));
+        assert!(nccl_not_older_than_pin(&v("2.30.7"), &nccl).is_ok());
+        assert!(nccl_not_older_than_pin(&v("2.28.9"), &nccl).is_ok());
+        assert!(
+            nccl_not_older_than_pin(&v("2.27.7"), &nccl)
+                .unwrap_err()
+                .starts_with(
+                    "nccl.version is 2.27.7, older than torch's pin nvidia-nccl-cu13==2.28.9"
+                )
+        );
+        let libs = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["nvidia/nccl/lib/libnccl.so.2"])),
+            Ok("nvidia/nccl/lib/libnccl.so.2")
+        );
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["nvidia/nccl/lib/libnccl.so.3"])),
+            Err("nvidia/nccl/lib/libnccl.so.3".into())
+        );
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["a/libnccl.so.2", "b/libnccl.so.2"])),
+            Err("a/libnccl.so.2, b/libnccl.so.2".into())
+        );
+        assert_eq!(nccl_wheel_soname(&[]), Err("no libnccl.so* at all".into()));
+        // The two NCCL rules keep torch able to load its NCCL: resolve.allow cannot waive them.
+        assert!(!RuleId::NcclNotOlderThanTorch.waivable() && !RuleId::NcclSoname.waivable());
+        assert!(RuleId::DeepEpV2Nccl.waivable());
     }
 }

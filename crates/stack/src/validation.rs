@@ -494,9 +494,10 @@ impl Validator<'_> {
                         id.span(),
                         format!("unknown rule {:?} in resolve.allow", id.get_ref()),
                         Some(format!(
-                            "known rules: {}",
+                            "rules resolve.allow can waive: {}",
                             RuleId::ALL
                                 .iter()
+                                .filter(|r| r.waivable())
                                 .map(|r| r.as_str())
                                 .collect::<Vec<_>>()
                                 .join(", ")
