@@ -453,22 +453,32 @@ fn nccl_check(env: &Gathered<'_>, expect: &Expectations) -> Check {
                 .file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("libnccl.so"))
     };
-    let found: Vec<(&Path, Option<&str>)> = env
+    let found: Vec<(&Path, &str, Option<&str>)> = env
         .trees
         .iter()
         .flat_map(|t| t.libraries.iter())
         .filter(|l| is_nccl(l))
         .map(|l| {
             let version = env.facts.get(&l.path).and_then(|f| f.nccl.as_ref());
-            (l.path.as_path(), version.and_then(|n| n.version.as_deref()))
+            let version = version.and_then(|n| n.version.as_deref());
+            (l.path.as_path(), l.name.as_str(), version)
         })
         .collect();
     let named: Vec<String> = found
         .iter()
-        .map(|(p, v)| format!("{} (NCCL {})", p.display(), v.unwrap_or("?")))
+        .map(|(p, _, v)| format!("{} (NCCL {})", p.display(), v.unwrap_or("?")))
         .collect();
     let want = expect.nccl_version;
     match (found.as_slice(), want) {
+        // torch loads NCCL by this SONAME (rule nccl-soname decided it for the wheel).
+        ([(path, soname, _)], _) if *soname != "libnccl.so.2" => Check::fail(
+            NCCL_ONE,
+            format!(
+                "{}'s SONAME is {soname}, not libnccl.so.2: torch cannot load it as its NCCL",
+                path.display()
+            ),
+            "install the nvidia-nccl wheel requirements.lock pins (rule nccl-soname refuses an override of another soname)",
+        ),
         ([], None) => Check::not_run(NCCL_ONE, "no libnccl.so* in the environment"),
         ([], Some(want)) => Check::fail(
             NCCL_ONE,
@@ -480,7 +490,7 @@ fn nccl_check(env: &Gathered<'_>, expect: &Expectations) -> Check {
             format!("one NCCL: {}; no expected version given", named[0]),
             "pass the stack's NCCL version (or verify against a lock)",
         ),
-        ([(path, version)], Some(want)) => match version.map(|v| v == want.to_string()) {
+        ([(path, _, version)], Some(want)) => match version.map(|v| v == want.to_string()) {
             Some(true) => Check::pass(
                 NCCL_ONE,
                 format!(

@@ -94,3 +94,25 @@ fn an_nccl_without_a_version_string_cannot_be_the_locked_one() {
         c.detail
     );
 }
+
+#[test]
+fn the_one_nccl_must_be_libnccl_so_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site-packages");
+    let lib = shared_lib(
+        &site.join("nvidia/nccl/lib"),
+        "libnccl.so.3",
+        "libnccl.so.3",
+        "__attribute__((used)) const char v[] = \"NCCL version 3.0.0+cuda13.0\";",
+        &[],
+    );
+    let c = nccl_check(&site, Some("3.0.0"));
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert_eq!(
+        c.detail,
+        format!(
+            "{}'s SONAME is libnccl.so.3, not libnccl.so.2: torch cannot load it as its NCCL",
+            lib.display()
+        )
+    );
+}
