@@ -11,9 +11,6 @@ use commstack_steps::util;
 /// Resolve the stack manifest into its lock: the target's Python closure (one wheel per
 /// package, URL + sha256), torch's NCCL / NVSHMEM / CUDA pins, the NVSHMEM and DeepEP
 /// sources, the toolchain wheels, and the compatibility rules it was checked against.
-/// stack.toml's `[nccl] version = "X.Y.Z"` replaces torch's NCCL pin in the closure (never
-/// older than it, and its wheel must ship libnccl.so.2); the lock records the override and
-/// why, and `lock` prints it.
 ///
 /// When the lock already matches the manifest and the rules, nothing is resolved and no
 /// network is used. The lock keeps comments you add to it.
