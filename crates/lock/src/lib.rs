@@ -86,7 +86,9 @@ pub async fn lock(
     };
     let closure = resolve_closure(stack, &client, &target, progress).await?;
     let mut facts = torch_facts(stack, &closure)?;
-    facts.nccl_wheel_libs = nccl_wheel_libs(stack, &client, &closure, progress).await?;
+    if rules::nccl_override_may_stand(stack, &facts) {
+        facts.nccl_wheel_libs = nccl_wheel_libs(stack, &client, &closure, progress).await?;
+    }
     let outcomes = rules::check_resolved(stack, &facts);
     fail_on_violations(&outcomes)?;
     let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");

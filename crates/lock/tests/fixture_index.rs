@@ -588,6 +588,12 @@ async fn an_nccl_older_than_torchs_pin_is_refused_naming_the_rule() {
         "{err}"
     );
     assert!(err.contains("set nccl.version to 2.28.9 or newer"), "{err}");
+    // Refused without reading the older wheel.
+    assert!(
+        server
+            .requests_for("/files/nvidia_nccl_cu13-2.27.7-py3-none-manylinux_2_18_x86_64.whl")
+            .is_empty()
+    );
     // Not a rule resolve.allow can waive: refused when the stack is read.
     let text = format!(
         "{}allow = [\"nccl-not-older-than-torch\"]\n",

@@ -723,6 +723,15 @@ pub fn nccl_not_older_than_pin(want: &Version, pin: &Pin) -> Result<(), String> 
     ))
 }
 
+/// Whether an `[nccl]` override passes rule `nccl-not-older-than-torch` on `facts`: only
+/// then is its wheel worth reading for rule `nccl-soname` (the lock refuses it otherwise).
+pub fn nccl_override_may_stand(stack: &Stack, facts: &Facts) -> bool {
+    match (&stack.nccl.version, &facts.torch_nccl) {
+        (NcclVersion::Exact(want), Some(pin)) => nccl_not_older_than_pin(want, pin).is_ok(),
+        _ => false,
+    }
+}
+
 /// Rule `nccl-soname` over a wheel's file list (`libs`: its paths whose file name starts
 /// with `libnccl.so`): `Ok` with the one `libnccl.so.2`, else `Err` naming what it has.
 pub fn nccl_wheel_soname(libs: &[String]) -> Result<&str, String> {
