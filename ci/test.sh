@@ -40,6 +40,9 @@ if [ ! -x .tools/uv-venv/bin/uv ]; then
 fi
 COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
 
+step "the [nccl] override against live PyPI: torch 2.11.0 with nvidia-nccl-cu13 2.30.7 in place of its 2.28.9 pin"
+cargo test --locked -p commstack-lock --test live_nccl -- --ignored
+
 step "the kernel crate with its feature cuda: the default stack's locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests and clippy run"
 cargo xtask --quiet fetch --only toolchain,replaced
 cargo xtask toolchain

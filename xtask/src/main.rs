@@ -50,6 +50,11 @@ enum Command {
     /// (Valid-Until), not dated more than 5 minutes in the future, not older than
     /// `image.index-max-age-days` when it has no Valid-Until, and not older than the index
     /// the existing lock records for the same mirror and suite (docs/bounds.md).
+    ///
+    /// `[nccl] version = "X.Y.Z"` replaces torch's NCCL pin in the closure (as uv's
+    /// override-dependencies): refused when older than torch's pin (rule
+    /// nccl-not-older-than-torch) or when its wheel's file list has no libnccl.so.2 (rule
+    /// nccl-soname); the lock records the override and why, and `lock` prints it.
     Lock(cmd_lock::Args),
     /// Download every artifact of stack.lock into the verified cache.
     Fetch(cmd_fetch::Args),

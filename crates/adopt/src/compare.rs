@@ -377,9 +377,17 @@ fn check_rules(
     ours: &Ours<'_>,
     rows: &mut Vec<Row>,
 ) -> Vec<RuleLine> {
+    let torch_nccl = env.torch_pin("nvidia-nccl-cu");
+    // The NCCL the environment holds: the installed wheel of torch's NCCL name.
+    let nccl = torch_nccl.as_ref().and_then(|pin| {
+        let installed = env.dist(&pin.name)?;
+        Some(Pin::new(pin.name.clone(), parse(&installed.version)?))
+    });
     let facts = Facts {
         torch_cuda: env.torch_cuda().and_then(parse),
-        torch_nccl: env.torch_pin("nvidia-nccl-cu"),
+        torch_nccl,
+        nccl,
+        nccl_wheel_libs: None,
         torch_nvshmem: env.torch_pin("nvidia-nvshmem-cu"),
         nvshmem_build: ours.nvshmem_version.and_then(parse),
         deepep_rdc_fix: ours.rdc_fix,

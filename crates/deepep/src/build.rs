@@ -374,10 +374,11 @@ pub fn v2_nccl_root(
         Some(other) if allow_second => Ok(other.to_path_buf()),
         Some(other) => bail!(
             "DeepEP V2 would link NCCL from {} while torch loads {}: one process would hold two libnccl (or one silently replaces the other: DeepEP issue 710) [rule {}]. \
-             Use the NCCL torch pins (a torch whose nvidia-nccl pin is >= {}), or allow rule {} (resolve.allow in stack.toml, or --allow-second-nccl) if you accept what it breaks",
+             Use the environment's one NCCL: set [nccl] version = \"{}\" in stack.toml (it replaces torch's pin), or a torch whose nvidia-nccl pin is >= {}; or allow rule {} (resolve.allow in stack.toml, or --allow-second-nccl) if you accept what it breaks",
             other.display(),
             own.display(),
             RuleId::DeepEpV2Nccl.as_str(),
+            rules::DEEPEP_V2_NCCL_SUGGESTED,
             rules::DEEPEP_V2_MIN_NCCL,
             RuleId::DeepEpV2Nccl.as_str()
         ),
@@ -929,7 +930,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("two libnccl") && err.contains("issue 710"),
+            err.contains("two libnccl")
+                && err.contains("issue 710")
+                && err.contains("set [nccl] version = \"2.30.7\""),
             "{err}"
         );
         assert_eq!(v2_nccl_root(&env, Some(&other), true).unwrap(), other);

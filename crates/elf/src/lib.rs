@@ -26,7 +26,7 @@ pub use nvshmem::{
     BuildVarMismatch, BuildVarsCheck, NvshmemBuildVars, NvshmemHostInfo, NvshmemVersion, USE_NCCL,
     cmake_bool, find_build_vars, find_vendor_version,
 };
-pub use scan::ByteHit;
+pub use scan::{ByteHit, nccl_version_in};
 pub use symver::{
     DottedVersion, ManylinuxTag, NeededVersion, manylinux_tag, newest_glibc, newest_glibcxx,
     newest_version,

@@ -51,6 +51,36 @@ impl ElfFile {
     pub fn find_libnccl(&self) -> Result<Vec<ByteHit>, ElfError> {
         self.find_bytes(b"libnccl")
     }
+
+    /// The release of an NCCL library, read from the version string NCCL compiles into
+    /// its .rodata and prints at init (`NCCL version 2.28.9+cuda13.0`, the string beside
+    /// `ncclGetVersion`'s code): the file's own word, whatever package put it there.
+    /// None when the file has no such string (not an NCCL, or one built without it).
+    pub fn nccl_version(&self) -> Option<(u32, u32, u32)> {
+        nccl_version_in(self.bytes())
+    }
+}
+
+/// The first `NCCL version X.Y.Z` in `bytes` followed by `+`, a space or NUL (NCCL's
+/// `NCCL version 2.28.9+cuda13.0` and `NCCL version 2.28.9 compiled with CUDA 13.0`).
+pub fn nccl_version_in(bytes: &[u8]) -> Option<(u32, u32, u32)> {
+    const NEEDLE: &[u8] = b"NCCL version ";
+    memmem::find_iter(bytes, NEEDLE).find_map(|at| {
+        let rest = &bytes[at + NEEDLE.len()..];
+        let end = rest
+            .iter()
+            .position(|b| !(b.is_ascii_digit() || *b == b'.'))
+            .unwrap_or(rest.len());
+        if !matches!(rest.get(end), Some(b'+' | b' ' | 0)) {
+            return None;
+        }
+        let text = std::str::from_utf8(&rest[..end]).ok()?;
+        let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(Some(a)), Some(Some(b)), Some(Some(c)), None) => Some((a, b, c)),
+            _ => None,
+        }
+    })
 }
 
 /// The NUL-delimited run of bytes around `at`, lossily decoded, cut to `max` bytes
@@ -70,4 +100,23 @@ pub(crate) fn c_string_around(bytes: &[u8], at: usize, max: usize) -> String {
         .chars()
         .map(|c| if c.is_control() { '.' } else { c })
         .collect()
+}
+
+#[cfg(test)]
+mod nccl_version_tests {
+    use super::nccl_version_in;
+
+    #[test]
+    fn reads_the_version_string_nccl_prints() {
+        // As in nvidia-nccl-cu13 2.28.9's libnccl.so.2 (.rodata, offset 2116665), after
+        // a format string that mentions the version without one.
+        let rodata = b"NCCL version detected : rank %d version %d\0workFifoBytes %d\0NCCL version 2.28.9+cuda13.0\0";
+        assert_eq!(nccl_version_in(rodata), Some((2, 28, 9)));
+        assert_eq!(
+            nccl_version_in(b"\0NCCL version 2.30.7 compiled with CUDA 13.0\n"),
+            Some((2, 30, 7))
+        );
+        assert_eq!(nccl_version_in(b"NCCL version %s\0"), None);
+        assert_eq!(nccl_version_in(b"no nccl here"), None);
+    }
 }

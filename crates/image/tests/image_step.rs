@@ -356,6 +356,7 @@ fn fake_lock(closure: &[&LockedWheel]) -> commstack_stack::Lock {
             torch: "2.11.0".into(),
             cuda: "13.0.2".into(),
             nccl: "nvidia-nccl-cu13==2.28.9".parse().unwrap(),
+            nccl_override: None,
             nvshmem_pin: Some("nvidia-nvshmem-cu13==3.4.5".parse().unwrap()),
             nvshmem: "3.4.5".into(),
             deepep_rev: "567632dd59810d77b3cc05553df953cc0f779799".into(),

@@ -3,7 +3,11 @@
 //! 1. The manifest-only rules run first (no network spent on a stack that cannot work).
 //! 2. The target's Python closure is resolved from the index: torch at the exact version,
 //!    plus the stack's extra requirements, for the target's CPython, arch and glibc.
-//! 3. torch's own pins (CUDA toolkit, NCCL, NVSHMEM) are read from what resolved.
+//! 3. torch's own pins (CUDA toolkit, NCCL, NVSHMEM) are read from what resolved. With
+//!    `[nccl] version = "X.Y.Z"`, torch's NCCL requirement is overridden in the resolution
+//!    (as uv's override-dependencies): torch's pin is still read from its metadata, and the
+//!    override's wheel's file list (its zip directory, by range requests) says which
+//!    libnccl it ships (rule nccl-soname).
 //! 4. The NVSHMEM and DeepEP sources (and DeepEP's submodules) come from the known
 //!    table, or are fetched and hashed, trusted by the user's hash or on first use
 //!    ([`sources`], docs/sources.md).
@@ -26,9 +30,9 @@ use commstack_debian::mirror::IndexBounds;
 use commstack_pypi::{IndexClient, TargetPlatform};
 use commstack_resolve::{Request, Resolution};
 use commstack_stack::lock::{
-    BaseLock, Deb, Inputs, LOCK_VERSION, RecordedIndex, Resolved, RuleRecord, Wheel,
+    BaseLock, Deb, Inputs, LOCK_VERSION, NcclOverride, RecordedIndex, Resolved, RuleRecord, Wheel,
 };
-use commstack_stack::manifest::NvshmemVersion;
+use commstack_stack::manifest::{NcclVersion, NvshmemVersion};
 use commstack_stack::rules::{self, Facts, Status};
 use commstack_stack::{Lock, Pin, Stack, known};
 use pep440_rs::Version;
@@ -100,7 +104,10 @@ pub async fn lock_with(
         glibc: stack.target.glibc,
     };
     let closure = resolve_closure(stack, &client, &target, progress).await?;
-    let facts = torch_facts(stack, &closure)?;
+    let mut facts = torch_facts(stack, &closure)?;
+    if rules::nccl_override_may_stand(stack, &facts) {
+        facts.nccl_wheel_libs = nccl_wheel_libs(stack, &client, &closure, progress).await?;
+    }
     let outcomes = rules::check_resolved(stack, &facts);
     fail_on_violations(&outcomes)?;
     let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
@@ -177,6 +184,7 @@ async fn resolve_closure(
             target: target.clone(),
             python_full: stack.target.python_full(),
             exclude_newer: stack.resolve.exclude_newer,
+            overrides: nccl_override_requirement(stack).into_iter().collect(),
         },
     )
     .await
@@ -217,6 +225,7 @@ async fn resolve_toolchain(
             target: host,
             python_full: stack.target.python_full(),
             exclude_newer: stack.resolve.exclude_newer,
+            overrides: Vec::new(),
         },
     )
     .await
@@ -254,12 +263,13 @@ fn lock_of(
             w
         })
         .collect();
-    let nccl = facts.torch_nccl.clone().ok_or_else(|| {
+    let nccl = facts.nccl.clone().ok_or_else(|| {
         anyhow!(
             "torch {} pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin",
             stack.torch.version
         )
     })?;
+    let nccl_override = nccl_override_record(stack, closure, facts, &nccl)?;
     Ok(Lock {
         version: LOCK_VERSION,
         inputs: Inputs {
@@ -275,6 +285,7 @@ fn lock_of(
             torch: stack.torch.version.to_string(),
             cuda: cuda.to_string(),
             nccl,
+            nccl_override,
             nvshmem_pin,
             nvshmem: nvshmem_version.to_string(),
             deepep_rev: sources
@@ -474,7 +485,13 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
         .map(|p| p.version.clone())
         // torch < 2.11 pins the runtime directly (nvidia-cuda-runtime-cu12==12.8.90).
         .or_else(|| find_prefix("nvidia-cuda-runtime").map(|p| p.version));
-    let torch_nccl = find_prefix("nvidia-nccl-cu");
+    // torch's NCCL pin from its metadata: the overridden requirement when [nccl] replaced
+    // it, else what resolved.
+    let nccl = find_prefix("nvidia-nccl-cu");
+    let torch_nccl = match torch_nccl_requirement(closure) {
+        Some(o) => Some(pin_of(&o.original)?),
+        None => nccl.clone(),
+    };
     let torch_nvshmem = find_prefix("nvidia-nvshmem-cu");
     let nvshmem_build = match &stack.nvshmem.version {
         NvshmemVersion::Exact(v) => v.clone(),
@@ -485,9 +502,8 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
                 let facts = Facts {
                     torch_cuda,
                     torch_nccl,
-                    torch_nvshmem: None,
-                    nvshmem_build: None,
-                    deepep_rdc_fix: None,
+                    nccl,
+                    ..Facts::default()
                 };
                 fail_on_violations(&rules::check_resolved(stack, &facts))?;
                 unreachable!("rule nvshmem-version-matches-torch fails without a torch pin")
@@ -498,10 +514,113 @@ pub fn torch_facts(stack: &Stack, closure: &Resolution) -> Result<Facts> {
     Ok(Facts {
         torch_cuda,
         torch_nccl,
+        nccl,
+        nccl_wheel_libs: None,
         torch_nvshmem,
         nvshmem_build: Some(nvshmem_build),
         deepep_rdc_fix,
     })
+}
+
+/// `[nccl] version = "X.Y.Z"` as the requirement that overrides torch's:
+/// `nvidia-nccl-cu<torch.cuda>==X.Y.Z`. None for match-torch.
+fn nccl_override_requirement(stack: &Stack) -> Option<Requirement> {
+    let NcclVersion::Exact(v) = &stack.nccl.version else {
+        return None;
+    };
+    let text = format!("nvidia-nccl-cu{}=={v}", stack.torch.cuda_major);
+    Some(Requirement::from_str(&text).expect("a name and an exact version"))
+}
+
+/// torch's NCCL requirement that the `[nccl]` override replaced, if it did.
+fn torch_nccl_requirement(closure: &Resolution) -> Option<&commstack_resolve::Overridden> {
+    closure.overridden.iter().find(|o| {
+        o.by.as_ref().is_some_and(|(n, _)| n.as_ref() == "torch")
+            && o.original.name.as_ref().starts_with("nvidia-nccl-cu")
+    })
+}
+
+/// `name==version` of an exact requirement (torch pins its NVIDIA wheels so).
+fn pin_of(req: &Requirement) -> Result<Pin> {
+    let exact = match &req.version_or_url {
+        Some(pep508_rs::VersionOrUrl::VersionSpecifier(specs)) => specs
+            .iter()
+            .find(|s| *s.operator() == pep440_rs::Operator::Equal)
+            .map(|s| s.version().clone()),
+        _ => None,
+    };
+    let version = exact.ok_or_else(|| {
+        anyhow!("torch's requirement `{req}` is not an exact pin: commstack needs torch's NCCL pin")
+    })?;
+    Ok(Pin::new(req.name.to_string(), version))
+}
+
+/// With an `[nccl]` override: the override's wheel and the `libnccl.so*` files its zip
+/// directory lists (range requests: the wheel, 200+ MB, is not downloaded), for rule
+/// nccl-soname. None for match-torch, or when no NCCL resolved (other rules say why).
+async fn nccl_wheel_libs(
+    stack: &Stack,
+    client: &IndexClient,
+    closure: &Resolution,
+    progress: &dyn Progress,
+) -> Result<Option<(String, Vec<String>)>> {
+    if stack.nccl.version == NcclVersion::MatchTorch {
+        return Ok(None);
+    }
+    let Some(p) = closure
+        .packages
+        .iter()
+        .find(|p| p.name.as_ref().starts_with("nvidia-nccl-cu"))
+    else {
+        return Ok(None);
+    };
+    progress.step(&format!(
+        "reading the file list of {} (rule nccl-soname)",
+        p.wheel.filename
+    ));
+    let names = client.wheel_file_names(&p.wheel).await?;
+    let libs = names
+        .into_iter()
+        .filter(|n| {
+            n.rsplit('/')
+                .next()
+                .is_some_and(|f| f.starts_with("libnccl.so"))
+        })
+        .collect();
+    Ok(Some((p.wheel.filename.clone(), libs)))
+}
+
+/// The lock's record of an `[nccl]` override: torch's pin, its requirement as written and
+/// why the environment holds `nccl` instead. None for match-torch.
+fn nccl_override_record(
+    stack: &Stack,
+    closure: &Resolution,
+    facts: &Facts,
+    nccl: &Pin,
+) -> Result<Option<NcclOverride>> {
+    let NcclVersion::Exact(v) = &stack.nccl.version else {
+        return Ok(None);
+    };
+    let (Some(original), Some(torch_pin)) = (torch_nccl_requirement(closure), &facts.torch_nccl)
+    else {
+        bail!(
+            "[nccl] version = \"{v}\" overrides nothing: torch {} has no nvidia-nccl-cu{} requirement",
+            stack.torch.version,
+            stack.torch.cuda_major
+        );
+    };
+    Ok(Some(NcclOverride {
+        torch_pin: torch_pin.clone(),
+        replaces: original.original.to_string(),
+        reason: format!(
+            "[nccl] version = \"{v}\" replaces torch {}'s Requires-Dist `{}` (as uv's override-dependencies do): the environment holds exactly one NCCL, {nccl}, not older than torch's pin (rule {}) and shipping libnccl.so.{} (rule {})",
+            stack.torch.version,
+            original.original,
+            rules::RuleId::NcclNotOlderThanTorch.as_str(),
+            rules::NCCL_SONAME_MAJOR,
+            rules::RuleId::NcclSoname.as_str(),
+        ),
+    }))
 }
 
 fn fail_on_violations(outcomes: &[rules::Outcome]) -> Result<()> {

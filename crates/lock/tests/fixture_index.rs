@@ -72,7 +72,11 @@ fn world_with_torch_on(platform: &str) -> FixtureIndex {
             .tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"),
     );
     // Only tagged manylinux_2_25, like nvidia-cuda-cupti 13.0.85 on PyPI.
-    ix.add(WheelSpec::new("nvidia-nccl-cu13", "2.28.9").tags("py3-none-manylinux_2_25_x86_64"));
+    ix.add(
+        WheelSpec::new("nvidia-nccl-cu13", "2.28.9")
+            .tags("py3-none-manylinux_2_25_x86_64")
+            .file("nvidia/nccl/lib/libnccl.so.2", b"\x7fELF"),
+    );
     ix.add(
         WheelSpec::new("nvidia-nvshmem-cu13", "3.4.5")
             .tags("py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"),
@@ -428,6 +432,205 @@ async fn deepep_v2_against_torch_nccl_2_28_is_refused_with_both_sides() {
         "{err}"
     );
     assert!(err.contains("allow rule deepep-v2-nccl"), "{err}");
+    // The first way out is the [nccl] override.
+    assert!(err.contains("set [nccl] version = \"2.30.7\""), "{err}");
+}
+
+/// nvidia-nccl-cu13 wheels laid out as NVIDIA's are (headers, lib/libnccl.so.2, the
+/// device bitcode): the 2.30.7 that torch 2.14.1 pins, an older 2.27.7, and two of
+/// another soname: a 2.99.0 whose wheel ships libnccl.so.3, and a 3.0.0.
+fn with_nccl_wheels(mut ix: FixtureIndex) -> FixtureIndex {
+    let nccl = |version: &str, lib: &str| {
+        WheelSpec::new("nvidia-nccl-cu13", version)
+            .tags("py3-none-manylinux_2_18_x86_64")
+            .file("nvidia/nccl/include/nccl.h", b"#define NCCL_MAJOR 2\n")
+            .file(&format!("nvidia/nccl/lib/{lib}"), b"\x7fELF")
+            .file("nvidia/nccl/lib/libnccl_device.bc", b"BC")
+    };
+    ix.add(nccl("2.30.7", "libnccl.so.2"));
+    ix.add(nccl("2.27.7", "libnccl.so.2"));
+    ix.add(nccl("2.99.0", "libnccl.so.3"));
+    ix.add(nccl("3.0.0", "libnccl.so.3"));
+    ix
+}
+
+fn with_nccl(version: &str) -> impl Fn(String) -> String {
+    let section = format!("\n[nccl]\nversion = \"{version}\"\n");
+    move |t: String| t + &section
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_nccl_override_replaces_torchs_pin_and_the_lock_says_why() {
+    let server = TestServer::start();
+    let ix = with_nccl_wheels(world());
+    let url = ix.serve(&server);
+    let s = stack(&url, with_nccl("2.30.7"));
+    let lock = lock(&s).await.unwrap();
+
+    // Exactly one NCCL in the closure: the override's, torch still requiring it by name.
+    let ncc: Vec<&str> = lock
+        .packages
+        .iter()
+        .filter(|p| p.name.starts_with("nvidia-nccl"))
+        .map(|p| p.version.as_str())
+        .collect();
+    assert_eq!(ncc, ["2.30.7"]);
+    let torch = lock.packages.iter().find(|p| p.name == "torch").unwrap();
+    assert!(torch.requires.contains(&"nvidia-nccl-cu13".to_string()));
+    assert!(
+        lock.requirements_txt()
+            .contains("nvidia-nccl-cu13==2.30.7 \\\n    --hash=sha256:")
+    );
+
+    // The lock records what torch pinned (read from its metadata) and why it is replaced.
+    let r = &lock.resolved;
+    assert_eq!(r.nccl.to_string(), "nvidia-nccl-cu13==2.30.7");
+    let o = r.nccl_override.as_ref().expect("the override is recorded");
+    assert_eq!(o.torch_pin.to_string(), "nvidia-nccl-cu13==2.28.9");
+    assert_eq!(
+        o.replaces,
+        "nvidia-nccl-cu13==2.28.9 ; platform_system == 'Linux'"
+    );
+    assert!(
+        o.reason.starts_with(
+            "[nccl] version = \"2.30.7\" replaces torch 2.11.0's Requires-Dist `nvidia-nccl-cu13==2.28.9 ; platform_system == 'Linux'` (as uv's override-dependencies do)"
+        ) && o.reason.contains("rule nccl-not-older-than-torch")
+            && o.reason.contains("rule nccl-soname"),
+        "{}",
+        o.reason
+    );
+    // Both rules ran and say how they decided.
+    let rule = |id: &str| lock.rules.iter().find(|r| r.id == id).unwrap();
+    let older = rule("nccl-not-older-than-torch");
+    assert_eq!(older.status, commstack_stack::rules::Status::Ok);
+    assert_eq!(
+        older.detail,
+        "NCCL 2.30.7 overrides torch 2.11.0's pin nvidia-nccl-cu13==2.28.9 (not older)"
+    );
+    let soname = rule("nccl-soname");
+    assert_eq!(soname.status, commstack_stack::rules::Status::Ok);
+    assert_eq!(
+        soname.detail,
+        "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl ships nvidia/nccl/lib/libnccl.so.2 (its zip directory, read at lock time)"
+    );
+    // Only the zip directory of the 2.30.7 wheel was read, by ranges.
+    let wheel = "/files/nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl";
+    assert!(server.requests_for(wheel).iter().all(|r| r.range.is_some()));
+
+    // Written, read back, fresh; and going back to match-torch is a change the lock sees.
+    let text = lock.render(None);
+    assert!(
+        text.contains("[resolved.nccl-override]\ntorch-pin = \"nvidia-nccl-cu13==2.28.9\"\n"),
+        "{text}"
+    );
+    let back = commstack_stack::Lock::parse(Path::new("stack.lock"), &text).unwrap();
+    assert_eq!(back, lock);
+    assert!(back.staleness(&s).is_empty());
+    let stale = back.staleness(&stack(&url, |t| t));
+    assert!(
+        stale.contains(
+            &"nccl.version: the lock has \"2.30.7\", the manifest no longer sets it".to_string()
+        ),
+        "{stale:?}"
+    );
+
+    // The same stack without [nccl] is torch's pin, recorded as such.
+    let plain = self::lock(&stack(&url, |t| t)).await.unwrap();
+    assert_eq!(plain.resolved.nccl.to_string(), "nvidia-nccl-cu13==2.28.9");
+    assert!(plain.resolved.nccl_override.is_none());
+    let plain_rule = plain.rules.iter().find(|r| r.id == "nccl-soname").unwrap();
+    assert_eq!(
+        plain_rule.status,
+        commstack_stack::rules::Status::NotApplicable
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deepep_v2_passes_the_nccl_rule_with_the_override() {
+    let server = TestServer::start();
+    let url = with_nccl_wheels(world()).serve(&server);
+    let s = stack(&url, |t| {
+        with_nccl("2.30.7")(t.replace("api = \"v1\"", "api = \"v2\""))
+    });
+    // Every rule holds; what stops this stack is the known-source table, which has no V2
+    // revision (DeepEP 567632d is V1).
+    let err = format!("{:#}", lock(&s).await.unwrap_err());
+    assert!(!err.contains("deepep-v2-nccl"), "{err}");
+    assert!(
+        err.contains("deepep.api is v2 but DeepEP 567632d is a v1 revision"),
+        "{err}"
+    );
+    // An override still below DeepEP V2's floor is refused at [nccl], not at deepep.api.
+    let low = stack(&url, |t| {
+        with_nccl("2.28.9")(t.replace("api = \"v1\"", "api = \"v2\""))
+    });
+    let err = format!("{:#}", lock(&low).await.unwrap_err());
+    assert!(
+        err.contains("stack.toml:23:11: DeepEP V2 needs NCCL >= 2.30.4 but [nccl] version gives nvidia-nccl-cu13==2.28.9 [rule deepep-v2-nccl]"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_nccl_older_than_torchs_pin_is_refused_naming_the_rule() {
+    let server = TestServer::start();
+    let url = with_nccl_wheels(world()).serve(&server);
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("2.27.7"))).await.unwrap_err()
+    );
+    assert!(
+        err.contains("stack.toml:23:11: nccl.version is 2.27.7, older than torch's pin nvidia-nccl-cu13==2.28.9: torch was built against NCCL 2.28.9 and may call what 2.27.7 lacks [rule nccl-not-older-than-torch]"),
+        "{err}"
+    );
+    assert!(
+        err.contains("stack.toml:7:11: torch 2.11.0 is chosen here"),
+        "{err}"
+    );
+    assert!(err.contains("set nccl.version to 2.28.9 or newer"), "{err}");
+    // Refused without reading the older wheel.
+    assert!(
+        server
+            .requests_for("/files/nvidia_nccl_cu13-2.27.7-py3-none-manylinux_2_18_x86_64.whl")
+            .is_empty()
+    );
+    // Not a rule resolve.allow can waive: refused when the stack is read.
+    let text = format!(
+        "{}allow = [\"nccl-not-older-than-torch\"]\n",
+        "[target]\npython = \"3.12\"\nbase = \"ubuntu-24.04\"\n[torch]\nversion = \"2.11.0\"\ncuda = 13\n\
+         [nvshmem]\nversion = \"match-torch\"\ncuda-archs = [\"90\"]\n[deepep]\nrev = \"567632d\"\napi = \"v1\"\n[resolve]\n"
+    );
+    let refused = Stack::parse(Path::new("stack.toml"), &text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("rule nccl-not-older-than-torch cannot be allowed in resolve.allow"),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_nccl_wheel_of_another_soname_is_refused_naming_the_rule() {
+    let server = TestServer::start();
+    let url = with_nccl_wheels(world()).serve(&server);
+    // A 2.x version whose wheel ships libnccl.so.3: its file list says so.
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("2.99.0"))).await.unwrap_err()
+    );
+    assert!(
+        err.contains("nvidia_nccl_cu13-2.99.0-py3-none-manylinux_2_18_x86_64.whl, the wheel of nccl.version = \"2.99.0\", ships nvidia/nccl/lib/libnccl.so.3, not exactly one libnccl.so.2 (its zip directory, read at lock time) [rule nccl-soname]"),
+        "{err}"
+    );
+    // A 3.x NCCL: its major says so, whatever its wheel holds.
+    let err = format!(
+        "{:#}",
+        lock(&stack(&url, with_nccl("3.0.0"))).await.unwrap_err()
+    );
+    assert!(
+        err.contains("nccl.version is 3.0.0: NCCL 3 ships libnccl.so.3, not libnccl.so.2 (decided from the version's major at lock time) [rule nccl-soname]"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -47,11 +47,12 @@ pub fn find_rdma_core(prefix: &Path) -> Result<RdmaCore> {
         .find(|d| d.join("infiniband/mlx5dv.h").is_file() && d.join("infiniband/verbs.h").is_file())
         .with_context(|| {
             format!(
-                "no infiniband/mlx5dv.h and verbs.h under {p}/include or {p}/usr/include: IBGDA (and IBRC, IBDEVX) need \
-                 rdma-core's headers and libmlx5. On Debian/Ubuntu: `apt-get install libibverbs-dev ibverbs-providers` \
-                 (source package rdma-core), or without root: `apt-get download libibverbs-dev ibverbs-providers \
-                 libibverbs1` and `dpkg -x` each into one directory, then pass that directory as the rdma-core prefix. \
-                 Or turn IBGDA off in the stack (no internode DeepEP kernels)",
+                "no infiniband/mlx5dv.h and verbs.h under {p}/include or {p}/usr/include: NVSHMEM's IBGDA (and IBRC, \
+                 IBDEVX) build against rdma-core's headers and libmlx5. Two ways out: install libibverbs-dev \
+                 ibverbs-providers (Debian/Ubuntu: `apt-get install libibverbs-dev ibverbs-providers`; without root: \
+                 `apt-get download libibverbs-dev ibverbs-providers libibverbs1`, `dpkg -x` each into one directory and \
+                 pass it with `--rdma-core DIR`), or turn IBGDA off: `[nvshmem] ibgda = false` in the stack file or \
+                 `build --no-ibgda` (then DeepEP has no internode kernels; ibrc and ibdevx must be off too)",
                 p = prefix.display()
             )
         })?;
@@ -131,7 +132,11 @@ pub fn cmake_defines(
         link_flags.push(format!("-Wl,-rpath-link,{}", r.lib_dir.display()));
         d.push(("MLX5_lib".into(), r.libmlx5.display().to_string()));
     } else if opts.needs_rdma_core() {
-        bail!("IBGDA/IBRC/IBDEVX are on but no rdma-core prefix was found");
+        bail!(
+            "IBGDA/IBRC/IBDEVX are on but no rdma-core prefix was found: install libibverbs-dev ibverbs-providers \
+             (or pass a `dpkg -x` tree of them with `--rdma-core DIR`), or turn IBGDA off: `[nvshmem] ibgda = false` \
+             in the stack file or `build --no-ibgda`"
+        );
     }
     d.push(("CMAKE_C_FLAGS".into(), c_flags.join(" ")));
     d.push(("CMAKE_CXX_FLAGS".into(), c_flags.join(" ")));
@@ -190,6 +195,13 @@ mod tests {
             e.contains("libibverbs-dev")
                 && e.contains("ibverbs-providers")
                 && e.contains("rdma-core"),
+            "{e}"
+        );
+        // Both ways out: the packages, or IBGDA off (in the stack file or on the command).
+        assert!(
+            e.contains("install libibverbs-dev ibverbs-providers")
+                && e.contains("turn IBGDA off: `[nvshmem] ibgda = false`")
+                && e.contains("`build --no-ibgda`"),
             "{e}"
         );
     }

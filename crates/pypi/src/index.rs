@@ -273,6 +273,22 @@ impl IndexClient {
         Ok(meta)
     }
 
+    /// The file names of one wheel (its zip directory), read by range requests without
+    /// downloading the wheel: what it would install, e.g. to see which sonames it ships.
+    pub async fn wheel_file_names(&self, file: &IndexFile) -> Result<Vec<String>> {
+        let client = self.client.clone();
+        let url = file.url.clone();
+        let handle = tokio::runtime::Handle::current();
+        let (names, fetched) = tokio::task::spawn_blocking(move || {
+            crate::remote_zip::wheel_file_names(client, &url, handle)
+        })
+        .await
+        .map_err(|e| anyhow!("wheel reader panicked: {e}"))?
+        .with_context(|| format!("{}: reading the wheel's file list", file.filename))?;
+        self.stats.bytes.fetch_add(fetched, Ordering::Relaxed);
+        Ok(names)
+    }
+
     fn cache_path(&self, file: &IndexFile) -> Option<PathBuf> {
         let dir = self.metadata_cache.as_ref()?;
         let sha = file.sha256.as_ref()?;

@@ -199,3 +199,20 @@ pub fn wheel_metadata(
     let fetched = zip.into_inner().bytes_fetched;
     Ok((out, fetched))
 }
+
+/// The names in the zip directory of the wheel at `url` (every file it would install),
+/// read through range requests: the central directory only, not the files.
+pub fn wheel_file_names(
+    client: reqwest::Client,
+    url: &str,
+    handle: Handle,
+) -> Result<(Vec<String>, u64)> {
+    let reader = RangeReader::open(client, url, handle)?;
+    let zip = zip::ZipArchive::new(reader).with_context(|| format!("{url}: not a zip file"))?;
+    let names = zip
+        .file_names()
+        .map(|n| n.map(|n| n.into_owned()))
+        .collect::<Result<Vec<String>, _>>()
+        .with_context(|| format!("{url}: a file name in the zip directory"))?;
+    Ok((names, zip.into_inner().bytes_fetched))
+}

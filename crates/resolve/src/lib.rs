@@ -24,8 +24,8 @@ use pep440_rs::Version;
 use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement};
 use pubgrub::PubGrubError;
 
-use crate::provider::{Pkg, Provider};
-pub use crate::resolution::{Resolution, Resolved};
+use crate::provider::{Asked, Pkg, Provider};
+pub use crate::resolution::{Overridden, Resolution, Resolved};
 
 /// What to resolve.
 #[derive(Clone, Debug)]
@@ -36,6 +36,12 @@ pub struct Request {
     pub python_full: (u64, u64, u64),
     /// Ignore files uploaded after this time.
     pub exclude_newer: Option<jiff::Timestamp>,
+    /// Requirements that replace every package's requirement on the same name, as uv's
+    /// `override-dependencies` do: the version specifier of the override is taken, the
+    /// markers and extras of the requirement it replaces are kept (an override never adds a
+    /// dependency a package does not have on the target). Each one applied is recorded in
+    /// [`Resolution::overridden`].
+    pub overrides: Vec<Requirement>,
 }
 
 /// The marker environment of a CPython on Linux.
@@ -73,7 +79,10 @@ pub async fn resolve(client: &IndexClient, request: &Request) -> Result<Resoluti
         markers,
         python,
         request.exclude_newer,
-        request.requirements.clone(),
+        Asked {
+            roots: request.requirements.clone(),
+            overrides: request.overrides.clone(),
+        },
     ));
     let p = provider.clone();
     // The solver calls back synchronously and waits for the network: it runs on a

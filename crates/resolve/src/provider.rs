@@ -3,6 +3,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Result, anyhow};
@@ -17,7 +18,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
 use crate::candidates::Candidates;
-use crate::resolution::{Resolution, Resolved};
+use crate::resolution::{Overridden, Resolution, Resolved};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pkg {
@@ -71,11 +72,26 @@ struct Inner {
     discovered: Mutex<HashMap<Pkg, usize>>,
 }
 
+/// What the request asks for: its requirements, and the overrides of anyone's requirement
+/// on the same names.
+pub struct Asked {
+    pub roots: Vec<Requirement>,
+    pub overrides: Vec<Requirement>,
+}
+
 pub struct Provider {
     inner: Arc<Inner>,
     handle: Handle,
     roots: Vec<Requirement>,
+    overrides: Vec<Requirement>,
+    /// Every override applied, for any version the solver looked at (finish keeps those
+    /// of the chosen versions).
+    overridden: Mutex<BTreeSet<OverrideKey>>,
 }
+
+/// (the package and version whose requirement it was, the original, the replacement), as
+/// text so that it orders.
+type OverrideKey = (Option<(PackageName, Version)>, String, String);
 
 impl Provider {
     pub fn new(
@@ -85,8 +101,9 @@ impl Provider {
         markers: MarkerEnvironment,
         python: Version,
         exclude_newer: Option<jiff::Timestamp>,
-        roots: Vec<Requirement>,
+        asked: Asked,
     ) -> Provider {
+        let Asked { roots, overrides } = asked;
         let inner = Arc::new(Inner {
             client,
             tags: TargetTags::new(&target),
@@ -101,13 +118,64 @@ impl Provider {
             inner,
             handle,
             roots,
+            overrides,
+            overridden: Mutex::default(),
         };
         // Start on the roots at once.
-        if let Ok(deps) = requirements_to_deps(provider.roots.iter(), &provider.inner.markers, &[])
-        {
+        if let Ok(deps) = provider.deps_of(provider.roots.iter(), &[], None) {
             provider.prefetch(&deps);
         }
         provider
+    }
+
+    /// `reqs` (of the package `by`, None for the roots) with the overrides applied, as
+    /// solver terms: an override replaces the specifier of a requirement on its name, the
+    /// requirement's markers and extras stay. Each replacement whose markers hold is recorded.
+    fn deps_of<'a>(
+        &self,
+        reqs: impl Iterator<Item = &'a Requirement>,
+        extras: &[ExtraName],
+        by: Option<(&PackageName, &Version)>,
+    ) -> Result<Vec<(Pkg, Ranges<Version>)>, ProviderError> {
+        let mut used = Vec::new();
+        for req in reqs {
+            let Some(o) = self.overrides.iter().find(|o| o.name == req.name) else {
+                used.push(req.clone());
+                continue;
+            };
+            let mut replaced = req.clone();
+            replaced.version_or_url = o.version_or_url.clone();
+            if req.evaluate_markers(&self.inner.markers, extras) {
+                self.overridden.lock().unwrap().insert((
+                    by.map(|(n, v)| (n.clone(), v.clone())),
+                    req.to_string(),
+                    replaced.to_string(),
+                ));
+            }
+            used.push(replaced);
+        }
+        requirements_to_deps(used.iter(), &self.inner.markers, extras)
+    }
+
+    /// The overrides applied to the requirements of the packages in `selected`.
+    fn overridden_in(&self, selected: &SelectedDependencies<Pkg, Version>) -> Vec<Overridden> {
+        let chosen = |n: &PackageName, v: &Version| {
+            selected
+                .iter()
+                .any(|(p, sv)| *p == Pkg::Dist(n.clone()) && sv == v)
+        };
+        let parse = |s: &str| Requirement::from_str(s).expect("written by Requirement's Display");
+        self.overridden
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(by, _, _)| by.as_ref().is_none_or(|(n, v)| chosen(n, v)))
+            .map(|(by, original, replacement)| Overridden {
+                by: by.clone(),
+                original: parse(original),
+                replacement: parse(replacement),
+            })
+            .collect()
     }
 
     fn prefetch(&self, deps: &[(Pkg, Ranges<Version>)]) {
@@ -180,7 +248,10 @@ impl Provider {
             });
         }
         packages.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Resolution { packages })
+        Ok(Resolution {
+            packages,
+            overridden: self.overridden_in(selected),
+        })
     }
 
     fn discovery(&self, pkg: &Pkg) -> usize {
@@ -359,7 +430,7 @@ impl DependencyProvider for Provider {
         version: &Version,
     ) -> Result<Dependencies<Pkg, Ranges<Version>, String>, ProviderError> {
         let deps = match pkg {
-            Pkg::Root => requirements_to_deps(self.roots.iter(), &self.inner.markers, &[])?,
+            Pkg::Root => self.deps_of(self.roots.iter(), &[], None)?,
             Pkg::Dist(name) => {
                 let meta = self.metadata(name, version)?;
                 if let Some(rp) = &meta.requires_python
@@ -369,20 +440,20 @@ impl DependencyProvider for Provider {
                         "Requires-Python {rp} in its metadata"
                     )));
                 }
-                requirements_to_deps(
+                self.deps_of(
                     meta.requires_dist.iter().filter(|r| r.name != *name),
-                    &self.inner.markers,
                     &[],
+                    Some((name, version)),
                 )?
             }
             Pkg::Extra(name, extra) => {
                 let meta = self.metadata(name, version)?;
                 // Like pip and uv, an extra the package does not provide adds nothing (no error).
                 let mut deps = vec![(Pkg::Dist(name.clone()), Ranges::singleton(version.clone()))];
-                let own = requirements_to_deps(
+                let own = self.deps_of(
                     meta.requires_dist.iter(),
-                    &self.inner.markers,
                     std::slice::from_ref(extra),
+                    Some((name, version)),
                 )?;
                 deps.extend(
                     own.into_iter()

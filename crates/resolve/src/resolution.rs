@@ -3,7 +3,7 @@
 
 use commstack_pypi::IndexFile;
 use pep440_rs::Version;
-use pep508_rs::PackageName;
+use pep508_rs::{PackageName, Requirement};
 
 /// One resolved package.
 #[derive(Clone, Debug)]
@@ -16,10 +16,25 @@ pub struct Resolved {
     pub requires: Vec<PackageName>,
 }
 
+/// A requirement of a resolved package that an override replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overridden {
+    /// The package whose metadata has the requirement (`torch`), at its resolved version;
+    /// None for the request's own requirements.
+    pub by: Option<(PackageName, Version)>,
+    /// As its metadata writes it: `nvidia-nccl-cu13==2.28.9; platform_system == "Linux"`.
+    pub original: Requirement,
+    /// What was used instead (its specifier, the original's markers).
+    pub replacement: Requirement,
+}
+
 #[derive(Debug)]
 pub struct Resolution {
     /// Sorted by name.
     pub packages: Vec<Resolved>,
+    /// The requirements of resolved packages that the request's overrides replaced, in
+    /// package order.
+    pub overridden: Vec<Overridden>,
 }
 
 impl Resolution {

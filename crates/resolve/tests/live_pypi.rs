@@ -21,6 +21,7 @@ async fn torch_2_11_closure() {
         },
         python_full: (3, 12, 3),
         exclude_newer: Some("2026-12-01T00:00:00Z".parse().unwrap()),
+        overrides: vec![],
     };
     let t = Instant::now();
     let res = resolve(&client, &req).await.unwrap();

@@ -178,8 +178,12 @@ pub struct Resolved {
     pub torch: String,
     /// CUDA version of torch's wheels (its cuda-toolkit pin).
     pub cuda: String,
-    /// torch's NCCL pin, e.g. "nvidia-nccl-cu13==2.28.9".
+    /// The NCCL the environment holds, e.g. "nvidia-nccl-cu13==2.28.9": torch's pin, or
+    /// `[nccl] version`'s override of it (then `nccl-override` says what torch pinned).
     pub nccl: Pin,
+    /// Set when `[nccl] version` overrides torch's NCCL pin; absent when `nccl` is torch's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_override: Option<NcclOverride>,
     /// torch's NVSHMEM pin, e.g. "nvidia-nvshmem-cu13==3.4.5" (written empty if none).
     #[serde(with = "crate::pin::or_empty")]
     pub nvshmem_pin: Option<Pin>,
@@ -187,6 +191,19 @@ pub struct Resolved {
     pub nvshmem: String,
     pub deepep_rev: String,
     pub deepep_api: DeepEpApi,
+}
+
+/// `[resolved.nccl-override]`: torch's Requires-Dist on NCCL, replaced (as uv's
+/// `override-dependencies` replace one) by `[nccl] version`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct NcclOverride {
+    /// What torch pins, e.g. "nvidia-nccl-cu13==2.28.9".
+    pub torch_pin: Pin,
+    /// torch's requirement as its metadata writes it, markers included.
+    pub replaces: String,
+    /// Why, in one sentence: the manifest's field and the rules that checked it.
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -529,6 +546,7 @@ mod tests {
                 torch: "2.11.0".into(),
                 cuda: "13.0.2".into(),
                 nccl: "nvidia-nccl-cu13==2.28.9".parse().unwrap(),
+                nccl_override: None,
                 nvshmem_pin: Some("nvidia-nvshmem-cu13==3.4.5".parse().unwrap()),
                 nvshmem: "3.4.5".into(),
                 deepep_rev: "567632dd59810d77b3cc05553df953cc0f779799".into(),

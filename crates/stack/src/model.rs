@@ -44,6 +44,18 @@ pub enum NvshmemVersion {
     Exact(Version),
 }
 
+/// `[nccl] version`: the NCCL (`nvidia-nccl-cuXX`) the environment holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NcclVersion {
+    /// torch's own pin (`nvidia-nccl-cuXX==V` in torch's metadata); also what a stack
+    /// without `[nccl]` gets.
+    MatchTorch,
+    /// This version instead of torch's pin: torch's Requires-Dist on NCCL is overridden
+    /// (as uv's `override-dependencies` does). Rules `nccl-not-older-than-torch` and
+    /// `nccl-soname` keep it one torch can load.
+    Exact(Version),
+}
+
 // Serialized as `as_str` spells it: the lock's `deepep-api`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -156,6 +168,11 @@ pub struct NvshmemSource {
     pub url: String,
     /// 64 lowercase hex digits.
     pub sha256: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Nccl {
+    pub version: NcclVersion,
 }
 
 #[derive(Clone, Debug)]
@@ -281,6 +298,8 @@ pub struct Stack {
     pub target: Target,
     pub torch: Torch,
     pub nvshmem: Nvshmem,
+    /// `[nccl]` (absent: match-torch).
+    pub nccl: Nccl,
     pub deepep: DeepEp,
     pub toolchain: Toolchain,
     pub resolve: Resolve,
@@ -357,6 +376,11 @@ impl Stack {
             "nvshmem.static-lib".into(),
             self.nvshmem.static_lib.to_string(),
         );
+        // Only an override: a stack on torch's pin (with or without [nccl]) keeps the echo
+        // and fingerprint it had before [nccl] existed.
+        if let NcclVersion::Exact(v) = &self.nccl.version {
+            m.insert("nccl.version".into(), v.to_string());
+        }
         m.insert("deepep.rev".into(), self.deepep.rev.clone());
         m.insert("deepep.api".into(), self.deepep.api.as_str().into());
         self.echo_sources(&mut m);

@@ -17,6 +17,8 @@ pub(crate) struct RawManifest {
     pub(crate) target: RawTarget,
     pub(crate) torch: RawTorch,
     pub(crate) nvshmem: RawNvshmem,
+    /// Absent: NCCL is torch's pin (`version = "match-torch"`), as before `[nccl]` existed.
+    pub(crate) nccl: Option<RawNccl>,
     pub(crate) deepep: RawDeepEp,
     #[serde(default)]
     pub(crate) toolchain: RawToolchain,
@@ -153,6 +155,13 @@ impl<'de> Deserialize<'de> for RawNvshmem {
         }
         d.deserialize_struct("RawNvshmem", nvshmem_fields(), V)
     }
+}
+
+/// `[nccl]`: the NCCL the environment holds, torch's pin or an override of it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawNccl {
+    pub(crate) version: Spanned<String>,
 }
 
 #[derive(Deserialize)]

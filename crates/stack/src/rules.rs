@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::diag::Diagnostic;
-use crate::manifest::{DeepEpApi, Stack};
+use crate::manifest::{DeepEpApi, NcclVersion, Stack};
 use crate::pin::Pin;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -25,16 +25,22 @@ pub enum RuleId {
     DeepEpV1RdcFix,
     DeepEpV1Cccl,
     DeepEpNeedsIbgda,
+    NcclNotOlderThanTorch,
+    NcclSoname,
 }
 
 /// NCCL version DeepEP V2's NCCL device API needs (ncclGetLsaDevicePointer and friends).
 pub const DEEPEP_V2_MIN_NCCL: &str = "2.30.4";
+/// The NCCL the ways out of rule `deepep-v2-nccl` name: the pin of torch 2.14.1.
+pub const DEEPEP_V2_NCCL_SUGGESTED: &str = "2.30.7";
+/// torch loads `libnccl.so.<this>`: NCCL's soname follows its major version.
+pub const NCCL_SONAME_MAJOR: u64 = 2;
 pub const DEEPEP_V2_MIN_TORCH: &str = "2.10";
 /// First NVSHMEM whose device library defines nvshmemi_ibgda_device_state_d itself.
 pub const NVSHMEM_RDC_SENSITIVE: &str = "3.3.20";
 
 impl RuleId {
-    pub const ALL: [RuleId; 10] = [
+    pub const ALL: [RuleId; 12] = [
         RuleId::PythonMatchesBase,
         RuleId::GlibcWithinBase,
         RuleId::TorchCudaMajor,
@@ -45,6 +51,8 @@ impl RuleId {
         RuleId::DeepEpV1RdcFix,
         RuleId::DeepEpV1Cccl,
         RuleId::DeepEpNeedsIbgda,
+        RuleId::NcclNotOlderThanTorch,
+        RuleId::NcclSoname,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +67,8 @@ impl RuleId {
             RuleId::DeepEpV1RdcFix => "deepep-v1-rdc-fix",
             RuleId::DeepEpV1Cccl => "deepep-v1-cccl",
             RuleId::DeepEpNeedsIbgda => "deepep-needs-ibgda",
+            RuleId::NcclNotOlderThanTorch => "nccl-not-older-than-torch",
+            RuleId::NcclSoname => "nccl-soname",
         }
     }
 
@@ -69,6 +79,11 @@ impl RuleId {
 
     pub fn reason(self) -> &'static str {
         self.rule().reason
+    }
+
+    /// Whether `resolve.allow` may waive it.
+    pub fn waivable(self) -> bool {
+        self.rule().waivable
     }
 
     /// This rule's entry in [`RULES`].
@@ -99,6 +114,7 @@ pub fn fingerprint() -> String {
         "deepep-v2-min-nccl": DEEPEP_V2_MIN_NCCL,
         "deepep-v2-min-torch": DEEPEP_V2_MIN_TORCH,
         "nvshmem-rdc-sensitive": NVSHMEM_RDC_SENSITIVE,
+        "nccl-soname-major": NCCL_SONAME_MAJOR,
         // The known-source table decides the sources' URLs and hashes: a new table makes
         // old locks stale just as a changed rule does.
         "known-sources": hex::encode(Sha256::digest(crate::known::TABLE_TEXT)),
@@ -142,8 +158,13 @@ pub struct Facts {
     /// CUDA version torch's wheels are built for (from its `cuda-toolkit==X` pin or the
     /// `-cuXX` suffix of its NVIDIA dependencies).
     pub torch_cuda: Option<Version>,
-    /// `nvidia-nccl-cuXX` pin of torch.
+    /// `nvidia-nccl-cuXX` pin of torch (read from torch's metadata, also when overridden).
     pub torch_nccl: Option<Pin>,
+    /// The NCCL the environment holds: torch's pin, or `[nccl] version`'s override of it.
+    pub nccl: Option<Pin>,
+    /// The override's wheel and the `libnccl.so*` files its zip directory lists (read at
+    /// lock time by range requests, without downloading the wheel); None when not read.
+    pub nccl_wheel_libs: Option<(String, Vec<String>)>,
     /// `nvidia-nvshmem-cuXX` pin of torch.
     pub torch_nvshmem: Option<Pin>,
     /// The NVSHMEM version the stack builds.
@@ -161,6 +182,9 @@ pub struct Rule {
     pub revision: u32,
     /// Why the rule exists; every violation's hint ends with it.
     pub reason: &'static str,
+    /// Whether `resolve.allow` may waive it; a rule whose violation leaves torch unable to
+    /// load its NCCL is not.
+    pub waivable: bool,
     /// Needs only the manifest: also run at parse time, by [`check_manifest`].
     pub manifest_only: bool,
     pub check: fn(&Stack, &Facts) -> Outcome,
@@ -173,6 +197,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::PythonMatchesBase,
         revision: 1,
         reason: "wheels are built for one CPython; a second interpreter in the image would carry a second copy of every library",
+        waivable: true,
         manifest_only: true,
         check: python_matches_base,
     },
@@ -180,6 +205,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::GlibcWithinBase,
         revision: 1,
         reason: "a wheel needing a newer glibc than the base image has fails to load there",
+        waivable: true,
         manifest_only: true,
         check: glibc_within_base,
     },
@@ -187,6 +213,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::TorchCudaMajor,
         revision: 1,
         reason: "torch's wheels are built for one CUDA major; NVSHMEM, nvcc and DeepEP must use the same",
+        waivable: true,
         manifest_only: false,
         check: torch_cuda_major,
     },
@@ -194,6 +221,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::NvshmemCudaFamily,
         revision: 1,
         reason: "NVSHMEM wheels come in cuXX families; the drop-in must replace the family torch pins",
+        waivable: true,
         manifest_only: false,
         check: nvshmem_cuda_family,
     },
@@ -201,13 +229,15 @@ pub const RULES: &[Rule] = &[
         id: RuleId::NvshmemMatchesTorch,
         revision: 1,
         reason: "torch loads libnvshmem_host by SONAME and its Triton kernels use libnvshmem_device.bc: another version than the one torch was built against is untested by PyTorch and fails `pip check`",
+        waivable: true,
         manifest_only: false,
         check: nvshmem_matches_torch,
     },
     Rule {
         id: RuleId::DeepEpV2Nccl,
-        revision: 1,
-        reason: "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710)",
+        revision: 2,
+        reason: "DeepEP V2 uses NCCL's device API (ncclGetLsaDevicePointer), added in NCCL 2.30.4; installing a newer NCCL beside torch's pin loads two libnccl or downgrades silently (DeepEP issue 710), so the environment's one NCCL ([nccl] version) must be new enough",
+        waivable: true,
         manifest_only: false,
         check: deepep_v2_nccl,
     },
@@ -215,6 +245,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::DeepEpV2Torch,
         revision: 1,
         reason: "DeepEP V2 needs torch >= 2.10",
+        waivable: true,
         manifest_only: false,
         check: deepep_v2_torch,
     },
@@ -222,6 +253,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::DeepEpV1RdcFix,
         revision: 1,
         reason: "NVSHMEM >= 3.3.20 defines nvshmemi_ibgda_device_state_d in its device library; DeepEP V1 sources that do not force RDC (fixed in DeepEP 29d31c0) fail to link with `multiple definition of nvshmemi_ibgda_device_state_d`",
+        waivable: true,
         manifest_only: false,
         check: deepep_v1_rdc_fix,
     },
@@ -229,6 +261,7 @@ pub const RULES: &[Rule] = &[
         id: RuleId::DeepEpV1Cccl,
         revision: 1,
         reason: "CUDA 13 moved libcu++ under include/cccl: DeepEP V1 needs that directory on its include path (`cuda/std/tuple` not found otherwise)",
+        waivable: true,
         manifest_only: false,
         check: deepep_v1_cccl,
     },
@@ -236,8 +269,25 @@ pub const RULES: &[Rule] = &[
         id: RuleId::DeepEpNeedsIbgda,
         revision: 1,
         reason: "DeepEP's V1 kernels (and V2's legacy ones) use NVSHMEM's IBGDA device state: an NVSHMEM built without IBGDA leaves `nvshmemi_ibgda_device_state_d` undefined and DeepEP's device link fails, after NVSHMEM's whole build",
+        waivable: true,
         manifest_only: true,
         check: deepep_needs_ibgda,
+    },
+    Rule {
+        id: RuleId::NcclNotOlderThanTorch,
+        revision: 1,
+        reason: "torch's libtorch_cuda is built against the NCCL it pins and loads libnccl.so.2 by SONAME: an older NCCL may lack symbols or behaviour it uses, so an override may only move NCCL forward",
+        waivable: false,
+        manifest_only: false,
+        check: nccl_not_older_than_torch,
+    },
+    Rule {
+        id: RuleId::NcclSoname,
+        revision: 1,
+        reason: "torch loads NCCL as libnccl.so.2: a wheel shipping another soname leaves torch's NCCL unloadable, or puts a second libnccl beside it",
+        waivable: false,
+        manifest_only: false,
+        check: nccl_soname,
     },
 ];
 
@@ -255,7 +305,7 @@ pub fn check_resolved(stack: &Stack, facts: &Facts) -> Vec<Outcome> {
     let mut out: Vec<Outcome> = RULES.iter().map(|r| (r.check)(stack, facts)).collect();
     // Apply resolve.allow: a violation the user allowed is recorded as such, not hidden.
     for o in &mut out {
-        if o.status == Status::Violated && stack.is_allowed(o.rule) {
+        if o.status == Status::Violated && o.rule.waivable() && stack.is_allowed(o.rule) {
             o.status = Status::Allowed;
             o.detail = format!("allowed by resolve.allow: {}", o.detail);
         }
@@ -430,34 +480,147 @@ fn nvshmem_matches_torch(stack: &Stack, facts: &Facts) -> Outcome {
     }
 }
 
-/// DeepEP V2's NCCL floor vs torch's NCCL pin.
+/// DeepEP V2's NCCL floor vs the environment's NCCL (torch's pin or `[nccl]`'s override).
 fn deepep_v2_nccl(stack: &Stack, facts: &Facts) -> Outcome {
     let torch = &stack.torch.version;
     let min_nccl: Version = DEEPEP_V2_MIN_NCCL.parse().unwrap();
-    match (&facts.torch_nccl, stack.deepep.api == DeepEpApi::V2) {
+    let overridden = matches!(stack.nccl.version, NcclVersion::Exact(_));
+    match (&facts.nccl, stack.deepep.api == DeepEpApi::V2) {
         (_, false) => not_applicable(
             RuleId::DeepEpV2Nccl,
             "DeepEP V1 does not use NCCL's device API".into(),
         ),
         (Some(nccl), true) if nccl.version >= min_nccl => ok(
             RuleId::DeepEpV2Nccl,
-            format!("torch pins {nccl} >= {min_nccl}"),
+            match overridden {
+                true => format!("[nccl] version gives {nccl} >= {min_nccl}"),
+                false => format!("torch pins {nccl} >= {min_nccl}"),
+            },
         ),
-        (nccl, true) => violation(
+        (nccl, true) => {
+            let have = nccl
+                .as_ref()
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "no NCCL".into());
+            let (field, message) = match overridden {
+                true => (
+                    "nccl.version",
+                    format!("DeepEP V2 needs NCCL >= {min_nccl} but [nccl] version gives {have}"),
+                ),
+                false => (
+                    "deepep.api",
+                    format!("DeepEP V2 needs NCCL >= {min_nccl} but torch {torch} pins {have}"),
+                ),
+            };
+            violation(
+                stack,
+                RuleId::DeepEpV2Nccl,
+                field,
+                message,
+                Some(("torch.version", format!("torch {torch} is chosen here"))),
+                format!(
+                    "set [nccl] version = \"{DEEPEP_V2_NCCL_SUGGESTED}\" in {} (the environment's one NCCL, overriding torch's pin), or use a torch that pins NCCL >= {min_nccl} (torch 2.14.1 pins {DEEPEP_V2_NCCL_SUGGESTED}), or deepep.api = \"v1\" with rev 567632d, or allow rule {} (two libnccl in one process: DeepEP issue 710)",
+                    stack.path().display(),
+                    RuleId::DeepEpV2Nccl.as_str()
+                ),
+            )
+        }
+    }
+}
+
+/// `[nccl] version` (an override) vs torch's NCCL pin: never older.
+fn nccl_not_older_than_torch(stack: &Stack, facts: &Facts) -> Outcome {
+    let torch = &stack.torch.version;
+    let NcclVersion::Exact(want) = &stack.nccl.version else {
+        return not_applicable(
+            RuleId::NcclNotOlderThanTorch,
+            match &facts.torch_nccl {
+                Some(pin) => format!("[nccl] version = \"match-torch\": torch's pin {pin}"),
+                None => "[nccl] version = \"match-torch\"".into(),
+            },
+        );
+    };
+    let Some(pin) = &facts.torch_nccl else {
+        return violation(
             stack,
-            RuleId::DeepEpV2Nccl,
-            "deepep.api",
+            RuleId::NcclNotOlderThanTorch,
+            "nccl.version",
             format!(
-                "DeepEP V2 needs NCCL >= {min_nccl} but torch {torch} pins {}",
-                nccl.as_ref()
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "no NCCL".into())
+                "nccl.version is {want} but torch {torch} pins no nvidia-nccl-cu{} wheel: there is no pin to override",
+                stack.torch.cuda_major
             ),
             Some(("torch.version", format!("torch {torch} is chosen here"))),
+            "remove [nccl] (or set version = \"match-torch\"), or choose a torch that pins NCCL"
+                .into(),
+        );
+    };
+    match nccl_not_older_than_pin(want, pin) {
+        Ok(()) => ok(
+            RuleId::NcclNotOlderThanTorch,
+            format!("NCCL {want} overrides torch {torch}'s pin {pin} (not older)"),
+        ),
+        Err(conflict) => violation(
+            stack,
+            RuleId::NcclNotOlderThanTorch,
+            "nccl.version",
+            conflict,
+            Some(("torch.version", format!("torch {torch} is chosen here"))),
             format!(
-                "use a torch that pins NCCL >= {min_nccl} (torch 2.14.1 pins 2.30.7), or deepep.api = \"v1\" with rev 567632d, or allow rule {} (two libnccl in one process: DeepEP issue 710)",
-                RuleId::DeepEpV2Nccl.as_str()
+                "set nccl.version to {} or newer, or \"match-torch\" (this rule cannot be allowed)",
+                pin.version
             ),
+        ),
+    }
+}
+
+/// The override's wheel must ship libnccl.so.2, the soname torch loads.
+fn nccl_soname(stack: &Stack, facts: &Facts) -> Outcome {
+    let NcclVersion::Exact(want) = &stack.nccl.version else {
+        return not_applicable(
+            RuleId::NcclSoname,
+            "[nccl] version = \"match-torch\": torch's own NCCL wheel".into(),
+        );
+    };
+    let way_out = |what: &str| {
+        format!(
+            "set nccl.version to a 2.x release of nvidia-nccl-cu{} (e.g. \"{DEEPEP_V2_NCCL_SUGGESTED}\"), or \"match-torch\"; {what} (this rule cannot be allowed)",
+            stack.torch.cuda_major
+        )
+    };
+    if want.release().first() != Some(&NCCL_SONAME_MAJOR) {
+        return violation(
+            stack,
+            RuleId::NcclSoname,
+            "nccl.version",
+            format!(
+                "nccl.version is {want}: NCCL {} ships libnccl.so.{}, not libnccl.so.{NCCL_SONAME_MAJOR} (decided from the version's major at lock time)",
+                want.release()[0],
+                want.release()[0]
+            ),
+            None,
+            way_out("the soname follows NCCL's major version"),
+        );
+    }
+    let Some((wheel, libs)) = &facts.nccl_wheel_libs else {
+        return deferred(
+            RuleId::NcclSoname,
+            "the override's wheel file list is not read yet",
+        );
+    };
+    match nccl_wheel_soname(libs) {
+        Ok(lib) => ok(
+            RuleId::NcclSoname,
+            format!("{wheel} ships {lib} (its zip directory, read at lock time)"),
+        ),
+        Err(found) => violation(
+            stack,
+            RuleId::NcclSoname,
+            "nccl.version",
+            format!(
+                "{wheel}, the wheel of nccl.version = \"{want}\", ships {found}, not exactly one libnccl.so.{NCCL_SONAME_MAJOR} (its zip directory, read at lock time)"
+            ),
+            None,
+            way_out("the wheel's file list is what pip would install"),
         ),
     }
 }
@@ -559,6 +722,38 @@ pub fn nvshmem_matches_torch_pin(build: &Version, pin: &Pin) -> Result<(), Strin
     ))
 }
 
+/// Rule `nccl-not-older-than-torch`, decided and worded once: `Err` with the conflict when
+/// the NCCL `want` is older than torch's pin `pin`.
+pub fn nccl_not_older_than_pin(want: &Version, pin: &Pin) -> Result<(), String> {
+    if *want >= pin.version {
+        return Ok(());
+    }
+    Err(format!(
+        "nccl.version is {want}, older than torch's pin {pin}: torch was built against NCCL {} and may call what {want} lacks",
+        pin.version
+    ))
+}
+
+/// Whether an `[nccl]` override passes rule `nccl-not-older-than-torch` on `facts`: only
+/// then is its wheel worth reading for rule `nccl-soname` (the lock refuses it otherwise).
+pub fn nccl_override_may_stand(stack: &Stack, facts: &Facts) -> bool {
+    match (&stack.nccl.version, &facts.torch_nccl) {
+        (NcclVersion::Exact(want), Some(pin)) => nccl_not_older_than_pin(want, pin).is_ok(),
+        _ => false,
+    }
+}
+
+/// Rule `nccl-soname` over a wheel's file list (`libs`: its paths whose file name starts
+/// with `libnccl.so`): `Ok` with the one `libnccl.so.2`, else `Err` naming what it has.
+pub fn nccl_wheel_soname(libs: &[String]) -> Result<&str, String> {
+    let want = format!("libnccl.so.{NCCL_SONAME_MAJOR}");
+    match libs {
+        [one] if one.rsplit('/').next() == Some(want.as_str()) => Ok(one),
+        [] => Err("no libnccl.so* at all".into()),
+        more => Err(more.join(", ")),
+    }
+}
+
 /// Rule `deepep-v1-rdc-fix`: does DeepEP V1 built against NVSHMEM `nvshmem` need the RDC fix?
 /// An unknown version is taken to be a new one.
 pub fn nvshmem_needs_rdc_fix(nvshmem: Option<&Version>) -> bool {
@@ -634,7 +829,10 @@ fn deepep_needs_ibgda(stack: &Stack, _: &Facts) -> Outcome {
         RuleId::DeepEpNeedsIbgda,
         "nvshmem.ibgda",
         deepep_without_ibgda(rev),
-        Some(("deepep.rev", format!("DeepEP {rev} is built from this stack"))),
+        Some((
+            "deepep.rev",
+            format!("DeepEP {rev} is built from this stack"),
+        )),
         ibgda_ways_out(),
     )
 }
@@ -749,5 +947,32 @@ mod tests {
         assert!(!nvshmem_needs_rdc_fix(Some(&v("3.3.9"))));
         assert!(missing_rdc_fix("DeepEP abc", None).contains("NVSHMEM (unknown version)"));
         assert!(libcxx_under_cccl(13) && !libcxx_under_cccl(12));
+        let nccl = Pin::new("nvidia-nccl-cu13", v("2.28.9"));
+        assert!(nccl_not_older_than_pin(&v("2.30.7"), &nccl).is_ok());
+        assert!(nccl_not_older_than_pin(&v("2.28.9"), &nccl).is_ok());
+        assert!(
+            nccl_not_older_than_pin(&v("2.27.7"), &nccl)
+                .unwrap_err()
+                .starts_with(
+                    "nccl.version is 2.27.7, older than torch's pin nvidia-nccl-cu13==2.28.9"
+                )
+        );
+        let libs = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["nvidia/nccl/lib/libnccl.so.2"])),
+            Ok("nvidia/nccl/lib/libnccl.so.2")
+        );
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["nvidia/nccl/lib/libnccl.so.3"])),
+            Err("nvidia/nccl/lib/libnccl.so.3".into())
+        );
+        assert_eq!(
+            nccl_wheel_soname(&libs(&["a/libnccl.so.2", "b/libnccl.so.2"])),
+            Err("a/libnccl.so.2, b/libnccl.so.2".into())
+        );
+        assert_eq!(nccl_wheel_soname(&[]), Err("no libnccl.so* at all".into()));
+        // The two NCCL rules keep torch able to load its NCCL: resolve.allow cannot waive them.
+        assert!(!RuleId::NcclNotOlderThanTorch.waivable() && !RuleId::NcclSoname.waivable());
+        assert!(RuleId::DeepEpV2Nccl.waivable());
     }
 }

@@ -65,6 +65,7 @@ impl Validator<'_> {
         let torch = self.torch(raw.torch);
         let cuda_major = torch.as_ref().map(|t| t.cuda_major);
         let nvshmem = self.nvshmem(raw.nvshmem, cuda_major);
+        let nccl = self.nccl(raw.nccl);
         let deepep = self.deepep(raw.deepep);
         let toolchain = self.toolchain(raw.toolchain);
         let resolve = self.resolve(raw.resolve);
@@ -87,6 +88,7 @@ impl Validator<'_> {
             target: target?,
             torch: torch?,
             nvshmem: nvshmem?,
+            nccl: nccl?,
             deepep: deepep?,
             toolchain: toolchain?,
             resolve: resolve?,
@@ -309,6 +311,29 @@ impl Validator<'_> {
             pass_env,
             static_lib,
             source: source?,
+        })
+    }
+
+    fn nccl(&mut self, raw: Option<RawNccl>) -> Option<Nccl> {
+        let Some(raw) = raw else {
+            return Some(Nccl {
+                version: NcclVersion::MatchTorch,
+            });
+        };
+        self.span("nccl.version", &raw.version);
+        if raw.version.get_ref() == "match-torch" {
+            return Some(Nccl {
+                version: NcclVersion::MatchTorch,
+            });
+        }
+        let v = self.exact_version(&raw.version, "nccl.version");
+        if v.is_none() {
+            self.diags.last_mut().unwrap().hint = Some(
+                "use \"match-torch\" (the NCCL torch pins) or one exact version of the nvidia-nccl-cuXX wheel like \"2.30.7\"".into(),
+            );
+        }
+        Some(Nccl {
+            version: NcclVersion::Exact(v?),
         })
     }
 
@@ -616,15 +641,27 @@ impl Validator<'_> {
         let mut allow = Vec::new();
         for id in &raw.allow {
             match RuleId::from_str(id.get_ref()) {
+                Ok(rule) if !rule.waivable() => {
+                    self.err(
+                        id.span(),
+                        format!("rule {} cannot be allowed in resolve.allow", rule.as_str()),
+                        Some(format!(
+                            "fix what it names instead. Why the rule exists: {}",
+                            rule.reason()
+                        )),
+                    );
+                    ok = false;
+                }
                 Ok(rule) => allow.push(rule.as_str().to_string()),
                 Err(()) => {
                     self.err(
                         id.span(),
                         format!("unknown rule {:?} in resolve.allow", id.get_ref()),
                         Some(format!(
-                            "known rules: {}",
+                            "rules resolve.allow can waive: {}",
                             RuleId::ALL
                                 .iter()
+                                .filter(|r| r.waivable())
                                 .map(|r| r.as_str())
                                 .collect::<Vec<_>>()
                                 .join(", ")

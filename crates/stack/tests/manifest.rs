@@ -626,7 +626,10 @@ fn deploy_section_names_each_bad_field() {
 /// error it would end in, instead of after NVSHMEM's whole build.
 #[test]
 fn deepep_on_an_nvshmem_without_ibgda_is_refused_when_the_stack_is_read() {
-    let text = MINIMAL.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\"]\nibgda = false");
+    let text = MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nibgda = false",
+    );
     let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
     let outcome = rules::check_manifest(&s)
         .into_iter()
@@ -634,9 +637,17 @@ fn deepep_on_an_nvshmem_without_ibgda_is_refused_when_the_stack_is_read() {
         .expect("the rule runs on the manifest");
     assert_eq!(outcome.status, Status::Violated);
     let msg = outcome.diagnostic.unwrap().to_string();
-    assert!(msg.starts_with("stack.toml:13:9: NVSHMEM would be built without IBGDA, but DeepEP 567632d's kernels"), "{msg}");
+    assert!(
+        msg.starts_with(
+            "stack.toml:13:9: NVSHMEM would be built without IBGDA, but DeepEP 567632d's kernels"
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("nvshmemi_ibgda_device_state_d"), "{msg}");
-    assert!(msg.contains("stack.toml:16:7: DeepEP 567632d is built from this stack"), "{msg}");
+    assert!(
+        msg.contains("stack.toml:16:7: DeepEP 567632d is built from this stack"),
+        "{msg}"
+    );
     assert!(msg.contains("deepep-needs-ibgda"), "{msg}");
     // IBGDA on (the default): the rule holds.
     let on = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();
@@ -653,4 +664,48 @@ fn deepep_on_an_nvshmem_without_ibgda_is_refused_when_the_stack_is_read() {
         .find(|o| o.rule == RuleId::DeepEpNeedsIbgda)
         .unwrap();
     assert_eq!(o.status, Status::Allowed);
+}
+
+/// `[nccl]`: absent and "match-torch" are torch's pin and leave the fingerprint as it was
+/// before the section existed; an exact version is an override in the echo; a specifier or
+/// an unknown key is refused at its place.
+#[test]
+fn nccl_section_parses_and_only_an_override_moves_the_fingerprint() {
+    use commstack_stack::manifest::NcclVersion;
+    let (name, text) = shipped("stacks/gpu-adopt.toml");
+    // The shipped stack with its [nccl] section (to the blank line after it) cut out.
+    let start = text
+        .find("\n[nccl]\n")
+        .expect("the shipped stack has [nccl]");
+    let end = start + 1 + text[start + 1..].find("\n\n").unwrap();
+    let without = format!("{}{}", &text[..start], &text[end..]);
+    assert!(!without.contains("\n[nccl]\n") && without.contains("\n[deepep]\n"));
+    let base = Stack::parse(Path::new(&name), &without).unwrap();
+    assert_eq!(base.nccl.version, NcclVersion::MatchTorch);
+    let matched = Stack::parse(
+        Path::new(&name),
+        &format!("{without}\n[nccl]\nversion = \"match-torch\"\n"),
+    )
+    .unwrap();
+    assert_eq!(matched.nccl.version, NcclVersion::MatchTorch);
+    assert_eq!(matched.fingerprint(), base.fingerprint());
+    let exact = Stack::parse(
+        Path::new(&name),
+        &format!("{without}\n[nccl]\nversion = \"2.30.7\"\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        exact.nccl.version,
+        NcclVersion::Exact("2.30.7".parse().unwrap())
+    );
+    assert_eq!(exact.echo()["nccl.version"], "2.30.7");
+    assert_ne!(exact.fingerprint(), base.fingerprint());
+
+    let spec = errors(&format!("{without}\n[nccl]\nversion = \">=2.30\"\n"));
+    assert!(
+        spec.contains("nccl.version must be one exact version, not a specifier"),
+        "{spec}"
+    );
+    let unknown = errors(&format!("{without}\n[nccl]\nversoin = \"2.30.7\"\n"));
+    assert!(unknown.contains("unknown field `versoin`"), "{unknown}");
 }

@@ -29,6 +29,9 @@ pub struct Settings {
     pub passthrough: std::collections::BTreeMap<String, String>,
     /// The version torch pins for NVSHMEM (`--torch-pin`, else the lock's).
     pub torch_pin: Option<String>,
+    /// The one NCCL the environment and the image must hold: the lock's, torch's pin or
+    /// stack.toml's `[nccl] version` override of it (verify's static.nccl.one checks it).
+    pub nccl: commstack_stack::Pin,
     /// Waivers: the flag, or the rule's id in stack.toml's `resolve.allow`.
     pub allow_version_mismatch: bool,
     pub allow_missing_rdc_fix: bool,
@@ -81,6 +84,14 @@ impl Settings {
                 .as_ref()
                 .map(|p| p.version.to_string())
         });
+        let nccl = lock.resolved.nccl.clone();
+        if let Some(o) = &lock.resolved.nccl_override {
+            notes.push(format!(
+                "[nccl] version: the environment holds {nccl}, not torch's pin {} ({})",
+                o.torch_pin,
+                lock_path.display()
+            ));
+        }
         let allowed = |rule| stack.is_allowed(rule);
         Ok(Settings {
             allow_version_mismatch: args.allow_version_mismatch
@@ -97,6 +108,7 @@ impl Settings {
             nvshmem,
             passthrough,
             torch_pin,
+            nccl,
             notes,
         })
     }

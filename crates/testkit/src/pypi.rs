@@ -27,6 +27,8 @@ pub struct WheelSpec {
     /// in front of PyPI here) unless `announce_metadata` is set.
     pub serve_metadata: bool,
     pub announce_metadata: Option<MetadataHash>,
+    /// More files of the wheel (path inside it, bytes), e.g. `nvidia/nccl/lib/libnccl.so.2`.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -48,7 +50,13 @@ impl WheelSpec {
             upload_time: "2026-01-01T00:00:00Z".into(),
             serve_metadata: true,
             announce_metadata: None,
+            files: Vec::new(),
         }
+    }
+    /// Adds a file at `path` inside the wheel.
+    pub fn file(mut self, path: &str, bytes: &[u8]) -> Self {
+        self.files.push((path.into(), bytes.to_vec()));
+        self
     }
     pub fn tags(mut self, tags: &str) -> Self {
         self.tags = tags.into();
@@ -117,6 +125,10 @@ impl WheelSpec {
                 .compression_method(zip::CompressionMethod::Stored);
             zip.start_file(format!("{dist}/__init__.py"), opts).unwrap();
             zip.write_all(b"").unwrap();
+            for (path, bytes) in &self.files {
+                zip.start_file(path.as_str(), opts).unwrap();
+                zip.write_all(bytes).unwrap();
+            }
             zip.start_file(format!("{info}/METADATA"), opts).unwrap();
             zip.write_all(self.metadata().as_bytes()).unwrap();
             zip.start_file(format!("{info}/WHEEL"), opts).unwrap();

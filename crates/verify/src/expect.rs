@@ -12,8 +12,10 @@ use commstack_elf::{DottedVersion, NvshmemVersion};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Expectations {
-    /// The NCCL the stack pins (torch 2.11: 2.28.9); checked against `ncclGetVersion` of
-    /// the mapped library. `None`: the version is reported, not checked.
+    /// The one NCCL the stack holds: the lock's (torch's pin, 2.28.9 for torch 2.11, or
+    /// stack.toml's `[nccl] version` override). Checked statically against the version
+    /// string of the one libnccl.so* in the environment (`static.nccl.one`) and at run time
+    /// against `ncclGetVersion` of the mapped library. `None`: reported, not checked.
     pub nccl_version: Option<NcclVersion>,
     /// The NVSHMEM the stack builds; checked against the library's vendor string.
     pub nvshmem_version: Option<NvshmemVersion>,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// Bump when what [`file_facts`] records changes: kept facts of another schema are read
 /// again, not trusted.
-pub const FACTS_SCHEMA: u32 = 1;
+pub const FACTS_SCHEMA: u32 = 2;
 
 /// The file name DeepEP's build writes into its wheel's `.dist-info`.
 pub const BUILD_RECORD: &str = "commstack-build.json";
@@ -30,6 +30,10 @@ pub struct FileFacts {
     /// libnvshmem_host*: its build variables and version, and every `libnccl` in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvshmem_host: Option<HostFacts>,
+    /// libnccl.so* (by file name or SONAME): the release its version string says
+    /// (`NCCL version 2.28.9+cuda13.0`), None when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclFacts>,
     /// libnvshmem_device*: its GPU code and sha256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceFacts>,
@@ -55,6 +59,12 @@ pub struct LibraryFacts {
 pub struct HostFacts {
     pub info: Result<NvshmemHostInfo, String>,
     pub libnccl: Result<Vec<ByteHit>, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NcclFacts {
+    /// `2.28.9`, from the library's own bytes (see `ElfFile::nccl_version`).
+    pub version: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -130,6 +140,14 @@ fn read_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
             .as_ref()
             .and_then(|l| l.as_ref().ok())
             .map(|l| l.name.as_str());
+        if let Ok(elf) = &elf
+            && (name.starts_with("libnccl.so")
+                || soname.is_some_and(|s| s.starts_with("libnccl.so")))
+        {
+            facts.nccl = Some(NcclFacts {
+                version: elf.nccl_version().map(|(a, b, c)| format!("{a}.{b}.{c}")),
+            });
+        }
         if name.starts_with("libnvshmem_host")
             || soname.is_some_and(|s| s.starts_with("libnvshmem_host"))
         {

@@ -176,6 +176,7 @@ pub fn check_gathered(env: &Gathered<'_>, expect: &Expectations) -> StaticFindin
     checks.extend(nvshmem_checks(&stack, &env.facts, expect));
     checks.extend(deepep_device_check(env, &stack));
     checks.extend(one_copy_checks(&stack, expect));
+    checks.push(nccl_check(env, expect));
     checks.push(resolution_check(env, &libs, expect));
     let (needs, glibc_checks) = symbol_version_checks(&stack, &env.facts, expect);
     checks.extend(glibc_checks);
@@ -434,6 +435,97 @@ fn one_copy_checks(stack: &[&TreeLibrary], expect: &Expectations) -> Vec<Check> 
             }
         })
         .collect()
+}
+
+const NCCL_ONE: &str = "static.nccl.one";
+
+/// Exactly one NCCL in the environment, of the locked release: every ELF library under the
+/// roots named `libnccl.so*` (by file name or SONAME), whatever package brought it (not
+/// only torch's and NVIDIA's: a second NCCL from anywhere is loaded beside torch's, or
+/// replaces it, DeepEP issue 710). Its release is read from the library's own bytes (the
+/// `NCCL version 2.28.9+cuda13.0` string NCCL prints at init), not from a wheel's RECORD:
+/// the file is what gets loaded, and a RECORD still names the version of a file replaced
+/// under it (or of no file, for a library not installed by pip).
+fn nccl_check(env: &Gathered<'_>, expect: &Expectations) -> Check {
+    let is_nccl = |l: &TreeLibrary| {
+        l.name.starts_with("libnccl.so")
+            || l.path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libnccl.so"))
+    };
+    let found: Vec<(&Path, &str, Option<&str>)> = env
+        .trees
+        .iter()
+        .flat_map(|t| t.libraries.iter())
+        .filter(|l| is_nccl(l))
+        .map(|l| {
+            let version = env.facts.get(&l.path).and_then(|f| f.nccl.as_ref());
+            let version = version.and_then(|n| n.version.as_deref());
+            (l.path.as_path(), l.name.as_str(), version)
+        })
+        .collect();
+    let named: Vec<String> = found
+        .iter()
+        .map(|(p, _, v)| format!("{} (NCCL {})", p.display(), v.unwrap_or("?")))
+        .collect();
+    let want = expect.nccl_version;
+    match (found.as_slice(), want) {
+        // torch loads NCCL by this SONAME (rule nccl-soname decided it for the wheel).
+        ([(path, soname, _)], _) if *soname != "libnccl.so.2" => Check::fail(
+            NCCL_ONE,
+            format!(
+                "{}'s SONAME is {soname}, not libnccl.so.2: torch cannot load it as its NCCL",
+                path.display()
+            ),
+            "install the nvidia-nccl wheel requirements.lock pins (rule nccl-soname refuses an override of another soname)",
+        ),
+        ([], None) => Check::not_run(NCCL_ONE, "no libnccl.so* in the environment"),
+        ([], Some(want)) => Check::fail(
+            NCCL_ONE,
+            format!("no libnccl.so* in the environment; the lock pins NCCL {want}"),
+            "install the stack's wheelhouse (requirements.lock holds the nvidia-nccl wheel)",
+        ),
+        ([_], None) => Check::not_run_fix(
+            NCCL_ONE,
+            format!("one NCCL: {}; no expected version given", named[0]),
+            "pass the stack's NCCL version (or verify against a lock)",
+        ),
+        ([(path, _, version)], Some(want)) => match version.map(|v| v == want.to_string()) {
+            Some(true) => Check::pass(
+                NCCL_ONE,
+                format!(
+                    "one NCCL: {}, the locked release (its version string)",
+                    named[0]
+                ),
+            ),
+            Some(false) => Check::fail(
+                NCCL_ONE,
+                format!(
+                    "{} is NCCL {}; the lock pins NCCL {want}",
+                    path.display(),
+                    version.unwrap_or("?")
+                ),
+                "install the nvidia-nccl wheel requirements.lock pins in place of it (`[nccl] version` in stack.toml decides which)",
+            ),
+            None => Check::fail(
+                NCCL_ONE,
+                format!(
+                    "{} has no `NCCL version X.Y.Z` string: its release cannot be told; the lock pins NCCL {want}",
+                    path.display()
+                ),
+                "install the nvidia-nccl wheel requirements.lock pins in place of it",
+            ),
+        },
+        (more, _) => Check::fail(
+            NCCL_ONE,
+            format!(
+                "{} NCCL libraries in the environment: {}; one process would load two NCCLs, or the first one loaded for both",
+                more.len(),
+                named.join(", ")
+            ),
+            "keep only the nvidia-nccl wheel requirements.lock pins: uninstall the package that brought each other one",
+        ),
+    }
 }
 
 fn resolution_check(

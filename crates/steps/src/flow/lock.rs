@@ -185,6 +185,14 @@ pub fn resolve_and_write(
         lock.sources.len()
     );
     crate::out!("  torch {}  CUDA {}  {}", r.torch, r.cuda, r.nccl);
+    if let Some(o) = &r.nccl_override {
+        crate::out!(
+            "  NCCL {} in place of torch's pin {}: {}",
+            r.nccl,
+            o.torch_pin,
+            o.reason
+        );
+    }
     crate::out!(
         "  NVSHMEM {} from source (replaces {}), DeepEP {} ({})",
         r.nvshmem,

@@ -26,8 +26,9 @@ pub fn image_site_packages(python_full: &str) -> PathBuf {
 pub fn image_expectations(settings: &Settings, site: &Path) -> Result<Expectations> {
     let (stack, lock) = (&settings.stack, &settings.lock);
     let mut e = Expectations::new();
+    // The one NCCL the image must hold (static.nccl.one; the runtime's ncclGetVersion).
     e.nccl_version = Some(
-        lock.resolved
+        settings
             .nccl
             .version
             .to_string()

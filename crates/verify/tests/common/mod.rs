@@ -59,12 +59,18 @@ class cuda:
     site
 }
 
+/// An NCCL look-alike answering `ncclGetVersion` with `code`, with the version string
+/// NCCL's own library carries in .rodata (`NCCL version 2.28.9+cuda13.0`).
 pub fn nccl_lib(dir: &Path, code: u32) -> PathBuf {
+    let v = commstack_verify::NcclVersion::from_code(code.into()).unwrap();
     shared_lib(
         dir,
         "libnccl.so.2",
         "libnccl.so.2",
-        &format!("int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}"),
+        &format!(
+            "int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n\
+             __attribute__((used)) const char nccl_version_string[] = \"NCCL version {v}+cuda13.0\";"
+        ),
         &[],
     )
 }
