@@ -9,7 +9,11 @@
 # Steps (default: all, in this order; each logs to WORK/<step>.log and never stops the
 # others):
 #   facts          the machine: GPU, driver, CUDA, torch, NCCL/NVSHMEM wheels, tools
-#   doctor         `xtask doctor` (text + JSON)
+#   doctor         `xtask doctor` (text + JSON), then the image's preflight (the bundle's
+#                  commstack-doctor with its preflight.json) against this host: with the
+#                  fabric the image's NVSHMEM is built for (says what IBGDA lacks here;
+#                  its verdict is kept, not judged), then `--network none` (one node),
+#                  whose verdict is the step's status: it must pass on the H200
 #   gate           the exit-clean gate on a real NCCL process group (world size 1):
 #                  crates/verify/gpu/pg_exit.py test_dirty must fail, test_clean pass
 #   selftest-nvidia  commstack-selftest (1 GPU) against NVIDIA's NVSHMEM of the torch env
@@ -33,7 +37,7 @@
 # JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,37p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -95,7 +99,12 @@ step_facts() {
 step_doctor() {
     "$X" doctor | tee "$work/doctor.txt"
     "$X" doctor --json >"$work/doctor.json"
-    true
+    local pf=("$bundle/bin/commstack-doctor" preflight --expectations "$bundle/preflight.json")
+    [ -x "${pf[0]}" ] || { echo "no ${pf[0]}: make the bundle again with this checkout's \`cargo xtask gpu-bundle\`"; return 1; }
+    cat "$bundle/preflight.json"
+    "${pf[@]}" --json "$work/preflight-fabric.json"
+    echo "PREFLIGHT (the image's fabric) EXIT $?"
+    "${pf[@]}" --network none --json "$work/preflight-one-node.json"
 }
 
 step_gate() {

@@ -325,6 +325,7 @@ fn fixture(name: &str, deepep_seed: u8) -> Fixture {
             host_path: tool_binary().to_path_buf(),
             source: "target/release/commstack-verify".into(),
         }],
+        data: vec![],
         name: name.to_string(),
         user: "commstack".into(),
         source_url: "https://example.invalid/commstack".into(),
