@@ -31,7 +31,9 @@ Modes:
   --gpus N            start N processes of this program (RANK, WORLD_SIZE, LOCAL_RANK
                       set; GPU i = LOCAL_RANK i), merge their reports, print a table.
   RANK + WORLD_SIZE   set by a launcher: run as that rank (GPU LOCAL_RANK, default
-                      RANK); rendezvous at --rdzv / COMMSTACK_RDZV_ADDR when WORLD_SIZE>1.
+                      RANK); rendezvous at --rdzv / COMMSTACK_RDZV_ADDR when WORLD_SIZE>1,
+                      where rank 0 hands out its seed: ranks without --seed take it, ranks
+                      given another --seed make every rank refuse to run (exit 2).
 
 Environment given to the processes it starts, unless already set: NVSHMEM_DISABLE_NVLS=1
 (shared multi-GPU machines need NVLink multicast off), NVSHMEM_SYMMETRIC_SIZE (enough for
@@ -76,7 +78,9 @@ pub struct Cli {
 /// The options that shape the measurement; passed verbatim to every rank.
 #[derive(Debug, Clone, Args)]
 pub struct TestArgs {
-    /// Seed of all random inputs (default: a fresh one, printed and recorded).
+    /// Seed of all random inputs (default: a fresh one, printed and recorded). Under a
+    /// launcher (WORLD_SIZE > 1) rank 0's is every rank's, handed out at the rendezvous;
+    /// ranks started with different --seed values refuse to run.
     #[arg(long)]
     pub seed: Option<u64>,
 

@@ -93,9 +93,9 @@ impl Expectations {
                 e.schema_version
             );
         }
-        e.cuda.parse::<CudaVersion>().with_context(|| {
-            format!("{}: `cuda` is not major.minor", path.display())
-        })?;
+        e.cuda
+            .parse::<CudaVersion>()
+            .with_context(|| format!("{}: `cuda` is not major.minor", path.display()))?;
         Ok(e)
     }
 
@@ -202,7 +202,10 @@ pub fn run_preflight(input: &PreflightInput, expect: &Expectations) -> Preflight
             let settings = ibgda::settings(&fs);
             let cpu_assisted = rdma::module_loaded(&fs, "gdrdrv");
             let why = "GPU-initiated IBGDA (DeepEP's internode and low-latency kernels across nodes), and no gdrdrv for CPU-assisted IBGDA";
-            for check in [ibgda::stream_memops(&settings), ibgda::peer_mapping(&settings)] {
+            for check in [
+                ibgda::stream_memops(&settings),
+                ibgda::peer_mapping(&settings),
+            ] {
                 checks.push(match cpu_assisted {
                     true => check,
                     false => required(check, why),
@@ -246,7 +249,12 @@ pub fn render_verdict(v: &PreflightVerdict) -> String {
         checks: v.checks.clone(),
     };
     let body = crate::report::render_human(&report);
-    let archs: Vec<String> = v.expectations.cuda_archs.iter().map(CudaArch::cmake).collect();
+    let archs: Vec<String> = v
+        .expectations
+        .cuda_archs
+        .iter()
+        .map(CudaArch::cmake)
+        .collect();
     let mut out = format!(
         "commstack preflight — root {}, network {}; the image: CUDA {}, archs {}, transports {}, DeepEP {}\n",
         v.root,

@@ -74,8 +74,7 @@ fn preflight(host: &Path, expect: &Path, extra: &[&str]) -> (i32, PreflightVerdi
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("verdict.json");
     let with_file = run(Some(&file));
-    let from_file: PreflightVerdict =
-        serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+    let from_file: PreflightVerdict = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
     assert_eq!(from_stdout, from_file);
     let report = String::from_utf8_lossy(&with_file.stdout);
     assert!(report.contains("commstack preflight"), "{report}");
@@ -84,7 +83,9 @@ fn preflight(host: &Path, expect: &Path, extra: &[&str]) -> (i32, PreflightVerdi
 }
 
 fn status(v: &PreflightVerdict, id: &str) -> Status {
-    v.check(id).unwrap_or_else(|| panic!("no check {id}: {v:#?}")).status
+    v.check(id)
+        .unwrap_or_else(|| panic!("no check {id}: {v:#?}"))
+        .status
 }
 
 fn replace_in(path: &Path, from: &str, to: &str) {
@@ -141,8 +142,17 @@ fn ibgda_parameters_off_fail_without_gdrdrv_and_warn_with_it() {
     assert_eq!(rc, 1);
     assert_eq!(v.failed, ["ibgda-stream-memops", "ibgda-peer-mapping"]);
     let memops = v.check("ibgda-stream-memops").unwrap();
-    assert!(memops.finding.starts_with("EnableStreamMemOPs: 0"), "{memops:?}");
-    assert!(memops.fix.as_deref().unwrap().contains("NVreg_EnableStreamMemOPs=1"));
+    assert!(
+        memops.finding.starts_with("EnableStreamMemOPs: 0"),
+        "{memops:?}"
+    );
+    assert!(
+        memops
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("NVreg_EnableStreamMemOPs=1")
+    );
     // On one node (no fabric) they do not matter.
     let (rc, v) = preflight(host.path(), &e, &["--network", "none"]);
     assert_eq!(rc, 0, "{v:#?}");
@@ -164,7 +174,10 @@ fn no_peermem_and_no_gdrdrv_fails_the_registration() {
     let e = expectations(host.path(), &["90"], DeepEpApi::V1);
     let (rc, v) = preflight(host.path(), &e, &[]);
     assert_eq!(rc, 1);
-    assert!(v.failed.contains(&"gpu-memory-registration".to_string()), "{v:#?}");
+    assert!(
+        v.failed.contains(&"gpu-memory-registration".to_string()),
+        "{v:#?}"
+    );
     assert!(
         v.check("gpu-memory-registration")
             .unwrap()
@@ -191,7 +204,12 @@ fn a_small_dev_shm_fails() {
     let (rc, v) = preflight(host.path(), &e, &[]);
     assert_eq!(rc, 1);
     assert_eq!(v.failed, ["dev-shm"]);
-    assert!(v.check("dev-shm").unwrap().finding.starts_with("/dev/shm is 64.00 MiB"));
+    assert!(
+        v.check("dev-shm")
+            .unwrap()
+            .finding
+            .starts_with("/dev/shm is 64.00 MiB")
+    );
 }
 
 #[test]
@@ -207,7 +225,11 @@ fn an_old_driver_fails_for_the_images_cuda() {
         "580.105.08",
         "535.247.01",
     );
-    replace_in(&host.path().join("nvidia-smi/nvidia-smi.txt"), "CUDA Version: 13.0", "CUDA Version: 12.2");
+    replace_in(
+        &host.path().join("nvidia-smi/nvidia-smi.txt"),
+        "CUDA Version: 13.0",
+        "CUDA Version: 12.2",
+    );
     let e = expectations(host.path(), &["90"], DeepEpApi::V1);
     let (rc, v) = preflight(host.path(), &e, &[]);
     assert_eq!(rc, 1);
@@ -222,11 +244,20 @@ fn an_old_driver_fails_for_the_images_cuda() {
 #[test]
 fn deepep_v2_needs_linux_5_6_and_v1_does_not() {
     let host = copy_of("hgx-h100-8gpu");
-    fs::write(host.path().join("root/proc/sys/kernel/osrelease"), "5.4.0-216-generic\n").unwrap();
+    fs::write(
+        host.path().join("root/proc/sys/kernel/osrelease"),
+        "5.4.0-216-generic\n",
+    )
+    .unwrap();
     let v2 = expectations(host.path(), &["90"], DeepEpApi::V2);
     let (rc, v) = preflight(host.path(), &v2, &[]);
     assert_eq!((rc, v.failed.as_slice()), (1, &["kernel".to_string()][..]));
-    assert!(v.check("kernel").unwrap().finding.contains("older than 5.6"));
+    assert!(
+        v.check("kernel")
+            .unwrap()
+            .finding
+            .contains("older than 5.6")
+    );
     let v1 = expectations(host.path(), &["90"], DeepEpApi::V1);
     let (rc, v) = preflight(host.path(), &v1, &[]);
     assert_eq!(rc, 0);
@@ -237,11 +268,26 @@ fn deepep_v2_needs_linux_5_6_and_v1_does_not() {
 fn a_gpu_the_image_has_no_code_for_fails_and_ptx_only_warns() {
     let tmp = tempfile::tempdir().unwrap();
     let host = fixture("hgx-h100-8gpu");
-    let (rc, v) = preflight(&host, &expectations(tmp.path(), &["100f"], DeepEpApi::V1), &[]);
+    let (rc, v) = preflight(
+        &host,
+        &expectations(tmp.path(), &["100f"], DeepEpApi::V1),
+        &[],
+    );
     assert_eq!(rc, 1);
     assert_eq!(v.failed, ["gpu-arch"]);
-    assert!(v.check("gpu-arch").unwrap().fix.as_deref().unwrap().contains("\"90\""));
-    let (rc, v) = preflight(&host, &expectations(tmp.path(), &["80"], DeepEpApi::V1), &[]);
+    assert!(
+        v.check("gpu-arch")
+            .unwrap()
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("\"90\"")
+    );
+    let (rc, v) = preflight(
+        &host,
+        &expectations(tmp.path(), &["80"], DeepEpApi::V1),
+        &[],
+    );
     assert_eq!((rc, status(&v, "gpu-arch")), (0, Status::Warn));
 }
 
@@ -252,7 +298,14 @@ fn roce_needs_a_roce_v2_gid_and_says_when_the_ports_are_infiniband() {
     let (rc, v) = preflight(&fixture("hgx-h100-8gpu"), &e, &["--network", "roce"]);
     assert_eq!(rc, 1);
     assert_eq!(v.failed, ["rdma-gids"]);
-    assert!(v.check("rdma-gids").unwrap().fix.as_deref().unwrap().contains("--network infiniband"));
+    assert!(
+        v.check("rdma-gids")
+            .unwrap()
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("--network infiniband")
+    );
 }
 
 #[test]

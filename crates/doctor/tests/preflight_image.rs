@@ -36,7 +36,11 @@ fn c_library() -> Vec<(PathBuf, String, String)> {
                 .find(|w| w.starts_with('/'))?
                 .to_string();
             let host = PathBuf::from(&path);
-            Some((host, path.trim_start_matches('/').to_string(), "deb:libc6".to_string()))
+            Some((
+                host,
+                path.trim_start_matches('/').to_string(),
+                "deb:libc6".to_string(),
+            ))
         })
         .collect()
 }
@@ -87,7 +91,9 @@ fn node(name: &str) -> tempfile::TempDir {
     }
     let dir = tempfile::tempdir().unwrap();
     copy(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name),
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
         dir.path(),
     );
     dir
@@ -121,7 +127,12 @@ fn run_in_image_with(image: &Image, node: &Path, extra: &[&str]) -> (i32, Prefli
         .arg(format!("{}:/node:ro", node.display()))
         .args(["--entrypoint", DOCTOR_IN_IMAGE, image.tag()])
         .args(["preflight", "--expectations", IMAGE_EXPECTATIONS])
-        .args(["--root", "/node/root", "--nvidia-smi-dir", "/node/nvidia-smi"])
+        .args([
+            "--root",
+            "/node/root",
+            "--nvidia-smi-dir",
+            "/node/nvidia-smi",
+        ])
         .args(extra)
         .output()
         .expect("docker");
@@ -137,7 +148,9 @@ fn run_in_image_with(image: &Image, node: &Path, extra: &[&str]) -> (i32, Prefli
 }
 
 fn status(v: &PreflightVerdict, id: &str) -> Status {
-    v.check(id).unwrap_or_else(|| panic!("no check {id}")).status
+    v.check(id)
+        .unwrap_or_else(|| panic!("no check {id}"))
+        .status
 }
 
 #[test]
@@ -181,16 +194,29 @@ fn the_images_preflight_gives_each_fixture_node_its_verdict() {
 
         // A driver of the CUDA 12 branch for the image's CUDA 13.
         let old = node("hgx-h100-8gpu");
-        for file in ["root/proc/driver/nvidia/version", "nvidia-smi/nvidia-smi.txt"] {
-            edit(&old.path().join(file), |t| t.replace("580.105.08", "535.247.01"));
+        for file in [
+            "root/proc/driver/nvidia/version",
+            "nvidia-smi/nvidia-smi.txt",
+        ] {
+            edit(&old.path().join(file), |t| {
+                t.replace("580.105.08", "535.247.01")
+            });
         }
         edit(&old.path().join("nvidia-smi/nvidia-smi.txt"), |t| {
             t.replace("CUDA Version: 13.0", "CUDA Version: 12.2")
         });
         let (rc, v) = run_in_image(&image, old.path());
-        assert_eq!((rc, v.failed.as_slice()), (1, &["nvidia-driver".to_string()][..]));
+        assert_eq!(
+            (rc, v.failed.as_slice()),
+            (1, &["nvidia-driver".to_string()][..])
+        );
         let driver = v.check("nvidia-driver").unwrap();
-        assert!(driver.finding.contains("535.247.01 is too old for CUDA 13.0"), "{driver:?}");
+        assert!(
+            driver
+                .finding
+                .contains("535.247.01 is too old for CUDA 13.0"),
+            "{driver:?}"
+        );
 
         // The H200 GPU machine as recorded (no NICs, IBGDA parameters off): fails for the
         // image's fabric; with `--network none` (one node) only RDMA-free checks count.
@@ -202,8 +228,12 @@ fn the_images_preflight_gives_each_fixture_node_its_verdict() {
         assert_eq!((rc, v.verdict), (0, Status::Pass), "{v:#?}");
         assert_eq!(status(&v, "memlock"), Status::Warn);
     }));
-    let _ = Command::new("docker").args(["rmi", "-f", image.tag()]).output();
-    let _ = Command::new("docker").args(["rmi", "-f", image.id()]).output();
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", image.tag()])
+        .output();
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", image.id()])
+        .output();
     if let Err(panic) = results {
         std::panic::resume_unwind(panic);
     }

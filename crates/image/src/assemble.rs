@@ -382,9 +382,14 @@ fn check_tools(inputs: &ImageInputs) -> Result<Vec<(Tool, String)>> {
 fn check_data(inputs: &ImageInputs) -> Result<()> {
     let mut taken: Vec<String> = inputs.tools.iter().map(|t| t.image_path.clone()).collect();
     taken.extend(
-        ["stack.lock", "constraints.txt", "sbom.spdx.json", "provenance.json"]
-            .iter()
-            .map(|f| format!("/{OWN_DIR}/{f}")),
+        [
+            "stack.lock",
+            "constraints.txt",
+            "sbom.spdx.json",
+            "provenance.json",
+        ]
+        .iter()
+        .map(|f| format!("/{OWN_DIR}/{f}")),
     );
     for d in &inputs.data {
         if !d.image_path.starts_with(&format!("/{OWN_DIR}/")) || d.image_path.contains("/../") {

@@ -14,8 +14,8 @@ mod selftest;
 mod verify;
 mod workspace;
 
-pub use doctor::{build_doctor_tool, doctor_recipe};
 pub use build::{OwnTool, Say, TOOL_STEP, ToolRecipe, own_tool, tool_build_dir, tool_key};
+pub use doctor::{build_doctor_tool, doctor_recipe};
 pub use selftest::{
     BUNDLE_RUNPATH, NvshmemForKernels, SelftestBuild, build_selftest, env_archs, nvshmem_identity,
     selftest_step,

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, anyhow};
 use clap::Parser as _;
 
 use commstack_kernels::options::{Cli, Mode, detect_mode, nvshmem_env_defaults};
@@ -60,12 +60,9 @@ fn worker(
     local_rank: usize,
     report_to: Option<std::path::PathBuf>,
 ) -> anyhow::Result<i32> {
-    if report_to.is_none() && world > 1 && cli.test.seed.is_none() {
-        bail!(
-            "under a launcher with WORLD_SIZE={world}, pass --seed: every rank must generate the same inputs"
-        );
-    }
-    let opts = cli
+    // Under a launcher each rank resolves its own seed; the rendezvous makes them one
+    // (rank 0's), or refuses the run when ranks were given different ones.
+    let mut opts = cli
         .test
         .resolve(world, rng::fresh_seed)
         .map_err(|e| anyhow!(e))?;
@@ -83,8 +80,9 @@ fn worker(
         world,
         local_rank,
         rdzv: cli.rdzv.clone(),
+        seed_given: cli.test.seed.is_some(),
     };
-    let rank_report = run_rank(&opts, &spec)?;
+    let rank_report = run_rank(&mut opts, &spec)?;
     let mut report = Report::new(opts.seed, world, opts);
     report.ranks.push(rank_report);
     match report_to {

@@ -17,7 +17,11 @@ use commstack_stack::deploy::Network;
 const EXIT_ERROR: u8 = 2;
 
 #[derive(Parser)]
-#[command(name = "commstack-doctor", version, about = "Can this node run the commstack image?")]
+#[command(
+    name = "commstack-doctor",
+    version,
+    about = "Can this node run the commstack image?"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -126,7 +130,11 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .with_context(|| format!("--json {}: not a file name", path.display()))?;
-    let temp = path.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let temp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     std::fs::write(&temp, bytes)
         .and_then(|()| std::fs::rename(&temp, path))
         .inspect_err(|_| {

@@ -31,7 +31,12 @@ pub(crate) fn runs_on(arch: &CudaArch, gpu: (u32, u32)) -> Option<&'static str> 
 pub(crate) fn check(smi: &NvidiaSmiOutput, archs: &[CudaArch]) -> Check {
     let built: Vec<String> = archs.iter().map(CudaArch::cmake).collect();
     let built = built.join(", ");
-    let caps = match smi.compute_cap.as_deref().map_err(Clone::clone).and_then(parse_compute_caps) {
+    let caps = match smi
+        .compute_cap
+        .as_deref()
+        .map_err(Clone::clone)
+        .and_then(parse_compute_caps)
+    {
         Ok(caps) if !caps.is_empty() => caps,
         Ok(_) => {
             return Check::new(ID, TITLE, Status::Fail, "nvidia-smi lists no GPU")
@@ -58,7 +63,9 @@ pub(crate) fn check(smi: &NvidiaSmiOutput, archs: &[CudaArch]) -> Check {
         }
     }
     let fix = |sm: &str| {
-        format!("build the image for this GPU too: add \"{sm}\" to stack.toml's nvshmem.cuda-archs (or `--cuda-archs`) and run `cargo xtask build`")
+        format!(
+            "build the image for this GPU too: add \"{sm}\" to stack.toml's nvshmem.cuda-archs (or `--cuda-archs`) and run `cargo xtask build`"
+        )
     };
     let first_sm = |list: &[String]| {
         list.first()
@@ -96,7 +103,10 @@ pub(crate) fn check(smi: &NvidiaSmiOutput, archs: &[CudaArch]) -> Check {
         ID,
         TITLE,
         Status::Pass,
-        format!("{} GPU(s), each with SASS in the image (built for {built})", caps.len()),
+        format!(
+            "{} GPU(s), each with SASS in the image (built for {built})",
+            caps.len()
+        ),
     )
     .details(details)
 }

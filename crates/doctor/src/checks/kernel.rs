@@ -28,8 +28,13 @@ pub(crate) fn check(fs: &HostFs, minimum: Option<((u32, u32), &str)>) -> Check {
         );
     };
     let Some(release) = release else {
-        return Check::new(ID, TITLE, Status::Fail, "cannot read /proc/sys/kernel/osrelease")
-            .fix("run the preflight with /proc mounted (any container has it)");
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Fail,
+            "cannot read /proc/sys/kernel/osrelease",
+        )
+        .fix("run the preflight with /proc mounted (any container has it)");
     };
     let Some((major, minor)) = parse_release(&release) else {
         return Check::new(
@@ -64,7 +69,10 @@ mod tests {
     fn releases() {
         assert_eq!(super::parse_release("6.8.0-49-generic\n"), Some((6, 8)));
         assert_eq!(super::parse_release("5.4.0"), Some((5, 4)));
-        assert_eq!(super::parse_release("5.15.167.4-microsoft-standard-WSL2"), Some((5, 15)));
+        assert_eq!(
+            super::parse_release("5.15.167.4-microsoft-standard-WSL2"),
+            Some((5, 15))
+        );
         assert_eq!(super::parse_release("garbage"), None);
     }
 }

@@ -189,7 +189,12 @@ pub(crate) fn gids(fs: &HostFs, devices: &[RdmaDevice], roce: bool) -> Check {
         false => ("InfiniBand", "InfiniBand"),
     };
     if devices.is_empty() {
-        return Check::new(ID, TITLE, Status::Skip, "no RDMA devices (see rdma-devices)");
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Skip,
+            "no RDMA devices (see rdma-devices)",
+        );
     }
     let mut details = Vec::new();
     let mut usable = Vec::new();
@@ -226,7 +231,11 @@ pub(crate) fn gids(fs: &HostFs, devices: &[RdmaDevice], roce: bool) -> Check {
             ID,
             TITLE,
             Status::Pass,
-            format!("{} {fabric} port(s) with a GID: {}", usable.len(), usable.join(", ")),
+            format!(
+                "{} {fabric} port(s) with a GID: {}",
+                usable.len(),
+                usable.join(", ")
+            ),
         )
         .details(details);
     }
@@ -234,7 +243,9 @@ pub(crate) fn gids(fs: &HostFs, devices: &[RdmaDevice], roce: bool) -> Check {
         let other = if roce { "infiniband" } else { "roce" };
         (
             format!("no ACTIVE {layer} port: the ACTIVE ports are of another link layer"),
-            format!("this node's fabric is not {fabric}: run the preflight with `--network {other}` (stack.toml's deploy.network)"),
+            format!(
+                "this node's fabric is not {fabric}: run the preflight with `--network {other}` (stack.toml's deploy.network)"
+            ),
         )
     } else if roce {
         (
@@ -280,5 +291,10 @@ pub(crate) fn registration(fs: &HostFs) -> Check {
         )
         .fix("on the node: `sudo modprobe nvidia_peermem` (and list it in /etc/modules-load.d/), or install GDRCopy and load gdrdrv");
     }
-    Check::new(ID, TITLE, Status::Pass, format!("{} loaded", found.join(", ")))
+    Check::new(
+        ID,
+        TITLE,
+        Status::Pass,
+        format!("{} loaded", found.join(", ")),
+    )
 }

@@ -113,7 +113,11 @@ pub fn fixture(name: &str, deepep_seed: u8) -> Fixture {
 
 /// [`fixture`] with more files in the base (host file, path in the image, its origin such
 /// as `deb:libc6`): what a real binary of ours needs there (the C library).
-pub fn fixture_with(name: &str, deepep_seed: u8, base_extra: &[(PathBuf, String, String)]) -> Fixture {
+pub fn fixture_with(
+    name: &str,
+    deepep_seed: u8,
+    base_extra: &[(PathBuf, String, String)],
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let store = Store::open(root.join("store")).unwrap();
