@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use clap::Parser as _;
 
-use commstack_kernels::options::{Cli, Mode, detect_mode, nvshmem_env_defaults};
+use commstack_kernels::options::{Cli, Mode, detect_mode, nvshmem_env_defaults, require_mps};
 use commstack_kernels::report::{Report, exit_code, render_table};
 use commstack_kernels::selftest::{RankSpec, run_rank};
 use commstack_kernels::{driver, report, rng, spawn};
@@ -37,20 +37,24 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn launch(cli: &Cli, gpus: usize) -> anyhow::Result<i32> {
+    let pes = cli.pes_per_gpu as usize;
+    let world = gpus * pes;
     let opts = cli
         .test
-        .resolve(gpus, rng::fresh_seed)
+        .resolve(world, rng::fresh_seed)
         .map_err(|e| anyhow!(e))?;
-    // Before anything is started: a machine without a driver gets one clear message.
+    // Before anything is started: a machine without a driver (or without the MPS daemon
+    // that several PEs on one GPU need) gets one clear message.
     driver::require_driver()?;
+    require_mps(cli.pes_per_gpu, |k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
     eprintln!(
-        "commstack-selftest: {gpus} GPU(s), seed {} ({})",
+        "commstack-selftest: {gpus} GPU(s), {pes} PE(s) each, seed {} ({})",
         opts.seed,
         commstack_kernels::BUILD_INFO
     );
     let exe = std::env::current_exe().context("locating this executable")?;
-    let report = spawn::run_local(&exe, &opts, gpus, Duration::from_secs(cli.timeout))?;
-    finish(cli, &report, gpus, cli.json.clone())
+    let report = spawn::run_local(&exe, &opts, gpus, pes, Duration::from_secs(cli.timeout))?;
+    finish(cli, &report, world, cli.json.clone())
 }
 
 fn worker(
