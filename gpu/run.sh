@@ -17,6 +17,12 @@
 #   gate           the exit-clean gate on a real NCCL process group (world size 1):
 #                  crates/verify/gpu/pg_exit.py test_dirty must fail, test_clean pass
 #   selftest-nvidia  commstack-selftest (1 GPU) against NVIDIA's NVSHMEM of the torch env
+#   selftest-mps   the same self-test with 2 PEs on GPU 0 under a CUDA MPS daemon of the
+#                  step's own (pipe/log dirs in WORK/mps; stopped after): `--gpus 1
+#                  --pes-per-gpu 2`; then two ranks started by hand as a launcher would
+#                  (RANK 0/1, LOCAL_RANK 0, rendezvous on loopback): only rank 0 given
+#                  --seed (the other takes it: must pass), then different seeds (both must
+#                  refuse, exit 2, "disagree on the seed")
 #   nvshmem        `xtask build nvshmem` from the locked source (bundle mirror), system
 #                  CUDA: cold build timed, then the no-op timed; proof report kept
 #   nvshmem-static the same with --static-lib (NVSHMEM's whole `all` + install), timed,
@@ -37,7 +43,7 @@
 # JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,37p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,43p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -46,7 +52,7 @@ bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
+[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia selftest-mps nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -121,6 +127,47 @@ selftest_with() { # selftest_with NAME LIBDIR
 }
 
 step_selftest_nvidia() { selftest_with selftest-nvidia "$site/nvidia/nvshmem/lib"; }
+
+step_selftest_mps() {
+    local mps="$work/mps" rc
+    mkdir -p "$mps/pipe" "$mps/log"
+    export CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log"
+    nvidia-cuda-mps-control -d || { echo "cannot start the CUDA MPS daemon"; return 1; }
+    mps_runs
+    rc=$?
+    echo quit | nvidia-cuda-mps-control
+    cat "$mps/log/control.log" 2>/dev/null | tail -n 20
+    return $rc
+}
+
+mps_runs() { # the runs of selftest-mps, under the daemon step_selftest_mps started
+    local bin="$bundle/bin/commstack-selftest" small=(--max-bytes 16M --pingpong-rounds 1000)
+    local port=$((29000 + RANDOM % 1000)) ok=0 a b
+    export LD_LIBRARY_PATH="$site/nvidia/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    "$bin" --gpus 1 --pes-per-gpu 2 --json "$work/selftest-mps.json"
+    a=$?; echo "SELFTEST-MPS --gpus 1 --pes-per-gpu 2: exit $a (must be 0)"
+    [ "$a" = 0 ] || ok=1
+    # As a launcher starts them: RANK/WORLD_SIZE/LOCAL_RANK, the MPS variables by hand.
+    local launcher=(WORLD_SIZE=2 LOCAL_RANK=0 COMMSTACK_RDZV_ADDR="127.0.0.1:$port"
+        NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo
+        NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50)
+    env "${launcher[@]}" RANK=0 "$bin" --seed 7 "${small[@]}" --json "$work/mps-agreed.json" >"$work/mps-agreed-0.txt" 2>&1 &
+    a=$!
+    env "${launcher[@]}" RANK=1 "$bin" "${small[@]}" --json "$work/mps-agreed.json" >"$work/mps-agreed-1.txt" 2>&1
+    b=$?; wait "$a"; a=$?
+    echo "SEED AGREED: rank 0 exit $a, rank 1 exit $b (both must be 0)"; cat "$work/mps-agreed-1.txt" | tail -n 30
+    [ "$a$b" = 00 ] || ok=1
+    port=$((port + 1)); launcher[2]="COMMSTACK_RDZV_ADDR=127.0.0.1:$port"
+    env "${launcher[@]}" RANK=0 "$bin" --seed 7 "${small[@]}" >"$work/mps-refused-0.txt" 2>&1 &
+    a=$!
+    env "${launcher[@]}" RANK=1 "$bin" --seed 8 "${small[@]}" >"$work/mps-refused-1.txt" 2>&1
+    b=$?; wait "$a"; a=$?
+    echo "SEEDS DIFFER: rank 0 exit $a, rank 1 exit $b (both must be 2, refused)"
+    tail -n 3 "$work/mps-refused-0.txt" "$work/mps-refused-1.txt"
+    [ "$a$b" = 22 ] && grep -q 'disagree on the seed' "$work/mps-refused-0.txt" &&
+        grep -q 'disagree on the seed' "$work/mps-refused-1.txt" || ok=1
+    return $ok
+}
 
 nvshmem_src() { # the locked NVSHMEM source, unpacked once into $work/nvshmem-src
     local src="$work/nvshmem-src" archive

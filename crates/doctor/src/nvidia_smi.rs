@@ -178,8 +178,11 @@ pub fn parse_query_csv(text: &str) -> Result<Vec<GpuRow>, String> {
     Ok(rows)
 }
 
+/// One GPU's index and compute capability `(major, minor)`.
+pub type ComputeCap = (u32, (u32, u32));
+
 /// `nvidia-smi --query-gpu=index,compute_cap --format=csv`: (index, (major, minor)) per GPU.
-pub fn parse_compute_caps(text: &str) -> Result<Vec<(u32, (u32, u32))>, String> {
+pub fn parse_compute_caps(text: &str) -> Result<Vec<ComputeCap>, String> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header = lines.next().ok_or("empty nvidia-smi compute_cap output")?;
     let columns: Vec<&str> = header.split(',').map(str::trim).collect();
