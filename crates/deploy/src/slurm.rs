@@ -8,7 +8,7 @@ use anyhow::Result;
 use commstack_stack::deploy::SlurmContainer;
 
 use crate::rendered::Rendered;
-use crate::shape::{PREFLIGHT, Shape};
+use crate::shape::Shape;
 
 pub const JOB_FILE: &str = "job.sbatch";
 
@@ -82,7 +82,7 @@ fn script(shape: &Shape) -> String {
     };
     out.push_str(&format!(
         "\n# 2. The image's preflight on every node, before anything else runs there.\necho \"preflight on $SLURM_NNODES node(s)\"\nif ! srun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} {}; then\n    echo \"the preflight failed on a node (its verdict is above): the payload does not run\" >&2\n    exit 1\nfi\n",
-        words(PREFLIGHT)
+        words(&shape.preflight().iter().map(String::as_str).collect::<Vec<_>>())
     ));
     let command: Vec<&str> = d.command.iter().map(String::as_str).collect();
     out.push_str(&format!(

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::k8s::crd::*;
 use crate::k8s::pod::{self, PodParts, var};
-use crate::shape::{PREFLIGHT, Shape};
+use crate::shape::Shape;
 
 pub const PREFLIGHT_JOB: &str = "preflight";
 pub const TESTS_JOB: &str = "selftest";
@@ -169,7 +169,7 @@ pub fn job_set(shape: &Shape) -> JobSet {
                         shape,
                         PREFLIGHT_JOB,
                         1,
-                        PREFLIGHT.iter().map(|s| s.to_string()).collect(),
+                        shape.preflight(),
                         preflight_env,
                     ),
                     depends_on: Vec::new(),
