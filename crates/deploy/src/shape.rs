@@ -38,7 +38,10 @@ impl Shape<'_> {
     /// have (`none`: one node, the RDMA checks skipped).
     pub fn preflight(&self) -> Vec<String> {
         let mut argv: Vec<String> = PREFLIGHT.iter().map(|s| s.to_string()).collect();
-        argv.extend(["--network".to_string(), self.deploy.network.as_str().to_string()]);
+        argv.extend([
+            "--network".to_string(),
+            self.deploy.network.as_str().to_string(),
+        ]);
         argv
     }
 

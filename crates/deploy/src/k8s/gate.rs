@@ -165,13 +165,7 @@ pub fn job_set(shape: &Shape) -> JobSet {
                 ReplicatedJob {
                     name: PREFLIGHT_JOB.into(),
                     replicas: d.nodes as i32,
-                    template: job(
-                        shape,
-                        PREFLIGHT_JOB,
-                        1,
-                        shape.preflight(),
-                        preflight_env,
-                    ),
+                    template: job(shape, PREFLIGHT_JOB, 1, shape.preflight(), preflight_env),
                     depends_on: Vec::new(),
                 },
                 // Created only once every preflight Job completed.

@@ -46,12 +46,18 @@ struct PreflightArgs {
     /// The image's expectations (written from the lock when the image was made).
     #[arg(long, value_name = "FILE", default_value = IMAGE_EXPECTATIONS)]
     expectations: PathBuf,
-    /// Read /proc, /sys and /dev below DIR instead of `/` (a recorded or fixture node).
-    #[arg(long, value_name = "DIR", default_value = "/")]
+    /// Read /proc, /sys and /dev below DIR instead of `/` (a recorded or fixture node;
+    /// the verdict names it).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/",
+        env = "COMMSTACK_PREFLIGHT_ROOT"
+    )]
     root: PathBuf,
     /// Read recorded nvidia-smi output (nvidia-smi.txt, nvidia-smi-query.csv,
     /// nvidia-smi-compute-cap.csv) from DIR instead of running nvidia-smi.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "COMMSTACK_PREFLIGHT_NVIDIA_SMI_DIR")]
     nvidia_smi_dir: Option<PathBuf>,
     /// The node's fabric (stack.toml's deploy.network); `none` (one node) skips the RDMA
     /// checks. Default: infiniband when the image's NVSHMEM has a fabric transport.
