@@ -33,7 +33,7 @@ pub const FABRIC_TRANSPORTS: &[&str] = &["ibgda", "ibrc", "ibdevx", "ucx", "libf
 
 /// What an image needs of a node: preflight.json.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct Expectations {
     pub schema_version: u32,
     /// The CUDA `major.minor` of the image's libraries: the driver must run it.

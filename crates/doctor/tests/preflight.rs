@@ -312,7 +312,7 @@ fn roce_needs_a_roce_v2_gid_and_says_when_the_ports_are_infiniband() {
 fn unreadable_expectations_exit_2_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
     let bad = tmp.path().join("preflight.json");
-    fs::write(&bad, "{\"schema-version\": 1}").unwrap();
+    fs::write(&bad, "{\"schema_version\": 1}").unwrap();
     for file in [bad.clone(), tmp.path().join("missing.json")] {
         let out = Command::new(env!("CARGO_BIN_EXE_commstack-doctor"))
             .args(["preflight", "--expectations"])
