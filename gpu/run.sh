@@ -22,7 +22,8 @@
 #                  --pes-per-gpu 2`; then two ranks started by hand as a launcher would
 #                  (RANK 0/1, LOCAL_RANK 0, rendezvous on loopback): only rank 0 given
 #                  --seed (the other takes it: must pass), then different seeds (both must
-#                  refuse, exit 2, "disagree on the seed")
+#                  refuse, exit 2, "disagree on the seed"); then `xtask verify --level
+#                  selftest --selftest-pes-per-gpu 2`, which starts and stops its own daemon
 #   nvshmem        `xtask build nvshmem` from the locked source (bundle mirror), system
 #                  CUDA: cold build timed, then the no-op timed; proof report kept
 #   nvshmem-static the same with --static-lib (NVSHMEM's whole `all` + install), timed,
@@ -43,7 +44,7 @@
 # JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,43p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,45p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -137,6 +138,11 @@ step_selftest_mps() {
     rc=$?
     echo quit | nvidia-cuda-mps-control
     cat "$mps/log/control.log" 2>/dev/null | tail -n 20
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    # verify's option: it starts a daemon of its own for the selftest level and stops it.
+    "$X" verify --python "$PY" --level selftest --selftest "$bundle/bin/commstack-selftest" \
+        --selftest-pes-per-gpu 2 --nvshmem-prefix "$site/nvidia/nvshmem" --report "$work/verify-mps" ||
+        { echo "verify --selftest-pes-per-gpu 2 failed"; rc=1; }
     return $rc
 }
 
