@@ -9,10 +9,21 @@
 # Steps (default: all, in this order; each logs to WORK/<step>.log and never stops the
 # others):
 #   facts          the machine: GPU, driver, CUDA, torch, NCCL/NVSHMEM wheels, tools
-#   doctor         `xtask doctor` (text + JSON)
+#   doctor         `xtask doctor` (text + JSON), then the image's preflight (the bundle's
+#                  commstack-doctor with its preflight.json) against this host: with the
+#                  fabric the image's NVSHMEM is built for (says what IBGDA lacks here;
+#                  its verdict is kept, not judged), then `--network none` (one node),
+#                  whose verdict is the step's status: it must pass on the H200
 #   gate           the exit-clean gate on a real NCCL process group (world size 1):
 #                  crates/verify/gpu/pg_exit.py test_dirty must fail, test_clean pass
 #   selftest-nvidia  commstack-selftest (1 GPU) against NVIDIA's NVSHMEM of the torch env
+#   selftest-mps   the same self-test with 2 PEs on GPU 0 under a CUDA MPS daemon of the
+#                  step's own (pipe/log dirs in WORK/mps; stopped after): `--gpus 1
+#                  --pes-per-gpu 2`; then two ranks started by hand as a launcher would
+#                  (RANK 0/1, LOCAL_RANK 0, rendezvous on loopback): only rank 0 given
+#                  --seed (the other takes it: must pass), then different seeds (both must
+#                  refuse, exit 2, "disagree on the seed"); then `xtask verify --level
+#                  selftest --selftest-pes-per-gpu 2`, which starts and stops its own daemon
 #   nvshmem        `xtask build nvshmem` from the locked source (bundle mirror), system
 #                  CUDA: cold build timed, then the no-op timed; proof report kept
 #   nvshmem-static the same with --static-lib (NVSHMEM's whole `all` + install), timed,
@@ -33,7 +44,7 @@
 # JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,45p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -42,7 +53,7 @@ bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
+[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia selftest-mps nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -95,7 +106,12 @@ step_facts() {
 step_doctor() {
     "$X" doctor | tee "$work/doctor.txt"
     "$X" doctor --json >"$work/doctor.json"
-    true
+    local pf=("$bundle/bin/commstack-doctor" preflight --expectations "$bundle/preflight.json")
+    [ -x "${pf[0]}" ] || { echo "no ${pf[0]}: make the bundle again with this checkout's \`cargo xtask gpu-bundle\`"; return 1; }
+    cat "$bundle/preflight.json"
+    "${pf[@]}" --json "$work/preflight-fabric.json"
+    echo "PREFLIGHT (the image's fabric) EXIT $?"
+    "${pf[@]}" --network none --json "$work/preflight-one-node.json"
 }
 
 step_gate() {
@@ -112,6 +128,52 @@ selftest_with() { # selftest_with NAME LIBDIR
 }
 
 step_selftest_nvidia() { selftest_with selftest-nvidia "$site/nvidia/nvshmem/lib"; }
+
+step_selftest_mps() {
+    local mps="$work/mps" rc
+    mkdir -p "$mps/pipe" "$mps/log"
+    export CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log"
+    nvidia-cuda-mps-control -d || { echo "cannot start the CUDA MPS daemon"; return 1; }
+    mps_runs
+    rc=$?
+    echo quit | nvidia-cuda-mps-control
+    cat "$mps/log/control.log" 2>/dev/null | tail -n 20
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    # verify's option: it starts a daemon of its own for the selftest level and stops it.
+    "$X" verify --python "$PY" --level selftest --selftest "$bundle/bin/commstack-selftest" \
+        --selftest-pes-per-gpu 2 --nvshmem-prefix "$site/nvidia/nvshmem" --report "$work/verify-mps" ||
+        { echo "verify --selftest-pes-per-gpu 2 failed"; rc=1; }
+    return $rc
+}
+
+mps_runs() { # the runs of selftest-mps, under the daemon step_selftest_mps started
+    local bin="$bundle/bin/commstack-selftest" small=(--max-bytes 16M --pingpong-rounds 1000)
+    local port=$((29000 + RANDOM % 1000)) ok=0 a b
+    export LD_LIBRARY_PATH="$site/nvidia/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    "$bin" --gpus 1 --pes-per-gpu 2 --json "$work/selftest-mps.json"
+    a=$?; echo "SELFTEST-MPS --gpus 1 --pes-per-gpu 2: exit $a (must be 0)"
+    [ "$a" = 0 ] || ok=1
+    # As a launcher starts them: RANK/WORLD_SIZE/LOCAL_RANK, the MPS variables by hand.
+    local launcher=(WORLD_SIZE=2 LOCAL_RANK=0 COMMSTACK_RDZV_ADDR="127.0.0.1:$port"
+        NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo
+        NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50)
+    env "${launcher[@]}" RANK=0 "$bin" --seed 7 "${small[@]}" --json "$work/mps-agreed.json" >"$work/mps-agreed-0.txt" 2>&1 &
+    a=$!
+    env "${launcher[@]}" RANK=1 "$bin" "${small[@]}" --json "$work/mps-agreed.json" >"$work/mps-agreed-1.txt" 2>&1
+    b=$?; wait "$a"; a=$?
+    echo "SEED AGREED: rank 0 exit $a, rank 1 exit $b (both must be 0)"; cat "$work/mps-agreed-1.txt" | tail -n 30
+    [ "$a$b" = 00 ] || ok=1
+    port=$((port + 1)); launcher[2]="COMMSTACK_RDZV_ADDR=127.0.0.1:$port"
+    env "${launcher[@]}" RANK=0 "$bin" --seed 7 "${small[@]}" >"$work/mps-refused-0.txt" 2>&1 &
+    a=$!
+    env "${launcher[@]}" RANK=1 "$bin" --seed 8 "${small[@]}" >"$work/mps-refused-1.txt" 2>&1
+    b=$?; wait "$a"; a=$?
+    echo "SEEDS DIFFER: rank 0 exit $a, rank 1 exit $b (both must be 2, refused)"
+    tail -n 3 "$work/mps-refused-0.txt" "$work/mps-refused-1.txt"
+    [ "$a$b" = 22 ] && grep -q 'disagree on the seed' "$work/mps-refused-0.txt" &&
+        grep -q 'disagree on the seed' "$work/mps-refused-1.txt" || ok=1
+    return $ok
+}
 
 nvshmem_src() { # the locked NVSHMEM source, unpacked once into $work/nvshmem-src
     local src="$work/nvshmem-src" archive

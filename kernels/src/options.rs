@@ -29,9 +29,12 @@ CPU reference):
 
 Modes:
   --gpus N            start N processes of this program (RANK, WORLD_SIZE, LOCAL_RANK
-                      set; GPU i = LOCAL_RANK i), merge their reports, print a table.
+                      set; GPU i = LOCAL_RANK i), merge their reports, print a table;
+                      with --pes-per-gpu K, N*K processes, K on each GPU (CUDA MPS).
   RANK + WORLD_SIZE   set by a launcher: run as that rank (GPU LOCAL_RANK, default
-                      RANK); rendezvous at --rdzv / COMMSTACK_RDZV_ADDR when WORLD_SIZE>1.
+                      RANK); rendezvous at --rdzv / COMMSTACK_RDZV_ADDR when WORLD_SIZE>1,
+                      where rank 0 hands out its seed: ranks without --seed take it, ranks
+                      given another --seed make every rank refuse to run (exit 2).
 
 Environment given to the processes it starts, unless already set: NVSHMEM_DISABLE_NVLS=1
 (shared multi-GPU machines need NVLink multicast off), NVSHMEM_SYMMETRIC_SIZE (enough for
@@ -51,6 +54,14 @@ pub struct Cli {
     /// Number of GPUs (processes) to start; ignored when RANK and WORLD_SIZE are set.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub gpus: u32,
+
+    /// PEs (processes) per GPU with --gpus: PE r runs on GPU r / N. More than 1 is
+    /// NVSHMEM's multiple-PEs-per-GPU mode, which needs the CUDA MPS daemon running
+    /// (`nvidia-cuda-mps-control -d`, found through CUDA_MPS_PIPE_DIRECTORY); the ranks get
+    /// NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1 and
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/N unless set.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub pes_per_gpu: u32,
 
     /// Write the full report as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -76,7 +87,9 @@ pub struct Cli {
 /// The options that shape the measurement; passed verbatim to every rank.
 #[derive(Debug, Clone, Args)]
 pub struct TestArgs {
-    /// Seed of all random inputs (default: a fresh one, printed and recorded).
+    /// Seed of all random inputs (default: a fresh one, printed and recorded). Under a
+    /// launcher (WORLD_SIZE > 1) rank 0's is every rank's, handed out at the rendezvous;
+    /// ranks started with different --seed values refuse to run.
     #[arg(long)]
     pub seed: Option<u64>,
 
@@ -365,6 +378,48 @@ pub fn detect_mode(gpus: u32, get: impl Fn(&str) -> Option<String>) -> Result<Mo
             Err("WORLD_SIZE is set but RANK is not: set both, or neither (then use --gpus)".into())
         }
     }
+}
+
+/// Where the CUDA MPS daemon's control pipe is (`CUDA_MPS_PIPE_DIRECTORY`, default
+/// `/tmp/nvidia-mps`), from the environment `get` reads.
+pub fn mps_control_pipe(get: impl Fn(&str) -> Option<String>) -> PathBuf {
+    PathBuf::from(get("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|| "/tmp/nvidia-mps".into()))
+        .join("control")
+}
+
+/// More than one PE per GPU needs the MPS daemon: an error saying how to start it when
+/// its control pipe is not there.
+pub fn require_mps(pes_per_gpu: u32, get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    let pipe = mps_control_pipe(get);
+    if pes_per_gpu <= 1 || pipe.exists() {
+        return Ok(());
+    }
+    Err(format!(
+        "--pes-per-gpu {pes_per_gpu} needs the CUDA MPS daemon (NVSHMEM's multiple-PEs-per-GPU \
+         mode), but there is no control pipe at {}: start it with `nvidia-cuda-mps-control -d` \
+         (CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY the same for it and this run), \
+         stop it after with `echo quit | nvidia-cuda-mps-control`",
+        pipe.display()
+    ))
+}
+
+/// The variables of NVSHMEM's multiple-PEs-per-GPU mode under MPS, for `pes_per_gpu` > 1
+/// (none otherwise): each PE may use 100/N of the GPU's threads, and NVSHMEM is told not
+/// to refuse the shared GPU over that percentage.
+pub fn mps_env_defaults(pes_per_gpu: u32) -> Vec<(&'static str, String)> {
+    if pes_per_gpu <= 1 {
+        return Vec::new();
+    }
+    vec![
+        (
+            "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "1".to_string(),
+        ),
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            (100 / pes_per_gpu).to_string(),
+        ),
+    ]
 }
 
 /// NVSHMEM variables a worker needs, each with its default; applied only where unset.

@@ -468,7 +468,7 @@ impl<'a> Transfers<'a> {
 fn write_ranks(w: &mut String, report: &Report) {
     let _ = writeln!(
         w,
-        "commstack-selftest {}: {} GPU(s), seed {}",
+        "commstack-selftest {}: {} PE(s), seed {}",
         report.tool_version, report.world_size, report.seed
     );
     for r in &report.ranks {

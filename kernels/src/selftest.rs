@@ -40,14 +40,19 @@ pub struct RankSpec {
     pub local_rank: usize,
     /// Where rank 0 listens; needed when `world > 1`.
     pub rdzv: Option<String>,
+    /// The seed of the options was given on the command line (`--seed`), not drawn here:
+    /// a rank other than 0 then refuses to run with another seed than rank 0's, instead of
+    /// taking rank 0's.
+    pub seed_given: bool,
 }
 
 macro_rules! log {
     ($rank:expr, $($arg:tt)*) => { eprintln!("[rank {}] {}", $rank, format_args!($($arg)*)) };
 }
 
-/// Runs every selected test as rank `spec.rank` and returns its report.
-pub fn run_rank(opts: &TestOptions, spec: &RankSpec) -> anyhow::Result<RankReport> {
+/// Runs every selected test as rank `spec.rank` and returns its report. `opts.seed`
+/// becomes the seed the ranks agreed on at the rendezvous (rank 0's).
+pub fn run_rank(opts: &mut TestOptions, spec: &RankSpec) -> anyhow::Result<RankReport> {
     driver::require_driver()?;
     let ctx = CudaContext::new(spec.local_rank).with_context(|| {
         format!(
@@ -80,27 +85,27 @@ pub fn run_rank(opts: &TestOptions, spec: &RankSpec) -> anyhow::Result<RankRepor
     result
 }
 
+/// The NVSHMEM unique id from rank 0, and the seed of every rank's inputs agreed on
+/// (into `opts.seed`): see [`rendezvous::agree`].
 fn exchange_id(
     ctx: &Arc<CudaContext>,
     spec: &RankSpec,
-    opts: &TestOptions,
+    opts: &mut TestOptions,
 ) -> anyhow::Result<UniqueId> {
-    if spec.world == 1 {
-        return UniqueId::generate(ctx);
-    }
-    let addr = spec.rdzv.as_deref().context(
-        "WORLD_SIZE > 1 needs a rendezvous address where rank 0 listens: --rdzv HOST:PORT or COMMSTACK_RDZV_ADDR",
+    let agreed = rendezvous::agree(
+        spec.rdzv.as_deref(),
+        spec.rank,
+        spec.world,
+        opts.seed,
+        spec.seed_given,
+        || Ok(UniqueId::generate(ctx)?.0),
+        Duration::from_secs(opts.rdzv_timeout),
     )?;
-    let timeout = Duration::from_secs(opts.rdzv_timeout);
-    if spec.rank == 0 {
-        let id = UniqueId::generate(ctx)?;
-        rendezvous::serve(addr, spec.world, &id.0, timeout)?;
-        Ok(id)
-    } else {
-        Ok(UniqueId(rendezvous::join(
-            addr, spec.rank, spec.world, timeout,
-        )?))
+    if agreed.seed != opts.seed {
+        log!(spec.rank, "seed {} (rank 0's)", agreed.seed);
+        opts.seed = agreed.seed;
     }
+    Ok(UniqueId(agreed.id))
 }
 
 fn run_tests(

@@ -1,5 +1,5 @@
-//! `--gpus N`: starts N copies of this program as ranks 0..N, waits for them (with a
-//! deadline), and merges the rank reports they write.
+//! `--gpus N [--pes-per-gpu K]`: starts N*K copies of this program as ranks 0..N*K (K
+//! on each GPU), waits for them (with a deadline), and merges the rank reports they write.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -9,18 +9,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::driver;
-use crate::options::{TestOptions, env_names, nvshmem_env_defaults};
+use crate::options::{TestOptions, env_names, mps_env_defaults, nvshmem_env_defaults};
 use crate::report::{RankReport, Report, read_json};
 
 /// How long the other ranks may keep running after one has failed: they are likely
 /// blocked in a collective waiting for it.
 const GRACE_AFTER_FAILURE: Duration = Duration::from_secs(15);
 
-/// Runs `gpus` ranks of `exe` on this machine and returns the merged report.
+/// Runs `gpus * pes_per_gpu` ranks of `exe` on this machine, rank r on GPU r /
+/// pes_per_gpu, and returns the merged report.
 pub fn run_local(
     exe: &Path,
     opts: &TestOptions,
     gpus: usize,
+    pes_per_gpu: usize,
     timeout: Duration,
 ) -> anyhow::Result<Report> {
     let visible = driver::device_count()?;
@@ -32,8 +34,10 @@ pub fn run_local(
         .tempdir()
         .context("creating a directory for the rank reports")?;
     let rdzv = free_loopback_addr()?;
-    let defaults: Vec<(&str, String)> = nvshmem_env_defaults(opts, gpus, true)
+    let world = gpus * pes_per_gpu;
+    let defaults: Vec<(&str, String)> = nvshmem_env_defaults(opts, world, true)
         .into_iter()
+        .chain(mps_env_defaults(pes_per_gpu as u32))
         .filter(|(k, _)| std::env::var_os(k).is_none())
         .collect();
     for (k, v) in &defaults {
@@ -41,13 +45,13 @@ pub fn run_local(
     }
 
     let report_path = |rank: usize| dir.path().join(format!("rank{rank}.json"));
-    let mut children: Vec<Option<Child>> = Vec::with_capacity(gpus);
-    for rank in 0..gpus {
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(world);
+    for rank in 0..world {
         let mut cmd = Command::new(exe);
         cmd.args(opts.to_args())
             .env(env_names::RANK, rank.to_string())
-            .env(env_names::WORLD_SIZE, gpus.to_string())
-            .env(env_names::LOCAL_RANK, rank.to_string())
+            .env(env_names::WORLD_SIZE, world.to_string())
+            .env(env_names::LOCAL_RANK, (rank / pes_per_gpu).to_string())
             .env(env_names::REPORT, report_path(rank))
             .env(env_names::RDZV_ADDR, &rdzv)
             .envs(defaults.iter().map(|(k, v)| (*k, v.as_str())))
@@ -62,7 +66,7 @@ pub fn run_local(
     }
 
     let statuses = wait_all(&mut children, timeout);
-    let mut report = Report::new(opts.seed, gpus, opts.clone());
+    let mut report = Report::new(opts.seed, world, opts.clone());
     for (rank, status) in statuses.into_iter().enumerate() {
         let path = report_path(rank);
         match (status, path.exists()) {

@@ -15,6 +15,7 @@ fn help_explains_modes_tests_and_exit_codes() {
     let help = String::from_utf8(out.stdout).unwrap();
     for needle in [
         "--gpus",
+        "--pes-per-gpu",
         "--json",
         "RANK",
         "WORLD_SIZE",

@@ -209,3 +209,41 @@ fn the_put_test_is_named_put_get_and_put_still_reads() {
         r#"["put-get","dispatch"]"#
     );
 }
+
+#[test]
+fn several_pes_per_gpu_need_the_mps_daemon_and_get_its_variables() {
+    assert_eq!(parse(&[]).pes_per_gpu, 1);
+    assert_eq!(parse(&["--gpus", "1", "--pes-per-gpu", "2"]).pes_per_gpu, 2);
+    assert!(
+        Cli::try_parse_from(["commstack-selftest", "--pes-per-gpu", "0"]).is_err(),
+        "at least one PE per GPU"
+    );
+    assert!(mps_env_defaults(1).is_empty());
+    assert_eq!(
+        mps_env_defaults(2),
+        [
+            (
+                "NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                "1".to_string()
+            ),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50".to_string()),
+        ]
+    );
+    // The daemon is found by its control pipe, where CUDA_MPS_PIPE_DIRECTORY says.
+    let dir = tempfile::tempdir().unwrap();
+    let pipes = dir.path().display().to_string();
+    let env = |k: &str| (k == "CUDA_MPS_PIPE_DIRECTORY").then(|| pipes.clone());
+    assert_eq!(mps_control_pipe(env), dir.path().join("control"));
+    assert_eq!(require_mps(1, env), Ok(()));
+    let err = require_mps(2, env).unwrap_err();
+    assert!(
+        err.contains("nvidia-cuda-mps-control -d") && err.contains(&pipes),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("control"), "").unwrap();
+    assert_eq!(require_mps(2, env), Ok(()));
+    assert_eq!(
+        mps_control_pipe(|_| None),
+        std::path::Path::new("/tmp/nvidia-mps/control")
+    );
+}

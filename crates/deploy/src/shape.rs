@@ -9,7 +9,8 @@ use commstack_stack::manifest::DeepEpApi;
 use crate::image_ref::ImageRef;
 
 /// The image's preflight, as the image carries it (`commstack-doctor` with the
-/// expectations written from the lock when the image is made).
+/// expectations written from the lock when the image is made); `--network` is the
+/// deploy's fabric ([`Shape::preflight`]).
 pub const PREFLIGHT: &[&str] = &[
     "/opt/commstack/bin/commstack-doctor",
     "preflight",
@@ -33,6 +34,17 @@ pub struct Shape<'a> {
 }
 
 impl Shape<'_> {
+    /// The preflight's command for this deploy: [`PREFLIGHT`] with the fabric the nodes
+    /// have (`none`: one node, the RDMA checks skipped).
+    pub fn preflight(&self) -> Vec<String> {
+        let mut argv: Vec<String> = PREFLIGHT.iter().map(|s| s.to_string()).collect();
+        argv.extend([
+            "--network".to_string(),
+            self.deploy.network.as_str().to_string(),
+        ]);
+        argv
+    }
+
     /// The port of the self-test's rendezvous: the one after MASTER_PORT.
     pub fn rdzv_port(&self) -> u32 {
         u32::from(self.deploy.master_port) + 1

@@ -8,7 +8,7 @@ use anyhow::Result;
 use commstack_stack::deploy::SlurmContainer;
 
 use crate::rendered::Rendered;
-use crate::shape::{PREFLIGHT, Shape};
+use crate::shape::Shape;
 
 pub const JOB_FILE: &str = "job.sbatch";
 
@@ -82,14 +82,36 @@ fn script(shape: &Shape) -> String {
     };
     out.push_str(&format!(
         "\n# 2. The image's preflight on every node, before anything else runs there.\necho \"preflight on $SLURM_NNODES node(s)\"\nif ! srun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} {}; then\n    echo \"the preflight failed on a node (its verdict is above): the payload does not run\" >&2\n    exit 1\nfi\n",
-        words(PREFLIGHT)
+        words(&shape.preflight().iter().map(String::as_str).collect::<Vec<_>>())
     ));
     let command: Vec<&str> = d.command.iter().map(String::as_str).collect();
     out.push_str(&format!(
-        "\n# 3. The payload, one task per node; its node rank comes from SLURM_NODEID.\nsrun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} \\\n    /bin/sh -c 'export RANK=\"$SLURM_NODEID\" NODE_RANK=\"$SLURM_NODEID\" PET_NODE_RANK=\"$SLURM_NODEID\"; exec \"$@\"' sh \\\n    {}\n",
+        "\n# 3. The payload, one task per node; its node rank comes from SLURM_NODEID.{}\nsrun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} \\\n    /bin/sh -c '{}export RANK=\"$SLURM_NODEID\" NODE_RANK=\"$SLURM_NODEID\" PET_NODE_RANK=\"$SLURM_NODEID\"; exec \"$@\"' sh \\\n    {}\n",
+        match s.container {
+            SlurmContainer::Oci => "\n# Slurm's OCI containers get the job's environment, not the image's: the image's\n# own (PATH with its venv, VIRTUAL_ENV, PIP_CONSTRAINT, ...) is set again first.",
+            SlurmContainer::Pyxis => "",
+        },
+        match s.container {
+            SlurmContainer::Oci => image_env(shape),
+            SlurmContainer::Pyxis => String::new(),
+        },
         words(&command)
     ));
     out
+}
+
+/// `export K="V" ...; ` of the image's environment (its Config.Env) and the image user's
+/// HOME, for a step inside the single-quoted `sh -c` of the payload.
+fn image_env(shape: &Shape) -> String {
+    let mut vars: Vec<String> = commstack_image::assemble::ENV
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| format!("{k}=\"{v}\""))
+        .collect();
+    if let Some(image) = &shape.stack.image {
+        vars.push(format!("HOME=\"/home/{}\"", image.user));
+    }
+    format!("export {}; ", vars.join(" "))
 }
 
 /// The bootstrap every task inherits (the container gets the job's environment), then

@@ -5,10 +5,15 @@
 //! finding and a fix: driver vs the stack's CUDA, GPUs and NVLink topology, RDMA devices,
 //! nvidia_peermem, the IBGDA driver settings, gdrdrv, memlock, /dev/shm, and environment
 //! variables that silently change NCCL or NVSHMEM.
+//!
+//! [`preflight`] is the image's gate: the same checks against what one image needs
+//! (its preflight.json), one pass / fail verdict; the `commstack-doctor` binary the image
+//! carries runs it.
 
 mod checks;
 mod host;
 pub mod nvidia_smi;
+pub mod preflight;
 pub mod proc_files;
 mod report;
 pub mod version;

@@ -4,6 +4,9 @@
 //!   nvidia-smi.txt         `nvidia-smi`
 //!   nvidia-smi-query.csv   `nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id,memory.total --format=csv`
 //!   nvidia-smi-topo-m.txt  `nvidia-smi topo -m`
+//!   nvidia-smi-compute-cap.csv  `nvidia-smi --query-gpu=index,compute_cap --format=csv`
+//!                          (the preflight's GPU-arch check; a query of its own, since
+//!                          drivers before 510 refuse the field and with it the whole query)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +16,9 @@ pub const QUERY_ARGS: [&str; 2] = [
     "--query-gpu=index,name,driver_version,pci.bus_id,memory.total",
     "--format=csv",
 ];
+
+/// The compute capability query the preflight runs (`nvidia-smi-compute-cap.csv` recorded).
+pub const COMPUTE_CAP_ARGS: [&str; 2] = ["--query-gpu=index,compute_cap", "--format=csv"];
 
 /// Where nvidia-smi output comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +46,8 @@ pub struct NvidiaSmiOutput {
     pub summary: Result<String, String>,
     pub query_csv: Result<String, String>,
     pub topo: Result<String, String>,
+    /// `index, compute_cap` per GPU ([`COMPUTE_CAP_ARGS`]).
+    pub compute_cap: Result<String, String>,
 }
 
 impl NvidiaSmiOutput {
@@ -50,6 +58,7 @@ impl NvidiaSmiOutput {
                 summary: recorded(dir, "nvidia-smi.txt"),
                 query_csv: recorded(dir, "nvidia-smi-query.csv"),
                 topo: recorded(dir, "nvidia-smi-topo-m.txt"),
+                compute_cap: recorded(dir, "nvidia-smi-compute-cap.csv"),
             },
             NvidiaSmiSource::Live => match find_on_path("nvidia-smi", path_var) {
                 None => {
@@ -58,7 +67,8 @@ impl NvidiaSmiOutput {
                         absent: Some(why.clone()),
                         summary: Err(why.clone()),
                         query_csv: Err(why.clone()),
-                        topo: Err(why),
+                        topo: Err(why.clone()),
+                        compute_cap: Err(why),
                     }
                 }
                 Some(exe) => NvidiaSmiOutput {
@@ -66,6 +76,7 @@ impl NvidiaSmiOutput {
                     summary: run(&exe, &[]),
                     query_csv: run(&exe, &QUERY_ARGS),
                     topo: run(&exe, &["topo", "-m"]),
+                    compute_cap: run(&exe, &COMPUTE_CAP_ARGS),
                 },
             },
         }
@@ -165,6 +176,35 @@ pub fn parse_query_csv(text: &str) -> Result<Vec<GpuRow>, String> {
         });
     }
     Ok(rows)
+}
+
+/// One GPU's index and compute capability `(major, minor)`.
+pub type ComputeCap = (u32, (u32, u32));
+
+/// `nvidia-smi --query-gpu=index,compute_cap --format=csv`: (index, (major, minor)) per GPU.
+pub fn parse_compute_caps(text: &str) -> Result<Vec<ComputeCap>, String> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = lines.next().ok_or("empty nvidia-smi compute_cap output")?;
+    let columns: Vec<&str> = header.split(',').map(str::trim).collect();
+    let (Some(index), Some(cap)) = (
+        columns.iter().position(|c| *c == "index"),
+        columns.iter().position(|c| *c == "compute_cap"),
+    ) else {
+        return Err(format!(
+            "no `index` and `compute_cap` columns in the header {header:?}"
+        ));
+    };
+    lines
+        .map(|line| {
+            let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+            let parsed = (|| {
+                let i: u32 = cells.get(index)?.parse().ok()?;
+                let (major, minor) = cells.get(cap)?.split_once('.')?;
+                Some((i, (major.parse().ok()?, minor.parse().ok()?)))
+            })();
+            parsed.ok_or_else(|| format!("not an `index, compute_cap` row: {line:?}"))
+        })
+        .collect()
 }
 
 /// The link matrix of `nvidia-smi topo -m`.

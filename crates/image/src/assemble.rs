@@ -78,6 +78,17 @@ pub struct Tool {
     pub source: String,
 }
 
+/// A file of ours made from data rather than built (`/opt/commstack/preflight.json`, the
+/// preflight's expectations written from the lock and the build settings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataFile {
+    /// Absolute, under /opt/commstack (`/opt/commstack/preflight.json`).
+    pub image_path: String,
+    pub bytes: Vec<u8>,
+    /// What it was made from, for provenance.json (machine-independent).
+    pub source: String,
+}
+
 /// What the image step is made from.
 #[derive(Clone, Debug)]
 pub struct ImageInputs {
@@ -89,6 +100,8 @@ pub struct ImageInputs {
     /// `<store>/steps/wheelhouse-<hash>/` (a `full` wheelhouse)
     pub wheelhouse_dir: PathBuf,
     pub tools: Vec<Tool>,
+    /// Files written from data into /opt/commstack beside the tools.
+    pub data: Vec<DataFile>,
     /// Image name (the tag is [`image_tag`]'s).
     pub name: String,
     /// The non-root user (uid/gid [`USER_ID`]).
@@ -196,6 +209,7 @@ fn check(inputs: &ImageInputs) -> Result<Checked> {
     let (epoch, base) = check_base(inputs)?;
     let (house, closure, dropin, deepep) = check_wheelhouse(inputs)?;
     let tools = check_tools(inputs)?;
+    check_data(inputs)?;
     let constraints = house.dir.join(CONSTRAINTS_FILE);
     let constraints_sha256 = commstack_digest::sha256_file(&constraints)
         .context("the wheelhouse has no constraints.txt: run `cargo xtask build deepep`")?;
@@ -363,6 +377,38 @@ fn check_tools(inputs: &ImageInputs) -> Result<Vec<(Tool, String)>> {
     Ok(tools)
 }
 
+/// The data files: each under the image's own directory, none where a tool or another
+/// file of ours goes.
+fn check_data(inputs: &ImageInputs) -> Result<()> {
+    let mut taken: Vec<String> = inputs.tools.iter().map(|t| t.image_path.clone()).collect();
+    taken.extend(
+        [
+            "stack.lock",
+            "constraints.txt",
+            "sbom.spdx.json",
+            "provenance.json",
+        ]
+        .iter()
+        .map(|f| format!("/{OWN_DIR}/{f}")),
+    );
+    for d in &inputs.data {
+        if !d.image_path.starts_with(&format!("/{OWN_DIR}/")) || d.image_path.contains("/../") {
+            bail!(
+                "the file {} is not under /{OWN_DIR}/: the image step writes its own files there only",
+                d.image_path
+            );
+        }
+        if taken.contains(&d.image_path) {
+            bail!(
+                "the file {} is given twice (or is one the image step writes itself)",
+                d.image_path
+            );
+        }
+        taken.push(d.image_path.clone());
+    }
+    Ok(())
+}
+
 /// Assembles (or finds) the image step. Nothing is tagged or loaded here: see
 /// [`crate::load::docker_load`].
 pub fn assemble_image(store: &Store, inputs: &ImageInputs, force: bool) -> Result<Image> {
@@ -404,6 +450,7 @@ pub fn assemble_image_reporting(
         "dropin": pins(std::slice::from_ref(&c.dropin)),
         "deepep": pins(std::slice::from_ref(&c.deepep)),
         "tools": c.tools.iter().map(|(t, sha)| json!([t.image_path, t.name, t.version, t.source, sha])).collect::<Vec<_>>(),
+        "data": inputs.data.iter().map(|d| json!([d.image_path, commstack_digest::sha256_hex(&d.bytes), d.source])).collect::<Vec<_>>(),
         "lock": inputs.lock_sha256,
         "constraints": c.constraints_sha256,
         "name": inputs.name,
@@ -586,7 +633,8 @@ impl LowerLayers<'_> {
     }
 }
 
-/// The top layer's files, each with its origin: our tools, stack.lock, constraints.txt,
+/// The top layer's files, each with its origin: our tools, the data files (preflight.json),
+/// stack.lock, constraints.txt,
 /// the SBOM and (written later, it names the others) provenance.json.
 fn own_files(
     inputs: &ImageInputs,
@@ -615,6 +663,17 @@ fn own_files(
             Some(sha.clone()),
             t.source.to_string(),
             OwnFile::Copy(t.host_path.clone(), true),
+        );
+    }
+    for d in &inputs.data {
+        let path = d.image_path.trim_start_matches('/').to_string();
+        let name = path.rsplit('/').next().unwrap_or(&path).to_string();
+        put(
+            path,
+            &name,
+            Some(commstack_digest::sha256_hex(&d.bytes)),
+            d.source.clone(),
+            OwnFile::Bytes(d.bytes.clone()),
         );
     }
     put(

@@ -27,7 +27,8 @@ pub mod sbom;
 pub mod venv;
 
 pub use assemble::{
-    Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image, assemble_image_reporting,
+    DataFile, Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image,
+    assemble_image_reporting,
 };
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{

@@ -2,7 +2,9 @@
 //! to run the GPU checks in `gpu/run.sh`: release binaries built here, the locked sources
 //! from the cache (or a mirror), optional rdma-core headers, and the resolved settings the
 //! GPU side must build and verify with (`build-flags`, `verify-flags`), so that an override
-//! given here (`--cuda-archs`, `--no-ibgda`) is what is built and expected there.
+//! given here (`--cuda-archs`, `--no-ibgda`) is what is built and expected there; and the
+//! image's doctor with the expectations an image of these settings carries
+//! (`bin/commstack-doctor`, `preflight.json`: the preflight run against the GPU host).
 
 use std::path::{Path, PathBuf};
 
@@ -160,6 +162,21 @@ impl Bundle<'_> {
             manifest.insert("selftest-nvshmem".into(), nvshmem.describe.clone().into());
             manifest.insert("toolchain".into(), tc.describe().into());
         }
+        // The doctor the image carries, and the expectations the image would carry for
+        // these settings: gpu/run.sh's doctor step runs its preflight against the host.
+        let store = commstack_store::Store::open(self.ctx.store_dir())?;
+        let doctor = commstack_tools::build_doctor_tool(
+            &store,
+            (!self.ctx.quiet).then_some(&|l: &str| self.ctx.say(l)),
+            &commstack_tools::workspace_root(),
+            false,
+        )?;
+        std::fs::copy(&doctor.path, dir.join("bin/commstack-doctor"))
+            .with_context(|| format!("copying {}", doctor.path.display()))?;
+        let expectations =
+            commstack_steps::flow::image::preflight_expectations(self.settings)?.to_json();
+        std::fs::write(dir.join("preflight.json"), expectations)
+            .with_context(|| format!("writing {}", dir.join("preflight.json").display()))?;
         let settings = bundle_settings(self.settings)?;
         for (file, flags) in [
             ("build-flags", &settings.build_flags),

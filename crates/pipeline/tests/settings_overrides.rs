@@ -85,3 +85,29 @@ fn no_ibgda_and_cuda_archs_reach_verify_and_the_gpu_bundle() {
     );
     assert!(!plain_bundle.build_flags.iter().any(|f| f == "--no-ibgda"));
 }
+
+#[test]
+fn the_images_preflight_expects_what_is_built() {
+    use commstack_steps::flow::image::preflight_expectations;
+    let home = tempfile::tempdir().unwrap();
+    let plain = preflight_expectations(&settings(home.path(), BuildOptions::default())).unwrap();
+    // stack.lock's CUDA 13.0.x, stack.toml's sm_90 and IBGDA, DeepEP V1.
+    assert_eq!(plain.cuda, "13.0");
+    assert_eq!(plain.cuda_archs, ["90".parse().unwrap()]);
+    assert_eq!(plain.transports, ["ibgda"]);
+    assert_eq!(plain.deepep_api.as_str(), "v1");
+    let overridden = preflight_expectations(&settings(
+        home.path(),
+        BuildOptions {
+            no_ibgda: true,
+            cuda_archs: vec!["100f".parse().unwrap()],
+            ..BuildOptions::default()
+        },
+    ))
+    .unwrap();
+    assert_eq!(overridden.cuda_archs, ["100f".parse().unwrap()]);
+    assert!(
+        overridden.transports.is_empty(),
+        "--no-ibgda: no fabric transport, so the preflight defaults to one node"
+    );
+}

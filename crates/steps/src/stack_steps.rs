@@ -56,6 +56,8 @@ struct Probes {
     kernels_sources: String,
     /// The sources of the verify tool (crates/verify and the crates it depends on).
     verify_sources: String,
+    /// The doctor's sources (the image's preflight).
+    doctor_sources: String,
     /// HEAD and the origin URL (the image's labels).
     git: serde_json::Value,
     mmdebstrap: serde_json::Value,
@@ -103,6 +105,7 @@ impl<'a> StackSteps<'a> {
             rustc: output_of(Path::new("rustc"), &["--version"]),
             kernels_sources: commstack_tools::sources_hash(&root, "kernels")?,
             verify_sources: commstack_tools::sources_hash(&root, "crates/verify")?,
+            doctor_sources: commstack_tools::sources_hash(&root, "crates/doctor")?,
             git: json!(commstack_tools::git_identity()),
             mmdebstrap: match needs_image {
                 true => match commstack_toolchain::find_in_path("mmdebstrap", None) {
@@ -350,13 +353,14 @@ impl StackSteps<'_> {
             k.source,
         );
         let verify = crate::flow::image::verify_tool(self.ctx, self.args.force, say)?;
+        let doctor = crate::flow::image::doctor_tool(self.ctx, self.args.force, say)?;
         let image = crate::flow::image::image_step(
             self.ctx,
             &self.settings,
             say,
             &output_of_step(done, StepId::Base)?,
             &output_of_step(done, StepId::Wheelhouse)?,
-            vec![selftest, verify],
+            vec![selftest, verify, doctor],
             self.args.force,
         )?;
         Ok(StepResult {
@@ -503,6 +507,8 @@ impl Steps<StepId> for StackSteps<'_> {
                 "lock_sha256": s.lock_sha256,
                 "image": s.stack.image.as_ref().map(|i| json!({ "name": i.name, "user": i.user })),
                 "verify_sources": p.verify_sources,
+                "doctor_sources": p.doctor_sources,
+                "preflight": crate::flow::image::preflight_expectations(s)?,
                 "rustc": p.rustc,
                 "git": p.git,
             }),

@@ -46,6 +46,12 @@ pub struct Args {
     /// level: run on 1 GPU against the environment's NVSHMEM (--nvshmem-prefix).
     #[arg(long, value_name = "PATH")]
     selftest: Option<PathBuf>,
+    /// PEs per GPU for the selftest level (its --pes-per-gpu): more than 1 starts a CUDA
+    /// MPS daemon for the run (pipe and log directories in a temporary directory) and
+    /// stops it after: NVSHMEM's multiple-PEs-per-GPU mode, which checks the bootstrap and
+    /// the cross-process paths on a machine with one GPU.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    selftest_pes_per_gpu: u32,
     /// Where the report (verify-<environment>.json and .txt) and test logs go.
     /// Default: <home>/reports for `cargo xtask verify`, ./reports for `commstack-verify`.
     #[arg(long, value_name = "DIR")]
@@ -98,6 +104,7 @@ pub fn run(args: Args, default_report_dir: PathBuf, quiet: bool) -> Result<ExitC
         .collect::<Result<_>>()?;
     opts.deepep_source = args.deepep_source.clone();
     opts.selftest = args.selftest.clone();
+    opts.selftest_pes_per_gpu = args.selftest_pes_per_gpu;
     opts.log_dir = Some(report_dir.clone());
     let report = verify_python(&opts)
         .with_context(|| format!("verifying the environment of {}", python.display()))?;

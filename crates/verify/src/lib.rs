@@ -14,6 +14,7 @@ pub mod environment;
 pub mod expect;
 pub mod facts;
 pub mod layers;
+pub mod mps;
 pub mod process;
 pub mod report;
 pub mod runner;

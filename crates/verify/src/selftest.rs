@@ -1,15 +1,23 @@
 //! The selftest level: the kernel crate's `commstack-selftest`, run against the NVSHMEM of
 //! the environment being verified (its lib directory first on the library path), checked
-//! for its verdict and for which libnvshmem_host it really loaded.
+//! for its verdict and for which libnvshmem_host it really loaded. With several PEs per
+//! GPU it runs under a CUDA MPS daemon started for it and stopped after ([`MpsDaemon`]):
+//! the bootstrap and the cross-process paths checked where one GPU is all there is.
 
 use std::path::Path;
 use std::process::Command;
 
 use crate::check::Check;
 use crate::expect::Expectations;
+use crate::mps::MpsDaemon;
 use crate::report::{Level, LevelReport};
 
-pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelReport {
+pub fn run(
+    bin: &Path,
+    expect: &Expectations,
+    log_dir: Option<&Path>,
+    pes_per_gpu: u32,
+) -> LevelReport {
     let dir = match tempfile::tempdir() {
         Ok(d) => d,
         Err(e) => return LevelReport::failed(Level::Selftest, &e.into()),
@@ -17,6 +25,18 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
     let json = dir.path().join("selftest.json");
     let mut cmd = Command::new(bin);
     cmd.args(["--gpus", "1", "--json"]).arg(&json);
+    let mps = match pes_per_gpu > 1 {
+        false => None,
+        true => match MpsDaemon::start() {
+            Ok(d) => Some(d),
+            Err(e) => return LevelReport::failed(Level::Selftest, &e),
+        },
+    };
+    if let Some(daemon) = &mps {
+        cmd.arg("--pes-per-gpu")
+            .arg(pes_per_gpu.to_string())
+            .envs(daemon.env());
+    }
     if let Some(prefix) = &expect.nvshmem_prefix {
         let lib = prefix.join("lib");
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
@@ -29,7 +49,10 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
             },
         );
     }
-    let out = match cmd.output() {
+    let out = cmd.output();
+    let mps_log = mps.as_ref().map(MpsDaemon::log);
+    drop(mps);
+    let out = match out {
         Ok(o) => o,
         Err(e) => {
             return LevelReport::failed(
@@ -46,6 +69,9 @@ pub fn run(bin: &Path, expect: &Expectations, log_dir: Option<&Path>) -> LevelRe
     if let Some(d) = log_dir {
         let _ = std::fs::create_dir_all(d);
         let _ = std::fs::write(d.join("selftest.log"), &text);
+        if let Some(log) = &mps_log {
+            let _ = std::fs::write(d.join("selftest-mps-control.log"), log);
+        }
     }
     let tail: String = text
         .lines()

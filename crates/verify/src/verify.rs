@@ -36,6 +36,9 @@ pub struct VerifyOptions {
     /// The kernel crate's `commstack-selftest` binary, for the selftest level. It runs
     /// against the environment's NVSHMEM (`<nvshmem_prefix>/lib` first on the library path).
     pub selftest: Option<PathBuf>,
+    /// PEs per GPU in the self-test; more than 1 runs it under a CUDA MPS daemon of its
+    /// own (NVSHMEM's multiple-PEs-per-GPU mode).
+    pub selftest_pes_per_gpu: u32,
 }
 
 impl VerifyOptions {
@@ -49,6 +52,7 @@ impl VerifyOptions {
             probe_timeout: Duration::from_secs(600),
             log_dir: None,
             selftest: None,
+            selftest_pes_per_gpu: 1,
         }
     }
 }
@@ -97,7 +101,12 @@ pub fn verify_python(opts: &VerifyOptions) -> Result<Report> {
                 Level::Selftest,
                 "no self-test binary given: build it with `cargo xtask build kernels` and pass --selftest PATH",
             ),
-            Some(bin) => crate::selftest::run(bin, &opts.expect, opts.log_dir.as_deref()),
+            Some(bin) => crate::selftest::run(
+                bin,
+                &opts.expect,
+                opts.log_dir.as_deref(),
+                opts.selftest_pes_per_gpu,
+            ),
         }
     } else {
         skipped(Level::Selftest)

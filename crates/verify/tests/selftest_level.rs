@@ -34,7 +34,7 @@ fn a_clean_run_with_the_stacks_library_passes() {
         0,
         &format!("{}/lib/libnvshmem_host.so.3", prefix.display()),
     );
-    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), Some(d.path()));
+    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), Some(d.path()), 1);
     assert_eq!(level.status, Status::Passed, "{level:?}");
     assert!(d.path().join("selftest.log").is_file());
 }
@@ -48,10 +48,10 @@ fn wrong_bytes_fail_and_another_library_fails() {
         1,
         &format!("{}/lib/libnvshmem_host.so.3", prefix.display()),
     );
-    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), None);
+    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), None, 1);
     assert_eq!(level.status, Status::Failed);
     let bin = fake(d.path(), 0, "/usr/lib/libnvshmem_host.so.3");
-    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), None);
+    let level = commstack_verify::selftest::run(&bin, &expect(&prefix), None, 1);
     assert_eq!(level.status, Status::Failed, "{level:?}");
     assert!(format!("{level:?}").contains("not the library under"));
 }

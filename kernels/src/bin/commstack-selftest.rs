@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, anyhow};
 use clap::Parser as _;
 
-use commstack_kernels::options::{Cli, Mode, detect_mode, nvshmem_env_defaults};
+use commstack_kernels::options::{Cli, Mode, detect_mode, nvshmem_env_defaults, require_mps};
 use commstack_kernels::report::{Report, exit_code, render_table};
 use commstack_kernels::selftest::{RankSpec, run_rank};
 use commstack_kernels::{driver, report, rng, spawn};
@@ -37,20 +37,24 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn launch(cli: &Cli, gpus: usize) -> anyhow::Result<i32> {
+    let pes = cli.pes_per_gpu as usize;
+    let world = gpus * pes;
     let opts = cli
         .test
-        .resolve(gpus, rng::fresh_seed)
+        .resolve(world, rng::fresh_seed)
         .map_err(|e| anyhow!(e))?;
-    // Before anything is started: a machine without a driver gets one clear message.
+    // Before anything is started: a machine without a driver (or without the MPS daemon
+    // that several PEs on one GPU need) gets one clear message.
     driver::require_driver()?;
+    require_mps(cli.pes_per_gpu, |k| std::env::var(k).ok()).map_err(|e| anyhow!(e))?;
     eprintln!(
-        "commstack-selftest: {gpus} GPU(s), seed {} ({})",
+        "commstack-selftest: {gpus} GPU(s), {pes} PE(s) each, seed {} ({})",
         opts.seed,
         commstack_kernels::BUILD_INFO
     );
     let exe = std::env::current_exe().context("locating this executable")?;
-    let report = spawn::run_local(&exe, &opts, gpus, Duration::from_secs(cli.timeout))?;
-    finish(cli, &report, gpus, cli.json.clone())
+    let report = spawn::run_local(&exe, &opts, gpus, pes, Duration::from_secs(cli.timeout))?;
+    finish(cli, &report, world, cli.json.clone())
 }
 
 fn worker(
@@ -60,12 +64,9 @@ fn worker(
     local_rank: usize,
     report_to: Option<std::path::PathBuf>,
 ) -> anyhow::Result<i32> {
-    if report_to.is_none() && world > 1 && cli.test.seed.is_none() {
-        bail!(
-            "under a launcher with WORLD_SIZE={world}, pass --seed: every rank must generate the same inputs"
-        );
-    }
-    let opts = cli
+    // Under a launcher each rank resolves its own seed; the rendezvous makes them one
+    // (rank 0's), or refuses the run when ranks were given different ones.
+    let mut opts = cli
         .test
         .resolve(world, rng::fresh_seed)
         .map_err(|e| anyhow!(e))?;
@@ -83,8 +84,9 @@ fn worker(
         world,
         local_rank,
         rdzv: cli.rdzv.clone(),
+        seed_given: cli.test.seed.is_some(),
     };
-    let rank_report = run_rank(&opts, &spec)?;
+    let rank_report = run_rank(&mut opts, &spec)?;
     let mut report = Report::new(opts.seed, world, opts);
     report.ranks.push(rank_report);
     match report_to {

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::k8s::crd::*;
 use crate::k8s::pod::{self, PodParts, var};
-use crate::shape::{PREFLIGHT, Shape};
+use crate::shape::Shape;
 
 pub const PREFLIGHT_JOB: &str = "preflight";
 pub const TESTS_JOB: &str = "selftest";
@@ -165,13 +165,7 @@ pub fn job_set(shape: &Shape) -> JobSet {
                 ReplicatedJob {
                     name: PREFLIGHT_JOB.into(),
                     replicas: d.nodes as i32,
-                    template: job(
-                        shape,
-                        PREFLIGHT_JOB,
-                        1,
-                        PREFLIGHT.iter().map(|s| s.to_string()).collect(),
-                        preflight_env,
-                    ),
+                    template: job(shape, PREFLIGHT_JOB, 1, shape.preflight(), preflight_env),
                     depends_on: Vec::new(),
                 },
                 // Created only once every preflight Job completed.

@@ -1,12 +1,14 @@
 //! The checks, each a function of the host's files, nvidia-smi output and environment.
 
-mod driver;
+pub(crate) mod arch;
+pub(crate) mod driver;
 pub(crate) mod env;
 mod gpu;
-mod ibgda;
+pub(crate) mod ibgda;
 mod input;
-mod memory;
-mod rdma;
+pub(crate) mod kernel;
+pub(crate) mod memory;
+pub(crate) mod rdma;
 
 pub(crate) use input::Host;
 

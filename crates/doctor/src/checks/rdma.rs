@@ -160,3 +160,141 @@ pub(crate) fn peermem(fs: &HostFs, devices: &[RdmaDevice]) -> Check {
     )
     .fix("sudo modprobe nvidia_peermem (and list it in /etc/modules-load.d/ to persist)")
 }
+
+/// A port's GIDs: (index, GID, type such as `IB/RoCE v1` or `RoCE v2`), the zero ones left out.
+fn port_gids(fs: &HostFs, device: &str, port: &str) -> Vec<(String, String, String)> {
+    let base = format!("/sys/class/infiniband/{device}/ports/{port}");
+    fs.list(&format!("{base}/gids"))
+        .into_iter()
+        .filter_map(|i| {
+            let gid = fs.read_attr(&format!("{base}/gids/{i}"))?;
+            if gid.chars().all(|c| c == '0' || c == ':') {
+                return None;
+            }
+            let kind = fs
+                .read_attr(&format!("{base}/gid_attrs/types/{i}"))
+                .unwrap_or_else(|| "?".into());
+            Some((i, gid, kind))
+        })
+        .collect()
+}
+
+/// The GIDs of the ACTIVE ports for the fabric: on InfiniBand a GID on an InfiniBand port,
+/// on RoCE a `RoCE v2` GID on an Ethernet port (an address on the NIC's netdev gives one).
+pub(crate) fn gids(fs: &HostFs, devices: &[RdmaDevice], roce: bool) -> Check {
+    const ID: &str = "rdma-gids";
+    const TITLE: &str = "RDMA ports and GIDs for the fabric";
+    let (layer, fabric) = match roce {
+        true => ("Ethernet", "RoCE"),
+        false => ("InfiniBand", "InfiniBand"),
+    };
+    if devices.is_empty() {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Skip,
+            "no RDMA devices (see rdma-devices)",
+        );
+    }
+    let mut details = Vec::new();
+    let mut usable = Vec::new();
+    let mut other_layer = 0;
+    for d in devices {
+        for (port, state, link) in &d.ports {
+            if !state.contains("ACTIVE") {
+                continue;
+            }
+            if link != layer {
+                other_layer += 1;
+                details.push(format!("{} port {port}: {link}, not {layer}", d.name));
+                continue;
+            }
+            let gids: Vec<_> = port_gids(fs, &d.name, port)
+                .into_iter()
+                .filter(|(_, _, kind)| !roce || kind.eq_ignore_ascii_case("RoCE v2"))
+                .collect();
+            match gids.first() {
+                Some((i, gid, kind)) => {
+                    details.push(format!("{} port {port}: GID {i} {gid} ({kind})", d.name));
+                    usable.push(format!("{}:{port}", d.name));
+                }
+                None => details.push(format!(
+                    "{} port {port}: no {}GID",
+                    d.name,
+                    if roce { "RoCE v2 " } else { "" }
+                )),
+            }
+        }
+    }
+    if !usable.is_empty() {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Pass,
+            format!(
+                "{} {fabric} port(s) with a GID: {}",
+                usable.len(),
+                usable.join(", ")
+            ),
+        )
+        .details(details);
+    }
+    let (finding, fix) = if other_layer > 0 {
+        let other = if roce { "infiniband" } else { "roce" };
+        (
+            format!("no ACTIVE {layer} port: the ACTIVE ports are of another link layer"),
+            format!(
+                "this node's fabric is not {fabric}: run the preflight with `--network {other}` (stack.toml's deploy.network)"
+            ),
+        )
+    } else if roce {
+        (
+            "no ACTIVE Ethernet port has a RoCE v2 GID".to_string(),
+            "give the NIC's network interface an IP address (RoCE v2 GIDs come from its addresses); `show_gids` lists them".to_string(),
+        )
+    } else {
+        (
+            "no ACTIVE InfiniBand port with a GID".to_string(),
+            "check the subnet manager (ibstat: a port gets its GID once the SM brings it up)"
+                .to_string(),
+        )
+    };
+    Check::new(ID, TITLE, Status::Fail, finding)
+        .fix(fix)
+        .details(details)
+}
+
+/// Whether a kernel module is loaded: in /proc/modules, or its /sys/module directory.
+pub(crate) fn module_loaded(fs: &HostFs, name: &str) -> bool {
+    let listed = fs
+        .read("/proc/modules")
+        .ok()
+        .flatten()
+        .is_some_and(|t| loaded_modules(&t).iter().any(|m| m == name));
+    listed || fs.exists(&format!("/sys/module/{name}"))
+}
+
+/// GPU memory the NICs can reach: nvidia_peermem (GPUDirect RDMA), or GDRCopy's gdrdrv.
+pub(crate) fn registration(fs: &HostFs) -> Check {
+    const ID: &str = "gpu-memory-registration";
+    const TITLE: &str = "GPU memory for the NICs (nvidia_peermem or gdrdrv)";
+    let found: Vec<&str> = ["nvidia_peermem", "nv_peer_mem", "gdrdrv"]
+        .into_iter()
+        .filter(|m| module_loaded(fs, m))
+        .collect();
+    if found.is_empty() {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Fail,
+            "neither nvidia_peermem nor gdrdrv is loaded (/proc/modules, /sys/module): NVSHMEM cannot register GPU memory with the NICs (\"neither nv_peer_mem, or nvidia_peermem detected\")",
+        )
+        .fix("on the node: `sudo modprobe nvidia_peermem` (and list it in /etc/modules-load.d/), or install GDRCopy and load gdrdrv");
+    }
+    Check::new(
+        ID,
+        TITLE,
+        Status::Pass,
+        format!("{} loaded", found.join(", ")),
+    )
+}

@@ -9,7 +9,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use commstack_image::{EarlyLoad, Image, ImageInputs, Tool};
+use commstack_doctor::preflight::{Expectations, FABRIC_TRANSPORTS, IMAGE_EXPECTATIONS};
+use commstack_image::{DataFile, EarlyLoad, Image, ImageInputs, Tool};
 use commstack_store::Store;
 
 use crate::ctx::Ctx;
@@ -150,6 +151,52 @@ pub fn verify_tool(ctx: &Ctx, force: bool, say: &dyn Fn(&str)) -> Result<Tool> {
     )?))
 }
 
+/// The doctor (the image's preflight), built reproducibly and stripped into the store for
+/// the image; built again even when the store has it when `force` (as [`selftest_tool`]).
+pub fn doctor_tool(ctx: &Ctx, force: bool, say: &dyn Fn(&str)) -> Result<Tool> {
+    let store = Store::open(ctx.store_dir())?;
+    let root = commstack_tools::workspace_root();
+    Ok(image_tool(&commstack_tools::build_doctor_tool(
+        &store,
+        (!ctx.quiet).then_some(say),
+        &root,
+        force,
+    )?))
+}
+
+/// What the image needs of a node, from the lock and the build settings: the lock's CUDA,
+/// the archs built (`--cuda-archs` included), NVSHMEM's fabric transports that are on
+/// (`--no-ibgda` included) and DeepEP's API. The image carries it as preflight.json.
+pub fn preflight_expectations(settings: &Settings) -> Result<Expectations> {
+    let on: Vec<&str> = FABRIC_TRANSPORTS
+        .iter()
+        .copied()
+        .filter(|t| settings.nvshmem.switches.is_on(t))
+        .collect();
+    Expectations::new(
+        &settings.lock.resolved.cuda,
+        &settings.cuda_archs,
+        &on,
+        settings.lock.resolved.deepep_api,
+    )
+    .with_context(|| {
+        format!(
+            "the lock's CUDA version {:?} is not major.minor[.patch]: run `cargo xtask lock --force`",
+            settings.lock.resolved.cuda
+        )
+    })
+}
+
+/// preflight.json as the image step writes it.
+fn preflight_file(settings: &Settings) -> Result<DataFile> {
+    Ok(DataFile {
+        image_path: IMAGE_EXPECTATIONS.to_string(),
+        bytes: preflight_expectations(settings)?.to_json().into_bytes(),
+        source: "the lock's CUDA and DeepEP API, the build's cuda-archs and NVSHMEM transports"
+            .to_string(),
+    })
+}
+
 /// One of our binaries as the image step takes it, at [`IMAGE_BIN`].
 fn image_tool(built: &commstack_tools::OwnTool) -> Tool {
     tool_at(
@@ -189,6 +236,7 @@ pub fn image_step(
             base_dir: base_dir.to_path_buf(),
             wheelhouse_dir: wheelhouse_dir.to_path_buf(),
             tools,
+            data: vec![preflight_file(settings)?],
             name: image_settings.name.clone(),
             user: image_settings.user.clone(),
             source_url,
