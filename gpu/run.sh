@@ -226,9 +226,12 @@ step_nvshmem() {
 
 # The shape of an ELF file with nvcc's per-build ids taken out: its sections and their
 # sizes, and its symbols with every 8-hex module id (nvcc hashes the source file's physical
-# path into `__fatbinwrap_<id>_...`, `__nv_static_NN__<id>_...`) replaced by ID.
+# path into `__fatbinwrap_<id>_...`, `__nv_static_NN__<id>_...`) replaced by ID. The device
+# code containers (*fatbin*) are compared by name only: they hold the device ELF with those
+# ids, compressed, so their size moves with the ids (seen: the same .cu compiled -rdc in two
+# directories gives __nv_relfatbin of 0x608 and 0x600 bytes, all else equal).
 elf_shape() {
-    readelf -SW "$1" | awk '/^ *\[ *[0-9]+\]/ {sub(/^ *\[ *[0-9]+\] */, ""); print $1, $5}'
+    readelf -SW "$1" | awk '/^ *\[ *[0-9]+\]/ {sub(/^ *\[ *[0-9]+\] */, ""); print $1, ($1 ~ /fatbin/ ? "-" : $5)}'
     nm -a "$1" 2>/dev/null | awk '{print $NF}' | sed -E 's/[0-9a-f]{8}/ID/g' | sort
 }
 
@@ -246,10 +249,26 @@ same_but_ids() {
                  diff -q <(elf_shape "$t/a/$m") <(elf_shape "$t/b/$m") >/dev/null \
                      || { echo "  member $m differs beyond module ids:"; diff <(elf_shape "$t/a/$m") <(elf_shape "$t/b/$m") | sed -n '1,10p'; bad=1; }
              done
-             rm -rf "$t"; return $bad ;;
-        *) diff -q <(elf_shape "$a") <(elf_shape "$b") >/dev/null && return 0
-           diff <(elf_shape "$a") <(elf_shape "$b") | sed -n '1,10p'; return 1 ;;
+             rm -rf "$t"; [ $bad = 0 ] || return 1 ;;
+        *) diff -q <(elf_shape "$a") <(elf_shape "$b") >/dev/null \
+               || { diff <(elf_shape "$a") <(elf_shape "$b") | sed -n '1,10p'; return 1; } ;;
     esac
+    same_device_code "$a" "$b"
+}
+
+# The device code itself, where CUDA's disassembler is at hand (the GPU machine's
+# /usr/local/cuda/bin): the SASS of both files with the module ids taken out.
+same_device_code() {
+    local cuobjdump="${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump"
+    [ -x "$cuobjdump" ] || { echo "  device code not compared: no $cuobjdump"; return 0; }
+    local sa sb
+    sa="$("$cuobjdump" -sass "$1" 2>&1)" sb="$("$cuobjdump" -sass "$2" 2>&1)"
+    case "$sa$sb" in *fatal*) echo "  device code not compared: $(echo "$sa$sb" | grep -m1 fatal)"; return 0 ;; esac
+    if [ "$(sed -E 's/[0-9a-f]{8}/ID/g' <<<"$sa")" = "$(sed -E 's/[0-9a-f]{8}/ID/g' <<<"$sb")" ]; then
+        echo "  device code (SASS, ids taken out) the same"
+    else
+        echo "  device code (SASS) differs beyond module ids"; return 1
+    fi
 }
 
 step_nvshmem_static() { # the same build with the static library (A/B), and what differs
