@@ -319,7 +319,12 @@ impl<S: StepId> Clock<S> {
 
     /// The row of a step made here (built, pulled, or failed): its start and end, the
     /// step beside it, and how long it waited after the last step it reads had ended.
-    pub(crate) fn made(&mut self, mut r: Ran<S>, (start, end): (f64, f64), beside: Option<S>) -> Ran<S> {
+    pub(crate) fn made(
+        &mut self,
+        mut r: Ran<S>,
+        (start, end): (f64, f64),
+        beside: Option<S>,
+    ) -> Ran<S> {
         let ready = r
             .step
             .deps()

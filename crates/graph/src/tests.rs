@@ -315,11 +315,22 @@ fn check_and_ship_run_at_the_same_time() {
         assert!((r.end - r.start - r.seconds).abs() < 1e-6, "{r:?}");
     }
     for (before, after) in [(Toy::Compile, Toy::Link), (Toy::Link, Toy::Bundle)] {
-        assert!(at(before).end <= at(after).start, "{:?} {:?}", at(before), at(after));
+        assert!(
+            at(before).end <= at(after).start,
+            "{:?} {:?}",
+            at(before),
+            at(after)
+        );
     }
     let (check, ship) = (at(Toy::Check), at(Toy::Ship));
-    assert_eq!((check.beside, ship.beside), (Some(Toy::Ship), Some(Toy::Check)));
-    assert!(check.start < ship.end && ship.start < check.end, "{check:?} {ship:?}");
+    assert_eq!(
+        (check.beside, ship.beside),
+        (Some(Toy::Ship), Some(Toy::Check))
+    );
+    assert!(
+        check.start < ship.end && ship.start < check.end,
+        "{check:?} {ship:?}"
+    );
     assert!(at(Toy::Link).beside.is_none());
     let json = serde_json::to_value(check).unwrap();
     assert_eq!(json["beside"], "ship");

@@ -31,6 +31,11 @@ struct Summary<'a> {
     lock: String,
     ok: bool,
     seconds: f64,
+    /// When the command started (RFC 3339, UTC); each step's start and end count from
+    /// the graph's run, which begins after the lock and the plan.
+    started: String,
+    /// Seconds from the command's start to the graph's run (the lock, the plan).
+    run_offset: f64,
     steps: &'a [Ran],
     /// The steps whose outputs entered without a trusted signature (`--allow-unsigned`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -138,6 +143,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         return check(ctx, graph, args);
     }
     let started = Instant::now();
+    let started_at = jiff::Timestamp::now();
     let dir = stack_dir(ctx)?;
     let summary_file = dir.join("summary.json");
     if graph.json {
@@ -191,6 +197,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
             summary_file,
         });
     }
+    let run_offset = started.elapsed().as_secs_f64();
     let report = engine.run(&steps, plan)?;
     let mut exit = ExitCode::SUCCESS;
     let failed = match &report.failed {
@@ -229,6 +236,8 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         lock: ctx.lock_path().display().to_string(),
         ok: failed.is_none(),
         seconds: started.elapsed().as_secs_f64(),
+        started: started_at.round(jiff::Unit::Second)?.to_string(),
+        run_offset,
         verify: verify_levels(&report.rows, graph.gpus),
         unsigned: report
             .rows
@@ -245,6 +254,15 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     match graph.json {
         true => println!("{json}"),
         false => print_summary(&summary, &summary_file),
+    }
+    if graph.timings {
+        let page = commstack_timings::write_beside(&summary_file).with_context(|| {
+            format!(
+                "writing the timings page of {} (the build itself is done: its summary is there)",
+                summary_file.display()
+            )
+        })?;
+        eprintln!("timings: {}", page.display());
     }
     Ok(Built {
         rows: report.rows,
@@ -557,8 +575,9 @@ build --check: building again in {} with {}",
 /// This command's arguments without what the second build sets itself (`--check`, the
 /// output and the selection flags, `--force`, `--jobs`, `--home`).
 fn strip_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const FLAGS: [&str; 6] = [
+    const FLAGS: [&str; 7] = [
         "--check",
+        "--timings",
         "--json",
         "--force",
         "--dry-run",
@@ -651,6 +670,8 @@ mod tests {
             lock: "stack.lock".into(),
             ok: true,
             seconds: 1.0,
+            started: "2026-12-04T20:00:00Z".into(),
+            run_offset: 0.5,
             steps: &rows,
             unsigned,
             verify: Vec::new(),

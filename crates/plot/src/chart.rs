@@ -40,7 +40,9 @@ fn x_range(runs: &[Run]) -> (f64, f64) {
     runs.iter()
         .flat_map(|r| r.curves.sizes())
         .map(|b| (b.max(1) as f64).log2())
-        .fold((12.0, 28.0), |(lo, hi), x| (lo.min(x.floor()), hi.max(x.ceil())))
+        .fold((12.0, 28.0), |(lo, hi), x| {
+            (lo.min(x.floor()), hi.max(x.ceil()))
+        })
 }
 
 pub fn svg(runs: &[Run]) -> Result<String> {
@@ -61,7 +63,11 @@ type DrawResult = std::result::Result<(), Box<dyn std::error::Error + 'static>>;
 
 /// One line with markers, in the legend as `name`.
 fn line<'a, DB: DrawingBackend + 'a>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>>,
+    chart: &mut ChartContext<
+        'a,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
     points: &[(u64, f64)],
     hex: &str,
     run: usize,
@@ -87,7 +93,10 @@ where
                 + PathElement::new(vec![(0, 0), (24, 0)], c.stroke_width(2))
                 + marker(run, (12, 0), c)
         });
-    chart.draw_series(xy.into_iter().map(|p| EmptyElement::at(p) + marker(run, (0, 0), c)))?;
+    chart.draw_series(
+        xy.into_iter()
+            .map(|p| EmptyElement::at(p) + marker(run, (0, 0), c)),
+    )?;
     Ok(())
 }
 
@@ -117,7 +126,10 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
     let (lo, hi) = x_range(runs);
     let top = runs.iter().map(|r| r.curves.max_gbps()).fold(1.0, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(area)
-        .caption("NVSHMEM self-test: bandwidth against message size", ("sans-serif", 22))
+        .caption(
+            "NVSHMEM self-test: bandwidth against message size",
+            ("sans-serif", 22),
+        )
         .margin(14)
         .x_label_area_size(46)
         .y_label_area_size(72)
@@ -134,9 +146,27 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
     let several = runs.len() > 1;
     for (i, run) in runs.iter().enumerate() {
         let c = &run.curves;
-        line(&mut chart, &c.put, PUT_COLOURS[i % 3], i, legend_name("put", run, several))?;
-        line(&mut chart, &c.get, GET_COLOURS[i % 3], i, legend_name("get", run, several))?;
-        line(&mut chart, &c.copy, COPY_COLOURS[i % 3], i, legend_name("copy", run, several))?;
+        line(
+            &mut chart,
+            &c.put,
+            PUT_COLOURS[i % 3],
+            i,
+            legend_name("put", run, several),
+        )?;
+        line(
+            &mut chart,
+            &c.get,
+            GET_COLOURS[i % 3],
+            i,
+            legend_name("get", run, several),
+        )?;
+        line(
+            &mut chart,
+            &c.copy,
+            COPY_COLOURS[i % 3],
+            i,
+            legend_name("copy", run, several),
+        )?;
     }
     chart
         .configure_series_labels()
@@ -157,7 +187,10 @@ fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
         .map(|(_, r)| *r)
         .fold(110.0, f64::max);
     let mut chart = ChartBuilder::on(area)
-        .caption("put and get as a percentage of copy (cuMemcpyDtoDAsync)", ("sans-serif", 18))
+        .caption(
+            "put and get as a percentage of copy (cuMemcpyDtoDAsync)",
+            ("sans-serif", 18),
+        )
         .margin(14)
         .x_label_area_size(46)
         .y_label_area_size(72)
@@ -174,8 +207,20 @@ fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
         .draw()?;
     let several = runs.len() > 1;
     for (i, (run, (put, get))) in runs.iter().zip(&ratios).enumerate() {
-        line(&mut chart, put, PUT_COLOURS[i % 3], i, legend_name("put/copy", run, several))?;
-        line(&mut chart, get, GET_COLOURS[i % 3], i, legend_name("get/copy", run, several))?;
+        line(
+            &mut chart,
+            put,
+            PUT_COLOURS[i % 3],
+            i,
+            legend_name("put/copy", run, several),
+        )?;
+        line(
+            &mut chart,
+            get,
+            GET_COLOURS[i % 3],
+            i,
+            legend_name("get/copy", run, several),
+        )?;
     }
     chart
         .configure_series_labels()

@@ -38,9 +38,17 @@ impl Shown {
     }
 
     /// How many pixels of the rows `rows` have `colour` (within `tolerance`).
-    pub fn count_in_rows(&self, rows: std::ops::Range<u32>, colour: [u8; 3], tolerance: u8) -> usize {
+    pub fn count_in_rows(
+        &self,
+        rows: std::ops::Range<u32>,
+        colour: [u8; 3],
+        tolerance: u8,
+    ) -> usize {
         let w = self.width as usize * 4;
-        let (a, b) = (rows.start as usize * w, (rows.end.min(self.height)) as usize * w);
+        let (a, b) = (
+            rows.start as usize * w,
+            (rows.end.min(self.height)) as usize * w,
+        );
         self.rgba[a..b]
             .chunks_exact(4)
             .filter(|p| close([p[0], p[1], p[2]], colour, tolerance))
@@ -87,7 +95,9 @@ fn browser() -> PathBuf {
 fn run(scratch: &Path, args: &[String], file: &Path) -> Vec<u8> {
     let url = format!(
         "file://{}",
-        std::path::absolute(file).expect("an absolute path").display()
+        std::path::absolute(file)
+            .expect("an absolute path")
+            .display()
     );
     let out = scratch.join("stdout");
     let mut child = Command::new(browser())
@@ -100,7 +110,10 @@ fn run(scratch: &Path, args: &[String], file: &Path) -> Vec<u8> {
             "--disable-extensions",
             "--force-device-scale-factor=1",
         ])
-        .arg(format!("--user-data-dir={}", scratch.join("profile").display()))
+        .arg(format!(
+            "--user-data-dir={}",
+            scratch.join("profile").display()
+        ))
         .args(args)
         .arg(&url)
         .env("HOME", scratch)
@@ -121,7 +134,10 @@ fn run(scratch: &Path, args: &[String], file: &Path) -> Vec<u8> {
         std::thread::sleep(Duration::from_millis(50));
     };
     let stderr = std::fs::read_to_string(scratch.join("stderr")).unwrap_or_default();
-    assert!(status.success(), "the browser failed ({status}) on {url}:\n{stderr}");
+    assert!(
+        status.success(),
+        "the browser failed ({status}) on {url}:\n{stderr}"
+    );
     std::fs::read(&out).expect("the browser's stdout")
 }
 
@@ -142,7 +158,8 @@ pub fn show(file: &Path, width: u32, height: u32, scratch: &Path) -> Shown {
     let dom = String::from_utf8(run(scratch, &["--dump-dom".to_string()], file))
         .expect("the DOM is UTF-8");
     let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(&png).unwrap_or_else(|e| panic!("no screenshot {}: {e}", png.display())),
+        std::fs::File::open(&png)
+            .unwrap_or_else(|e| panic!("no screenshot {}: {e}", png.display())),
     ));
     let mut decoder = decoder;
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);

@@ -71,7 +71,10 @@ pub fn parse_ninja_log(text: &str) -> Result<NinjaLog> {
             bail!("line {}: {} fields, expected 5: {line:?}", n + 2, f.len());
         };
         let (Ok(start_ms), Ok(end_ms)) = (start.parse::<u64>(), end.parse::<u64>()) else {
-            bail!("line {}: start and end are not milliseconds: {line:?}", n + 2);
+            bail!(
+                "line {}: start and end are not milliseconds: {line:?}",
+                n + 2
+            );
         };
         // Jobs are logged as they end: an end before the last one is a later ninja run.
         if runs
@@ -100,7 +103,12 @@ pub fn parse_ninja_log(text: &str) -> Result<NinjaLog> {
         }
     }
     let earlier_runs = runs.len() - 1;
-    let mut jobs: Vec<Job> = runs.pop().expect("one run").into_iter().map(|(j, _)| j).collect();
+    let mut jobs: Vec<Job> = runs
+        .pop()
+        .expect("one run")
+        .into_iter()
+        .map(|(j, _)| j)
+        .collect();
     jobs.sort_by(|a, b| (a.start_ms, a.end_ms).cmp(&(b.start_ms, b.end_ms)));
     let mut lane_ends: Vec<u64> = Vec::new();
     for j in &mut jobs {

@@ -49,8 +49,9 @@ fn header(out: &mut String, s: &Summary) {
     let reused = s.steps.iter().filter(|r| r.outcome == "reused").count();
     let _ = write!(
         out,
-        "<h1>commstack build timings</h1>\n<p class=\"meta\" id=\"meta\" data-seconds=\"{}\" data-ok=\"{}\">stack {}<br>lock {}<br>{}{} in <b>{:.1} s</b>: {made} step(s) made here, {reused} reused</p>\n",
+        "<h1>commstack build timings</h1>\n<p class=\"meta\" id=\"meta\" data-seconds=\"{}\" data-run-offset=\"{}\" data-ok=\"{}\">stack {}<br>lock {}<br>{}{} in <b>{:.1} s</b>: {made} step(s) made here, {reused} reused; the steps' times count from the graph's run, {:.1} s after the command started (the lock and the plan)</p>\n",
         s.seconds,
+        s.run_offset,
         s.ok,
         esc(&s.stack),
         esc(&s.lock),
@@ -62,7 +63,8 @@ fn header(out: &mut String, s: &Summary) {
             true => "done".to_string(),
             false => "<span class=\"failed\">FAILED</span>".to_string(),
         },
-        s.seconds
+        s.seconds,
+        s.run_offset
     );
     if let Some(f) = &s.failed {
         let _ = write!(

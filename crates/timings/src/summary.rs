@@ -19,6 +19,10 @@ pub struct Summary {
     /// When the run started (RFC 3339), when the summary records it.
     #[serde(default)]
     pub started: Option<String>,
+    /// Seconds from the command's start to the graph's run (the lock, the plan): the
+    /// steps' times count from the run.
+    #[serde(default)]
+    pub run_offset: f64,
     pub steps: Vec<Step>,
     #[serde(default)]
     pub verify: Vec<Verify>,
@@ -94,7 +98,11 @@ impl Summary {
                 path.display()
             )
         })?;
-        if let Some(step) = s.steps.iter().find(|r| r.start.is_none() || r.end.is_none()) {
+        if let Some(step) = s
+            .steps
+            .iter()
+            .find(|r| r.start.is_none() || r.end.is_none())
+        {
             bail!(
                 "{}: step {} has no start and end times (a build before they were recorded): run `cargo xtask build --timings` again",
                 path.display(),
@@ -104,12 +112,13 @@ impl Summary {
         Ok(s)
     }
 
-    /// The end of the timeline: the last step's end, or the whole command when longer.
+    /// The end of the timeline (seconds since the run started): the last step's end, or
+    /// the end of the whole command when later.
     pub fn span(&self) -> f64 {
         self.steps
             .iter()
             .map(|s| s.times().1)
-            .fold(self.seconds, f64::max)
+            .fold(self.seconds - self.run_offset, f64::max)
     }
 
     /// The steps that ran at the same time as `step`, any part of it.

@@ -105,6 +105,9 @@ mod tests {
         assert_eq!(tick_label(240.0), "4 min");
         assert_eq!(tick_label(90.0), "90 s");
         assert_eq!(tick_label(2.5), "2.5 s");
-        assert_eq!(esc("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
     }
 }

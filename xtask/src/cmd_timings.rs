@@ -1,0 +1,37 @@
+//! `cargo xtask timings SUMMARY.json`: a build's timings page again, from its summary.json
+//! and the ninja logs its steps name (what `build --timings` writes).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use commstack_steps::ctx::Ctx;
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+The page (one HTML file: inline SVG and CSS, no script, no network) shows every step on a
+timeline with its wait and run time and what ran beside it, NVSHMEM's and DeepEP's compile
+jobs from their ninja logs, and the summary table. A ninja log a step names that is gone is
+looked for in <summary dir>/ninja/<step>/ (copy it there to render a summary elsewhere).")]
+pub struct Args {
+    /// A build's summary.json (`cargo xtask build` writes <home>/pipeline/<stack>/summary.json).
+    #[arg(value_name = "SUMMARY.json")]
+    summary: PathBuf,
+    /// Where to write the page (default: timings.html beside the summary).
+    #[arg(long, short, value_name = "FILE.html")]
+    out: Option<PathBuf>,
+}
+
+pub fn run(_ctx: &Ctx, args: Args) -> Result<ExitCode> {
+    let out = match args.out {
+        None => commstack_timings::write_beside(&args.summary)?,
+        Some(out) => {
+            let html = commstack_timings::render(&args.summary)?;
+            std::fs::write(&out, html)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            out
+        }
+    };
+    println!("{}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
