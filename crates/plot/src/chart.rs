@@ -131,6 +131,7 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
             ("sans-serif", 22),
         )
         .margin(14)
+        .margin_right(44)
         .x_label_area_size(46)
         .y_label_area_size(72)
         .build_cartesian_2d(lo..hi, 0.0..top)?;
@@ -138,6 +139,8 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
         .configure_mesh()
         .x_labels((hi - lo) as usize + 1)
         .x_label_formatter(&|v| size_label(*v))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .light_line_style(RGBColor(238, 238, 238))
         .x_desc("message size (log2 scale)")
         .y_desc("GB/s (median)")
         .label_style(("sans-serif", 13))
@@ -192,6 +195,7 @@ fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
             ("sans-serif", 18),
         )
         .margin(14)
+        .margin_right(44)
         .x_label_area_size(46)
         .y_label_area_size(72)
         .build_cartesian_2d(lo..hi, 0.0..top)?;
@@ -200,6 +204,7 @@ fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
         .x_labels((hi - lo) as usize + 1)
         .x_label_formatter(&|v| size_label(*v))
         .y_label_formatter(&|v| format!("{v:.0}%"))
+        .light_line_style(RGBColor(238, 238, 238))
         .x_desc("message size (log2 scale)")
         .y_desc("% of copy")
         .label_style(("sans-serif", 13))

@@ -157,6 +157,13 @@ pub fn show(file: &Path, width: u32, height: u32, scratch: &Path) -> Shown {
     );
     let dom = String::from_utf8(run(scratch, &["--dump-dom".to_string()], file))
         .expect("the DOM is UTF-8");
+    // To look at what a test saw: COMMSTACK_KEEP_SCREENSHOTS=DIR keeps each screenshot
+    // there, named after the file shown.
+    if let Some(keep) = std::env::var_os("COMMSTACK_KEEP_SCREENSHOTS") {
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        let _ = std::fs::create_dir_all(&keep);
+        let _ = std::fs::copy(&png, Path::new(&keep).join(format!("{name}.png")));
+    }
     let decoder = png::Decoder::new(std::io::BufReader::new(
         std::fs::File::open(&png)
             .unwrap_or_else(|e| panic!("no screenshot {}: {e}", png.display())),

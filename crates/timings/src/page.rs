@@ -18,7 +18,7 @@ const STYLE: &str = "body{font-family:sans-serif;margin:16px 24px;color:#111}\
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}h3{font-size:15px}\
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}\
 td.num,th.num{text-align:right}svg text{font-size:12px;font-family:sans-serif}\
-.meta{font-size:14px}.failed{color:#d62728;font-weight:bold}.note{font-size:13px;color:#444}";
+.meta{font-size:14px}.failed{color:#d62728;font-weight:bold}pre.failed{white-space:pre-wrap}.note{font-size:13px;color:#444}";
 
 /// The whole page.
 pub fn page(s: &Summary, logs: &[(String, NinjaLog)]) -> String {
