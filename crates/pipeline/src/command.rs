@@ -2,7 +2,7 @@
 //! image`: the lock first, then the plan, the run, and the summary.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -199,22 +199,10 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
     }
     let run_offset = started.elapsed().as_secs_f64();
     let report = engine.run(&steps, plan)?;
-    let mut exit = ExitCode::SUCCESS;
-    let failed = match &report.failed {
-        None => None,
-        Some((step, err, log)) => {
-            exit = ExitCode::FAILURE;
-            let error: Vec<String> = format!("{err:#}")
-                .lines()
-                .take(20)
-                .map(|l| commstack_digest::terminal_safe(l).into_owned())
-                .collect();
-            Some(Failure {
-                step: *step,
-                log: log.clone(),
-                error,
-            })
-        }
+    let failed = failure(&report.failed);
+    let exit = match failed {
+        None => ExitCode::SUCCESS,
+        Some(_) => ExitCode::FAILURE,
     };
     if failed.is_none() && (graph.oci.is_some() || graph.context.is_some()) {
         let image = report
@@ -248,15 +236,43 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         steps: &report.rows,
         failed,
     };
-    let json = serde_json::to_string_pretty(&summary)?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    commstack_store::write_all_atomically(&[(&summary_file, &json)])?;
+    write_summary(graph, &summary, &summary_file)?;
+    Ok(Built {
+        rows: report.rows,
+        exit,
+        summary_file,
+    })
+}
+
+/// The failed step's row of the summary: its error's first lines, made safe for a terminal.
+fn failure(failed: &Option<(StepId, anyhow::Error, PathBuf)>) -> Option<Failure> {
+    let (step, err, log) = failed.as_ref()?;
+    let error: Vec<String> = format!("{err:#}")
+        .lines()
+        .take(20)
+        .map(|l| commstack_digest::terminal_safe(l).into_owned())
+        .collect();
+    Some(Failure {
+        step: *step,
+        log: log.clone(),
+        error,
+    })
+}
+
+/// summary.json (atomically), the table or the JSON on stdout, and with --timings the
+/// timings page beside summary.json.
+fn write_summary(graph: &GraphOptions, summary: &Summary, summary_file: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(summary)?;
+    if let Some(dir) = summary_file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    commstack_store::write_all_atomically(&[(summary_file, &json)])?;
     match graph.json {
         true => println!("{json}"),
-        false => print_summary(&summary, &summary_file),
+        false => print_summary(summary, summary_file),
     }
     if graph.timings {
-        let page = commstack_timings::write_beside(&summary_file).with_context(|| {
+        let page = commstack_timings::write_beside(summary_file).with_context(|| {
             format!(
                 "writing the timings page of {} (the build itself is done: its summary is there)",
                 summary_file.display()
@@ -264,11 +280,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         })?;
         eprintln!("timings: {}", page.display());
     }
-    Ok(Built {
-        rows: report.rows,
-        exit,
-        summary_file,
-    })
+    Ok(())
 }
 
 /// The binary cache of `--substitute REGISTRY`, else of stack.toml's [cache] registry;
