@@ -267,6 +267,6 @@ mod ninja_log_tests {
         );
         assert_eq!(fs::read_to_string(&kept[1]).unwrap(), "nested");
         // No build directory: nothing kept, no error.
-        assert!(keep_ninja_logs(&d.path().join("none"), &logs).len() == 0);
+        assert!(keep_ninja_logs(&d.path().join("none"), &logs).is_empty());
     }
 }

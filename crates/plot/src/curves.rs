@@ -17,17 +17,20 @@ pub struct Run {
     pub curves: Curves,
 }
 
+/// (bytes, value) points, ascending in bytes.
+pub type Points = Vec<(u64, f64)>;
+
 /// (bytes, GB/s), ascending in bytes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Curves {
-    pub put: Vec<(u64, f64)>,
-    pub get: Vec<(u64, f64)>,
-    pub copy: Vec<(u64, f64)>,
+    pub put: Points,
+    pub get: Points,
+    pub copy: Points,
 }
 
 impl Curves {
     /// put / copy and get / copy in percent, at the sizes both were measured at.
-    pub fn ratios(&self) -> (Vec<(u64, f64)>, Vec<(u64, f64)>) {
+    pub fn ratios(&self) -> (Points, Points) {
         let copy: BTreeMap<u64, f64> = self.copy.iter().copied().collect();
         let over = |xs: &[(u64, f64)]| {
             xs.iter()

@@ -109,7 +109,7 @@ pub fn parse_ninja_log(text: &str) -> Result<NinjaLog> {
         .into_iter()
         .map(|(j, _)| j)
         .collect();
-    jobs.sort_by(|a, b| (a.start_ms, a.end_ms).cmp(&(b.start_ms, b.end_ms)));
+    jobs.sort_by_key(|j| (j.start_ms, j.end_ms));
     let mut lane_ends: Vec<u64> = Vec::new();
     for j in &mut jobs {
         j.lane = match lane_ends.iter().position(|e| *e <= j.start_ms) {

@@ -187,9 +187,9 @@ fn ninja_timeline(out: &mut String, step: &str, log: &NinjaLog) {
     let lanes = log.lanes().max(1);
     let top = 30.0;
     let axis_y = top + lanes as f64 * LANE + 6.0;
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "<h3>{} — {}: {} jobs in {:.1} s on ninja's clock (0 = ninja started), up to {} at once, {:.1} s of jobs together{}</h3>\n",
+        "<h3>{} — {}: {} jobs in {:.1} s on ninja's clock (0 = ninja started), up to {} at once, {:.1} s of jobs together{}</h3>",
         esc(step),
         esc(&log.name),
         log.jobs.len(),
@@ -246,7 +246,7 @@ fn ninja_timeline(out: &mut String, step: &str, log: &NinjaLog) {
 /// The ten longest jobs of a log.
 fn slowest(out: &mut String, step: &str, log: &NinjaLog) {
     let mut jobs: Vec<_> = log.jobs.iter().collect();
-    jobs.sort_by(|a, b| (b.end_ms - b.start_ms).cmp(&(a.end_ms - a.start_ms)));
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.end_ms - j.start_ms));
     let _ = write!(
         out,
         "<table class=\"slowest\" data-step=\"{}\"><tr><th>longest jobs</th><th class=\"num\">seconds</th></tr>",

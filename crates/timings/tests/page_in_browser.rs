@@ -231,10 +231,7 @@ fn a_ninja_log_moved_beside_the_summary_is_found_there() {
     std::fs::remove_dir_all(d.path().join("store")).unwrap();
     let again = commstack_timings::render(&other.join("summary.json")).unwrap();
     assert_eq!(first, again);
-    assert_eq!(
-        again.matches(r#"<rect class="job""#).count() >= nv_jobs,
-        true
-    );
+    assert!(again.matches(r#"<rect class="job""#).count() > nv_jobs);
     // A log gone from both places is an error naming it and where to put it.
     std::fs::remove_dir_all(other.join("ninja/deepep")).unwrap();
     let err = format!(
