@@ -18,14 +18,20 @@ pub struct Args {
     #[arg(value_name = "SUMMARY.json")]
     summary: PathBuf,
     /// Where to write the page (default: timings.html beside the summary).
-    #[arg(long, short, value_name = "FILE.html")]
+    #[arg(long, short, value_name = "FILE.html", conflicts_with = "copy_to")]
     out: Option<PathBuf>,
+    /// Copy the report into DIR (which must not exist): summary.json, the ninja logs under
+    /// ninja/<step>/, and timings.html rendered from them, so that it renders again from
+    /// DIR alone (how docs/timings-example/ was made).
+    #[arg(long, value_name = "DIR")]
+    copy_to: Option<PathBuf>,
 }
 
 pub fn run(_ctx: &Ctx, args: Args) -> Result<ExitCode> {
-    let out = match args.out {
-        None => commstack_timings::write_beside(&args.summary)?,
-        Some(out) => {
+    let out = match (args.out, args.copy_to) {
+        (_, Some(dir)) => commstack_timings::copy_report(&args.summary, &dir)?,
+        (None, None) => commstack_timings::write_beside(&args.summary)?,
+        (Some(out), None) => {
             let html = commstack_timings::render(&args.summary)?;
             std::fs::write(&out, html)
                 .with_context(|| format!("cannot write {}", out.display()))?;

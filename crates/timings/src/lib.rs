@@ -33,6 +33,49 @@ pub fn render(summary: &Path) -> Result<String> {
     Ok(page::page(&s, &logs))
 }
 
+/// Copies the report of `summary` into the directory `to` (which must not exist):
+/// `summary.json`, the ninja logs its steps name under `ninja/<step>/`, and
+/// `timings.html` rendered from those copies (so it renders again from `to` alone, on any
+/// machine). Returns the page's path.
+pub fn copy_report(summary: &Path, to: &Path) -> Result<PathBuf> {
+    if to.exists() {
+        anyhow::bail!(
+            "{}: it exists; give a directory that does not",
+            to.display()
+        );
+    }
+    let s = Summary::read(summary)?;
+    let logs = summary::ninja_log_paths(&s, summary)?;
+    let tmp = to.with_file_name(format!(
+        ".{}.tmp",
+        to.file_name()
+            .map(|f| f.to_string_lossy())
+            .unwrap_or_default()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let copy = || -> Result<()> {
+        for (step, path) in &logs {
+            let dir = tmp.join("ninja").join(step);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let name = path.file_name().context("a ninja log's file name")?;
+            std::fs::copy(path, dir.join(name))
+                .with_context(|| format!("cannot copy {}", path.display()))?;
+        }
+        std::fs::copy(summary, tmp.join("summary.json"))
+            .with_context(|| format!("cannot copy {}", summary.display()))?;
+        write_beside(&tmp.join("summary.json"))?;
+        Ok(())
+    };
+    if let Err(e) = copy() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, to)
+        .with_context(|| format!("cannot move the copy to {}", to.display()))?;
+    Ok(to.join(FILE))
+}
+
 /// Renders the page of `summary` into `timings.html` beside it (written atomically);
 /// returns its path.
 pub fn write_beside(summary: &Path) -> Result<PathBuf> {

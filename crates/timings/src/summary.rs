@@ -139,10 +139,11 @@ impl Summary {
 /// Facts key of the ninja logs a step kept (paths).
 pub const NINJA_LOGS: &str = "ninja_logs";
 
-/// The ninja logs of the steps made in this run, in step order: each path a step's facts
-/// name, or, where that file is gone, the file of the same name in
-/// `<summary dir>/ninja/<step>/` (where a copied report keeps them).
-pub fn ninja_logs(s: &Summary, summary: &Path) -> Result<Vec<(String, NinjaLog)>> {
+/// The ninja log files of the steps built in this run, in step order: each path a step's
+/// facts name, or, where that file is gone, the file of the same name in
+/// `<summary dir>/ninja/<step>/` (where a copied report keeps them); an error names a log
+/// found in neither.
+pub fn ninja_log_paths(s: &Summary, summary: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = summary.parent().unwrap_or(Path::new("."));
     let mut out = Vec::new();
     for step in s.steps.iter().filter(|r| r.outcome == "built") {
@@ -156,26 +157,35 @@ pub fn ninja_logs(s: &Summary, summary: &Path) -> Result<Vec<(String, NinjaLog)>
                 .map(|f| dir.join("ninja").join(&step.step).join(f));
             let path = match kept {
                 Some(k) if !named.is_file() && k.is_file() => k,
-                _ => named,
-            };
-            let text = std::fs::read_to_string(&path).with_context(|| {
-                format!(
-                    "cannot read the ninja log {} that step {} of {} names (copy it to {}/ninja/{}/ to render this summary elsewhere)",
-                    path.display(),
+                _ if named.is_file() => named,
+                _ => bail!(
+                    "the ninja log {} that step {} of {} names is gone, and {}/ninja/{}/ has none of its name (copy it there to render this summary elsewhere)",
+                    named.display(),
                     step.step,
                     summary.display(),
                     dir.display(),
                     step.step
-                )
-            })?;
-            let log = parse_ninja_log(&text)
-                .with_context(|| format!("{}: not a ninja log", path.display()))?;
-            let name = path
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            out.push((step.step.clone(), NinjaLog { name, ..log }));
+                ),
+            };
+            out.push((step.step.clone(), path));
         }
+    }
+    Ok(out)
+}
+
+/// The ninja logs of [`ninja_log_paths`], read.
+pub fn ninja_logs(s: &Summary, summary: &Path) -> Result<Vec<(String, NinjaLog)>> {
+    let mut out = Vec::new();
+    for (step, path) in ninja_log_paths(s, summary)? {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let log = parse_ninja_log(&text)
+            .with_context(|| format!("{}: not a ninja log", path.display()))?;
+        let name = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.push((step, NinjaLog { name, ..log }));
     }
     Ok(out)
 }

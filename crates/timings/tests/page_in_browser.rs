@@ -232,6 +232,20 @@ fn a_ninja_log_moved_beside_the_summary_is_found_there() {
     let again = commstack_timings::render(&other.join("summary.json")).unwrap();
     assert_eq!(first, again);
     assert!(again.matches(r#"<rect class="job""#).count() > nv_jobs);
+    // copy_report does the copying: the same page again, from the copy alone.
+    let copied =
+        commstack_timings::copy_report(&other.join("summary.json"), &d.path().join("kept"))
+            .unwrap();
+    assert_eq!(std::fs::read_to_string(&copied).unwrap(), first);
+    assert!(
+        d.path()
+            .join("kept/ninja/deepep/build_temp.linux-x86_64-cpython-311.ninja_log")
+            .is_file()
+    );
+    assert!(
+        commstack_timings::copy_report(&other.join("summary.json"), &d.path().join("kept"))
+            .is_err()
+    );
     // A log gone from both places is an error naming it and where to put it.
     std::fs::remove_dir_all(other.join("ninja/deepep")).unwrap();
     let err = format!(
