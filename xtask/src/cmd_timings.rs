@@ -11,8 +11,9 @@ use commstack_steps::ctx::Ctx;
 #[command(after_help = "\
 The page (one HTML file: inline SVG and CSS, no script, no network) shows every step on a
 timeline with its wait and run time and what ran beside it, NVSHMEM's and DeepEP's compile
-jobs from their ninja logs, and the summary table. A ninja log a step names that is gone is
-looked for in <summary dir>/ninja/<step>/ (copy it there to render a summary elsewhere).")]
+jobs from their ninja logs, and the summary table. Each ninja log a step names is read from
+<summary dir>/ninja/<step>/ when it is there (a report made with --copy-to), else from the
+path the step names.")]
 pub struct Args {
     /// A build's summary.json (`cargo xtask build` writes <home>/pipeline/<stack>/summary.json).
     #[arg(value_name = "SUMMARY.json")]

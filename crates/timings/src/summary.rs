@@ -139,9 +139,9 @@ impl Summary {
 /// Facts key of the ninja logs a step kept (paths).
 pub const NINJA_LOGS: &str = "ninja_logs";
 
-/// The ninja log files of the steps built in this run, in step order: each path a step's
-/// facts name, or, where that file is gone, the file of the same name in
-/// `<summary dir>/ninja/<step>/` (where a copied report keeps them); an error names a log
+/// The ninja log files of the steps built in this run, in step order: for each path a
+/// step's facts name, the file of the same name in `<summary dir>/ninja/<step>/` (where a
+/// copied report keeps them) when there is one, else that path; an error names a log
 /// found in neither.
 pub fn ninja_log_paths(s: &Summary, summary: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = summary.parent().unwrap_or(Path::new("."));
@@ -156,7 +156,8 @@ pub fn ninja_log_paths(s: &Summary, summary: &Path) -> Result<Vec<(String, PathB
                 .file_name()
                 .map(|f| dir.join("ninja").join(&step.step).join(f));
             let path = match kept {
-                Some(k) if !named.is_file() && k.is_file() => k,
+                // A copied report's own logs first: they are the ones it was rendered from.
+                Some(k) if k.is_file() => k,
                 _ if named.is_file() => named,
                 _ => bail!(
                     "the ninja log {} that step {} of {} names is gone, and {}/ninja/{}/ has none of its name (copy it there to render this summary elsewhere)",
