@@ -47,6 +47,7 @@ fn the_examples_numbers_are_its_summarys() {
         .map(|m| m.as_str())
         .collect();
     assert_eq!(groups.len(), steps.len());
+    let td = Regex::new(r"<td[^>]*>([^<]*)</td>").unwrap();
     for (g, r) in groups.iter().zip(steps) {
         assert_eq!(attr(g, "data-step"), r["step"].as_str().unwrap());
         assert_eq!(attr(g, "data-outcome"), r["outcome"].as_str().unwrap());
@@ -60,8 +61,7 @@ fn the_examples_numbers_are_its_summarys() {
             r["step"].as_str().unwrap()
         ))
         .unwrap();
-        let cells: Vec<String> = Regex::new(r"<td[^>]*>([^<]*)</td>")
-            .unwrap()
+        let cells: Vec<String> = td
             .captures_iter(&row.captures(&html).unwrap()[1])
             .map(|c| c[1].to_string())
             .collect();
