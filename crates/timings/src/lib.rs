@@ -54,6 +54,8 @@ pub fn copy_report(summary: &Path, to: &Path) -> Result<PathBuf> {
     ));
     let _ = std::fs::remove_dir_all(&tmp);
     let copy = || -> Result<()> {
+        std::fs::create_dir_all(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
         for (step, path) in &logs {
             let dir = tmp.join("ninja").join(step);
             std::fs::create_dir_all(&dir)
