@@ -252,8 +252,12 @@ fn describe_levels(levels: &[(String, String)]) -> String {
 /// The output of a step's result, or an error naming the step (a graph bug if missing).
 /// The ninja logs a build step kept (`<step>/logs/ninja/*.ninja_log`, by
 /// `commstack_exec::logged::keep_ninja_logs`), named in the graph step's facts as
-/// `ninja_logs`: `build --timings` draws their compile jobs (commstack-timings).
-fn kept_ninja_logs(step_dir: &Path) -> Vec<PathBuf> {
+/// `ninja_logs`: `build --timings` draws their compile jobs (commstack-timings). None when
+/// the build was found in the store (`built_now` false): its jobs ran in another run.
+fn kept_ninja_logs(step_dir: &Path, built_now: bool) -> Vec<PathBuf> {
+    if !built_now {
+        return Vec::new();
+    }
     let dir = step_dir
         .join("logs")
         .join(commstack_exec::logged::NINJA_LOGS_DIR);
@@ -306,7 +310,7 @@ impl StackSteps<'_> {
         Ok(StepResult {
             output: Some(made.wheel.path.clone()),
             facts: serde_json::to_value(DeepepFacts {
-                ninja_logs: kept_ninja_logs(&made.step_dir),
+                ninja_logs: kept_ninja_logs(&made.step_dir, made.built_now),
                 wheel: made.wheel,
                 dropin: made.dropin,
                 kind: made.kind,
@@ -593,7 +597,7 @@ impl Steps<StepId> for StackSteps<'_> {
                         "version": built.report.proof.version,
                         "use_nccl": built.report.proof.use_nccl,
                         "manylinux": built.report.proof.manylinux,
-                        "ninja_logs": kept_ninja_logs(built.outcome.path()),
+                        "ninja_logs": kept_ninja_logs(built.outcome.path(), !built.outcome.was_cached()),
                     }),
                 })
             }
