@@ -1,5 +1,6 @@
 //! `.ninja_log` files as compile jobs: each line `start end mtime output hash` (ms since
-//! that ninja started), the last ninja run of the file only, one job per command (the
+//! that ninja started), the longest ninja run of the file only (a nested project's log
+//! holds its build and then a short install run; a resumed build, each attempt), one job per command (the
 //! outputs of one command merged), packed into lanes (a job in the first lane free at its
 //! start: as many lanes as jobs ran at once).
 
@@ -19,15 +20,15 @@ pub struct Job {
     pub lane: usize,
 }
 
-/// The jobs of one ninja log's last run, with their lanes.
+/// The jobs of one ninja log's longest run, with their lanes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NinjaLog {
     /// The log's file name (`build.ninja_log`, `src_device.ninja_log`, ...).
     pub name: String,
     pub version: u32,
     pub jobs: Vec<Job>,
-    /// Earlier ninja runs in the same file, left out.
-    pub earlier_runs: usize,
+    /// Other ninja runs in the same file (shorter), left out.
+    pub other_runs: usize,
 }
 
 impl NinjaLog {
@@ -102,10 +103,14 @@ pub fn parse_ninja_log(text: &str) -> Result<NinjaLog> {
             )),
         }
     }
-    let earlier_runs = runs.len() - 1;
+    let other_runs = runs.len() - 1;
+    // The longest run (the last of equally long ones).
+    let span = |r: &Vec<(Job, String)>| r.iter().map(|(j, _)| j.end_ms).max().unwrap_or(0);
+    let longest = (0..runs.len())
+        .max_by_key(|i| (span(&runs[*i]), *i))
+        .expect("one run");
     let mut jobs: Vec<Job> = runs
-        .pop()
-        .expect("one run")
+        .swap_remove(longest)
         .into_iter()
         .map(|(j, _)| j)
         .collect();
@@ -125,7 +130,7 @@ pub fn parse_ninja_log(text: &str) -> Result<NinjaLog> {
         name: String::new(),
         version,
         jobs,
-        earlier_runs,
+        other_runs,
     })
 }
 
@@ -156,7 +161,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_run_is_read_and_jobs_are_packed_into_lanes() {
+    fn the_longest_run_is_read_and_jobs_are_packed_into_lanes() {
         let log = "# ninja log v5\n\
             0\t900\t1\told.o\taa\n\
             1000\t2000\t1\told2.o\tab\n\
@@ -166,7 +171,7 @@ mod tests {
             4000\t4200\t1\tlib/libx.so.3\tb4\n\
             4000\t4200\t1\tlib/libx.so\tb4\n";
         let l = parse_ninja_log(log).unwrap();
-        assert_eq!(l.earlier_runs, 1);
+        assert_eq!(l.other_runs, 1);
         let got: Vec<(&str, u64, u64, usize, &str)> = l
             .jobs
             .iter()
@@ -185,6 +190,20 @@ mod tests {
         assert_eq!(l.lanes(), 2);
         assert_eq!(l.seconds(), 4.2);
         assert!((l.job_seconds() - 6.7).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_nested_projects_install_run_after_its_build_is_left_out() {
+        // As NVSHMEM's device project logs it: the build, then `ninja install`.
+        let log = "# ninja log v7\n\
+            13\t1227\t1\ta.cpp.o\th1\n\
+            6\t7822\t1\tb.cu.o\th2\n\
+            7822\t7900\t1\tlib/libx.a\th3\n\
+            15\t39\t1\tCMakeFiles/install.util\th4\n";
+        let l = parse_ninja_log(log).unwrap();
+        assert_eq!(l.other_runs, 1);
+        let outputs: Vec<&str> = l.jobs.iter().map(|j| j.outputs[0].as_str()).collect();
+        assert_eq!(outputs, ["b.cu.o", "a.cpp.o", "lib/libx.a"]);
     }
 
     #[test]

@@ -196,9 +196,9 @@ fn ninja_timeline(out: &mut String, step: &str, log: &NinjaLog) {
         log.seconds(),
         log.lanes(),
         log.job_seconds(),
-        match log.earlier_runs {
+        match log.other_runs {
             0 => String::new(),
-            n => format!(" ({n} earlier ninja run(s) in the log left out)"),
+            n => format!(" ({n} shorter ninja run(s) in the same log left out)"),
         }
     );
     let _ = write!(

@@ -29,7 +29,6 @@ fn attr(element: &str, name: &str) -> String {
 }
 
 #[test]
-#[ignore = "docs/timings-example/ is made from a real cold build (`cargo xtask timings <home>/pipeline/<stack>/summary.json --copy-to docs/timings-example`): remove this ignore with it"]
 fn the_examples_numbers_are_its_summarys() {
     let s = summary();
     let html = page();
@@ -110,7 +109,6 @@ fn the_examples_numbers_are_its_summarys() {
 }
 
 #[test]
-#[ignore = "docs/timings-example/ is made from a real cold build: remove this ignore with it"]
 fn the_example_renders_again_byte_for_byte() {
     let again = commstack_timings::render(&example().join("summary.json")).unwrap();
     assert!(
