@@ -34,6 +34,8 @@
 #   selftest-ours  commstack-selftest against our NVSHMEM
 #   undo-dropin    put the torch env's own NVSHMEM back (the files `dropin` backed up),
 #                  and check them byte for byte against the listing taken before
+#   plot           `xtask plot selftest` of the self-test reports this run made (NVIDIA's
+#                  and ours): OUT/selftest.svg, put/get/copy against size, one line each
 #
 # OUT receives results.tgz (every log and report) and, from the nvshmem step, the
 # install as nvshmem-install.tgz.NN parts (each < 16 MB). The summary table gives each
@@ -44,7 +46,7 @@
 # JOBS (default: all cores), COMMSTACK_STACK (default: the checkout's stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,45p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,46p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -53,7 +55,7 @@ bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia selftest-mps nvshmem verify-before dropin verify-after selftest-ours undo-dropin)
+[ ${#steps[@]} -gt 0 ] || steps=(facts doctor gate selftest-nvidia selftest-mps nvshmem verify-before dropin verify-after selftest-ours undo-dropin plot)
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -350,6 +352,14 @@ step_undo_dropin() {
 }
 
 step_selftest_ours() { selftest_with selftest-ours "$site/nvidia/nvshmem/lib"; }
+
+step_plot() {
+    local reports=("$work"/selftest-nvidia/selftest-*gpu.json "$work"/selftest-ours/selftest-*gpu.json)
+    local found=()
+    for r in "${reports[@]}"; do [ -f "$r" ] && found+=("$r"); done
+    [ ${#found[@]} -gt 0 ] || { echo "no self-test report in $work: run the selftest-nvidia or selftest-ours step"; return 1; }
+    "$X" plot selftest "${found[@]}" -o "$work/selftest.svg" && cp "$work/selftest.svg" "$out/selftest.svg"
+}
 
 for s in "${steps[@]}"; do
     case "$s" in

@@ -286,6 +286,13 @@ pub struct GraphArgs {
     /// status is 1. With --only STEP, only that step is built again.
     #[arg(long, conflicts_with = "dry_run")]
     pub check: bool,
+    /// Also write an HTML report of the run beside summary.json
+    /// (`<home>/pipeline/<stack>/timings.html`, its path printed): every step on a
+    /// timeline with its wait and run time and what ran beside it, NVSHMEM's and DeepEP's
+    /// compile jobs from their ninja logs, the summary table. One self-contained file (no
+    /// script, no network); `cargo xtask timings SUMMARY.json` renders it again.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub timings: bool,
     /// The binary cache (`--substitute` and its trust and TLS).
     #[command(flatten)]
     pub cache: CacheArgs,
@@ -535,6 +542,7 @@ impl From<GraphArgs> for GraphOptions {
             oci: a.oci,
             context: a.context,
             check: a.check,
+            timings: a.timings,
             cache: a.cache.into(),
         }
     }

@@ -24,8 +24,10 @@ adjacent steps that do not read each other run at the same time (verify while Do
 loads the image). A stack without [image] stops after the wheelhouse and the kernels.
 
 The summary (each step: reused or built, time, output; the verify levels that ran and those
-that could not, and why) is also written as JSON to <home>/pipeline/<stack-id>/summary.json;
-each step's log is beside it under logs/. docs/pipeline.md explains keys and plans.
+that could not, and why) is also written as JSON to <home>/pipeline/<stack-id>/summary.json,
+each step with its start, end and wait (seconds since the run began); each step's log is
+beside it under logs/. With --timings, timings.html beside it draws the run (`cargo xtask
+timings SUMMARY.json` draws it again). docs/pipeline.md explains keys, plans and the page.
 
 Binary cache: with --substitute HOST[:PORT]/REPO (or stack.toml's [cache] registry), each
 step that would be built is first looked up there (`<step>-<key>`, what `cargo xtask cache

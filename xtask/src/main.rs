@@ -15,8 +15,10 @@ mod cmd_gpu_bundle;
 mod cmd_lock;
 mod cmd_logscan;
 mod cmd_mirror;
+mod cmd_plot;
 mod cmd_push;
 mod cmd_store;
+mod cmd_timings;
 mod cmd_toolchain;
 mod cmd_verify;
 
@@ -99,6 +101,11 @@ enum Command {
     Envlint(cmd_envlint::Args),
     /// Run a benchmark and print a line for docs/benchmarks.md.
     Bench(cmd_bench::Args),
+    /// A build's timings page (HTML) again from its summary.json and ninja logs.
+    Timings(cmd_timings::Args),
+    /// Plot results as SVG: the self-test's bandwidth curves.
+    #[command(subcommand)]
+    Plot(cmd_plot::Command),
 }
 
 fn main() -> ExitCode {
@@ -124,6 +131,8 @@ fn main() -> ExitCode {
         Command::Deploy(cmd) => cmd_deploy::run(&ctx, cmd),
         Command::Envlint(args) => cmd_envlint::run(&ctx, args),
         Command::Bench(args) => cmd_bench::run(&ctx, args),
+        Command::Timings(args) => cmd_timings::run(&ctx, args),
+        Command::Plot(cmd) => cmd_plot::run(&ctx, cmd),
     };
     match result {
         Ok(code) => code,

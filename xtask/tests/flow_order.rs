@@ -27,10 +27,16 @@ const LAYERS: &[(u32, &[&str])] = &[
         ],
     ),
     // The manifest and lock model; wheels (read, written, installed through archives);
-    // the build graph engine (steps keyed through the store; it knows no stack).
+    // the build graph engine (steps keyed through the store; it knows no stack); a build's
+    // timings page (reads a summary.json and ninja logs, nothing of the stack).
     (
         2,
-        &["commstack-stack", "commstack-wheel", "commstack-graph"],
+        &[
+            "commstack-stack",
+            "commstack-wheel",
+            "commstack-graph",
+            "commstack-timings",
+        ],
     ),
     // The environment a deployment sets, checked against the stack's NVSHMEM source,
     // NCCL's and DeepEP's tables (reads the manifest's switches, nothing later).
@@ -51,8 +57,8 @@ const LAYERS: &[(u32, &[&str])] = &[
         &["commstack-nvshmem", "commstack-base", "commstack-tools"],
     ),
     (9, &["commstack-deepep", "commstack-kernels"]),
-    // Images and shipping them.
-    (10, &["commstack-image"]),
+    // Images and shipping them; the self-test's bandwidth plot (reads its reports).
+    (10, &["commstack-image", "commstack-plot"]),
     (11, &["commstack-registry"]),
     // Proof at every level, and what consumes it.
     (12, &["commstack-verify", "commstack-doctor"]),

@@ -480,7 +480,11 @@ fn run_build(
     let rdc_fix = prepare_source(req, &dirs.src, &dirs.root)?;
     let views = Views::make(p, req, &dirs)?;
     let link = LinkSetup::make(p, req, &views, &dirs.root)?;
-    let run = run_setup_py(p, req, &views, &link, &dirs, &logs)?;
+    let run = run_setup_py(p, req, &views, &link, &dirs, &logs);
+    // torch's build_ext compiles through ninja (build/temp.*/.ninja_log): its jobs' times
+    // are kept with the logs, also after a failure.
+    commstack_exec::logged::keep_ninja_logs(&dirs.src.join("build"), &logs);
+    let run = run?;
     let (raw, wheel) = canonical_output(p, req, &dirs)?;
     let facts = check_output(p, req, &views, &dirs, &wheel, store_root)?;
     let declared = declared_version(&dirs.src);

@@ -29,6 +29,11 @@ assert sys.argv[1] == "bdist_wheel", sys.argv
 dist = sys.argv[sys.argv.index("--dist-dir") + 1]
 nv = os.environ["NVSHMEM_DIR"]
 import torch
+# As torch's build_ext leaves it when it compiles through ninja: build/temp.<plat>/.ninja_log.
+ninja_dir = os.path.abspath("build/temp.fixture")
+os.makedirs(ninja_dir, exist_ok=True)
+with open(os.path.join(ninja_dir, ".ninja_log"), "w") as f:
+    f.write('# ninja log v5\n0\t25\t0\t%s/ext.o\t1f2e\n' % ninja_dir)
 torch_include = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
 tag = "cp%d%d" % sys.version_info[:2]
 ext = "deep_ep_cpp.cpython-%d%d-x86_64-linux-gnu.so" % sys.version_info[:2]
@@ -313,6 +318,18 @@ fn builds_in_exactly_the_computed_environment_caches_and_rebuilds_on_force() {
     let archs: Vec<CudaArch> = vec!["90".parse().unwrap()];
     let built = build(&f.store, &request(&f, &src, &f.nvshmem, &archs), false).unwrap();
     assert!(!built.outcome.was_cached());
+    // The build's ninja log (torch's build_ext) is kept with the step's logs.
+    let kept = built
+        .outcome
+        .path()
+        .join("logs/ninja/temp.fixture.ninja_log");
+    assert!(
+        std::fs::read_to_string(&kept)
+            .unwrap()
+            .starts_with("# ninja log v5"),
+        "{}",
+        kept.display()
+    );
     let r = &built.report;
     assert_eq!(r.rdc_fix, Some(true));
     assert_eq!(r.torch_cuda_arch_list, "9.0");
@@ -538,6 +555,11 @@ fn traps_are_caught_before_or_while_building_and_failures_keep_their_logs() {
         .trim();
     assert!(Path::new(log).is_file(), "{log} is kept");
     assert!(log.contains("/failed/deepep-"));
+    // Its ninja log too, beside it.
+    let ninja = Path::new(log)
+        .with_file_name("ninja")
+        .join("temp.fixture.ninja_log");
+    assert!(ninja.is_file(), "{} is kept", ninja.display());
 
     // A setup.py that would ship the libcuda stub: the wheel check stops it.
     let leaky = source(&f.root, "leaky", CONFIGS_CUH_FIXED, &[("SHIP_STUB", "")]);

@@ -203,3 +203,70 @@ mod tests {
         );
     }
 }
+
+/// The directory of a step's logs where [`keep_ninja_logs`] keeps them.
+pub const NINJA_LOGS_DIR: &str = "ninja";
+
+/// Keeps every `.ninja_log` under `build` (a nested project has its own) as
+/// `logs/ninja/<dir>.ninja_log` (`build.ninja_log` for the top one): the start and end of
+/// each compile job, for finding what bounds a build (`build --timings` draws them).
+/// Returns the files kept. Best effort, also after a failed build: a log that cannot be
+/// copied must not fail a good build, so it is left out.
+pub fn keep_ninja_logs(build: &Path, logs: &Path) -> Vec<std::path::PathBuf> {
+    let dest = logs.join(NINJA_LOGS_DIR);
+    let mut kept = Vec::new();
+    for entry in walkdir::WalkDir::new(build)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_map(|e| e.ok())
+    {
+        if entry.file_name() != ".ninja_log" {
+            continue;
+        }
+        let dir = entry
+            .path()
+            .parent()
+            .and_then(|d| d.strip_prefix(build).ok());
+        let name = match dir.map(|d| d.to_string_lossy().replace('/', "_")) {
+            Some(d) if !d.is_empty() => format!("{d}.ninja_log"),
+            _ => "build.ninja_log".to_string(),
+        };
+        let to = dest.join(&name);
+        if fs::create_dir_all(&dest)
+            .and_then(|_| fs::copy(entry.path(), &to))
+            .is_ok()
+        {
+            kept.push(to);
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod ninja_log_tests {
+    use super::*;
+
+    #[test]
+    fn every_ninja_log_is_kept_under_a_name_of_its_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let build = d.path().join("build");
+        for (dir, text) in [("", "top"), ("src/device", "nested")] {
+            fs::create_dir_all(build.join(dir)).unwrap();
+            fs::write(build.join(dir).join(".ninja_log"), text).unwrap();
+        }
+        fs::write(build.join("other.log"), "x").unwrap();
+        let logs = d.path().join("logs");
+        let kept = keep_ninja_logs(&build, &logs);
+        let names: Vec<String> = kept
+            .iter()
+            .map(|p| p.strip_prefix(&logs).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            ["ninja/build.ninja_log", "ninja/src_device.ninja_log"]
+        );
+        assert_eq!(fs::read_to_string(&kept[1]).unwrap(), "nested");
+        // No build directory: nothing kept, no error.
+        assert!(keep_ninja_logs(&d.path().join("none"), &logs).is_empty());
+    }
+}

@@ -23,6 +23,17 @@ pub struct Ran<S: StepId> {
     /// reused, built, substituted, skipped, failed, not-run
     pub outcome: &'static str,
     pub seconds: f64,
+    /// When the step started and ended, in seconds since the run started (a step not
+    /// made here, reused or skipped, starts and ends when the run passed it).
+    pub start: f64,
+    pub end: f64,
+    /// Seconds between the moment every step it reads had ended (or the run started) and
+    /// its start: the time it waited for a step it does not read, since steps run one at
+    /// a time unless two may run beside each other. 0 for a step not made here.
+    pub wait: f64,
+    /// The step that ran at the same time as this one, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub beside: Option<S>,
     pub output: Option<PathBuf>,
     pub key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,6 +73,7 @@ impl<S: StepId> Engine<'_, S> {
         };
         let only = plan.only;
         let mut done = plan.done;
+        let mut clock = Clock::default();
         let mut rows = Vec::new();
         let mut failed = None;
         let planned = plan.steps;
@@ -69,11 +81,11 @@ impl<S: StepId> Engine<'_, S> {
         while let Some(p) = planned.get(next) {
             next += 1;
             if failed.is_some() {
-                rows.push(after_failure(p, &done));
+                rows.push(clock.passed(after_failure(p, &done), runner.elapsed()));
                 continue;
             }
             if let Some(row) = self.not_made(&runner, p, &done, only)? {
-                rows.push(row);
+                rows.push(clock.passed(row, runner.elapsed()));
                 continue;
             }
             let ended = match planned.get(next).filter(|q| at_the_same_time(p, q)) {
@@ -87,7 +99,7 @@ impl<S: StepId> Engine<'_, S> {
                     });
                     // A panic in the other step is this run's, as it would be alone.
                     let theirs = theirs.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                    vec![(p, mine), (q, theirs)]
+                    vec![(p, mine, Some(q.step)), (q, theirs, Some(p.step))]
                 }
                 None => {
                     runner.starts(p, None);
@@ -97,25 +109,27 @@ impl<S: StepId> Engine<'_, S> {
                         }
                         _ => runner.build(steps, p, &done),
                     };
-                    vec![(p, ended)]
+                    vec![(p, ended, None)]
                 }
             };
             // Recorded in graph order, whichever of two at once ended first.
-            for (p, ended) in ended {
+            for (p, ended, beside) in ended {
                 let reason = match &p.status {
                     Status::Run { reason, .. } => Some(reason.clone()),
                     Status::Substitute { from } => Some(from.clone()),
                     Status::Reused | Status::Skipped { .. } => None,
                 };
+                let span = (ended.start, ended.end);
                 match ended.outcome {
                     Ok((result, unsigned)) => {
                         let mut r = row(p, ended.label, ended.seconds, Some(&result), reason);
                         r.unsigned = unsigned.or(r.unsigned);
-                        rows.push(r);
+                        rows.push(clock.made(r, span, beside));
                         done.insert(p.step, result);
                     }
                     Err(err) => {
-                        rows.push(row(p, "failed", ended.seconds, None, reason));
+                        let r = row(p, "failed", ended.seconds, None, reason);
+                        rows.push(clock.made(r, span, beside));
                         // Of two failed at once, the first is the run's failure; the
                         // other's error is in its log and its row.
                         if failed.is_none() {
@@ -258,7 +272,7 @@ fn at_the_same_time<S: StepId>(p: &Planned<S>, q: &Planned<S>) -> bool {
 }
 
 /// A step's row of the summary.
-fn row<S: StepId>(
+pub(crate) fn row<S: StepId>(
     p: &Planned<S>,
     outcome: &'static str,
     seconds: f64,
@@ -269,11 +283,58 @@ fn row<S: StepId>(
         step: p.step,
         outcome,
         seconds,
+        start: 0.0,
+        end: 0.0,
+        wait: 0.0,
+        beside: None,
         output: result.and_then(|r| r.output.clone()),
         key: p.key.clone(),
         reason,
         facts: result.map(|r| r.facts.clone()).unwrap_or_default(),
         unsigned: p.unsigned.clone(),
+    }
+}
+
+/// When each step of the run ended, for the start, end and wait of the rows after it.
+pub(crate) struct Clock<S> {
+    ends: std::collections::BTreeMap<S, f64>,
+}
+
+impl<S: StepId> Default for Clock<S> {
+    fn default() -> Self {
+        Clock {
+            ends: Default::default(),
+        }
+    }
+}
+
+impl<S: StepId> Clock<S> {
+    /// The row of a step the run passed without making it (reused, skipped, not run): it
+    /// starts and ends `at`, and waited for nothing.
+    pub(crate) fn passed(&mut self, mut r: Ran<S>, at: f64) -> Ran<S> {
+        (r.start, r.end) = (at, at);
+        self.ends.insert(r.step, at);
+        r
+    }
+
+    /// The row of a step made here (built, pulled, or failed): its start and end, the
+    /// step beside it, and how long it waited after the last step it reads had ended.
+    pub(crate) fn made(
+        &mut self,
+        mut r: Ran<S>,
+        (start, end): (f64, f64),
+        beside: Option<S>,
+    ) -> Ran<S> {
+        let ready = r
+            .step
+            .deps()
+            .iter()
+            .filter_map(|d| self.ends.get(d))
+            .fold(0.0_f64, |a, b| a.max(*b));
+        (r.start, r.end, r.beside) = (start, end, beside);
+        r.wait = (start - ready).max(0.0);
+        self.ends.insert(r.step, end);
+        r
     }
 }
 
@@ -293,6 +354,9 @@ struct Ended {
     /// The row's outcome when it succeeded: built or substituted.
     label: &'static str,
     seconds: f64,
+    /// Seconds since the run started, when it started and ended.
+    start: f64,
+    end: f64,
     log: PathBuf,
     /// The result, and why it entered without a trusted signature when it did.
     outcome: Result<(StepResult, Option<String>)>,
@@ -339,9 +403,11 @@ impl Runner<'_> {
             _ => ("done", "built"),
         };
         let log = self.log_dir.join(format!("{}.log", p.step.name()));
+        let start = self.elapsed();
         let t = Instant::now();
         let outcome = make(&log);
         let seconds = t.elapsed().as_secs_f64();
+        let end = start + seconds;
         match &outcome {
             Ok((result, _)) => self.say(&format!(
                 "[{:>7.1}s] {:<14} {verb} in {seconds:.1} s{}",
@@ -360,6 +426,8 @@ impl Runner<'_> {
         Ended {
             label,
             seconds,
+            start,
+            end,
             log,
             outcome,
         }

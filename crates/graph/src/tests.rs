@@ -307,6 +307,55 @@ fn check_and_ship_run_at_the_same_time() {
     assert!(report.failed.is_none(), "{:?}", report.failed.map(|f| f.1));
     let outcomes: Vec<_> = report.rows.iter().map(|r| (r.step, r.outcome)).collect();
     assert!(outcomes.contains(&(Toy::Check, "built")) && outcomes.contains(&(Toy::Ship, "built")));
+    // The rows carry when each ran: in graph order one after the other, check and ship
+    // beside each other, each naming the other.
+    let at = |s: Toy| report.rows.iter().find(|r| r.step == s).unwrap();
+    for r in &report.rows {
+        assert!(r.start <= r.end && r.wait >= 0.0, "{r:?}");
+        assert!((r.end - r.start - r.seconds).abs() < 1e-6, "{r:?}");
+    }
+    for (before, after) in [(Toy::Compile, Toy::Link), (Toy::Link, Toy::Bundle)] {
+        assert!(
+            at(before).end <= at(after).start,
+            "{:?} {:?}",
+            at(before),
+            at(after)
+        );
+    }
+    let (check, ship) = (at(Toy::Check), at(Toy::Ship));
+    assert_eq!(
+        (check.beside, ship.beside),
+        (Some(Toy::Ship), Some(Toy::Check))
+    );
+    assert!(
+        check.start < ship.end && ship.start < check.end,
+        "{check:?} {ship:?}"
+    );
+    assert!(at(Toy::Link).beside.is_none());
+    let json = serde_json::to_value(check).unwrap();
+    assert_eq!(json["beside"], "ship");
+    assert!(json["start"].is_f64() && json["end"].is_f64() && json["wait"].is_f64());
+}
+
+#[test]
+fn a_step_waits_from_when_the_steps_it_reads_ended_to_its_start() {
+    let h = home();
+    let steps = ToySteps::new("one", h.dir.path());
+    let e = engine(&h, None);
+    let plan = e.plan(&steps, Selection::All).unwrap();
+    let p = |s: Toy| plan.steps.iter().find(|p| p.step == s).unwrap();
+    let mut clock = crate::run::Clock::default();
+    let row = |s: Toy| crate::run::row(p(s), "built", 0.0, None, None);
+    let prepare = clock.passed(row(Toy::Prepare), 0.5);
+    assert_eq!((prepare.start, prepare.end, prepare.wait), (0.5, 0.5, 0.0));
+    // compile reads prepare (ended at 0.5) and started at 2.0: it waited 1.5 s.
+    let compile = clock.made(row(Toy::Compile), (2.0, 10.0), None);
+    assert_eq!((compile.start, compile.end, compile.wait), (2.0, 10.0, 1.5));
+    let link = clock.made(row(Toy::Link), (10.0, 12.0), None);
+    assert_eq!(link.wait, 0.0);
+    // bundle's clock is not behind link's end: a wait is never negative.
+    let bundle = clock.made(row(Toy::Bundle), (11.0, 13.0), Some(Toy::Ship));
+    assert_eq!((bundle.wait, bundle.beside), (0.0, Some(Toy::Ship)));
 }
 
 #[test]

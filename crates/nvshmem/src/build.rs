@@ -424,7 +424,8 @@ fn ninja_build(
         "ninja build",
         Some(req.progress),
     );
-    keep_ninja_logs(build, logs);
+    // NVSHMEM's device library is a nested project with a .ninja_log of its own.
+    commstack_exec::logged::keep_ninja_logs(build, logs);
     built
 }
 
@@ -491,31 +492,6 @@ fn prove_install(
             source_version: version,
         },
     )
-}
-
-/// Keep every `.ninja_log` of the build tree (NVSHMEM's device library is a nested
-/// project with its own) as `logs/ninja/<dir>.ninja_log`: per-file compile times, for
-/// finding what bounds the build. Best effort, also after a failed build: a missing log
-/// must not fail a good build.
-fn keep_ninja_logs(build: &Path, logs: &Path) {
-    let dest = logs.join("ninja");
-    for entry in walkdir::WalkDir::new(build)
-        .into_iter()
-        .filter_map(|e| e.ok())
-    {
-        if entry.file_name() != ".ninja_log" {
-            continue;
-        }
-        let dir = entry
-            .path()
-            .parent()
-            .and_then(|d| d.strip_prefix(build).ok());
-        let name = match dir.map(|d| d.to_string_lossy().replace('/', "_")) {
-            Some(d) if !d.is_empty() => format!("{d}.ninja_log"),
-            _ => "build.ninja_log".to_string(),
-        };
-        let _ = fs::create_dir_all(&dest).and_then(|_| fs::copy(entry.path(), dest.join(&name)));
-    }
 }
 
 /// Run an xshell command with its output in `log` (the command line first): see

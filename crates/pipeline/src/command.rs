@@ -2,7 +2,7 @@
 //! image`: the lock first, then the plan, the run, and the summary.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -31,6 +31,11 @@ struct Summary<'a> {
     lock: String,
     ok: bool,
     seconds: f64,
+    /// When the command started (RFC 3339, UTC); each step's start and end count from
+    /// the graph's run, which begins after the lock and the plan.
+    started: String,
+    /// Seconds from the command's start to the graph's run (the lock, the plan).
+    run_offset: f64,
     steps: &'a [Ran],
     /// The steps whose outputs entered without a trusted signature (`--allow-unsigned`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -145,6 +150,7 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         return check(ctx, graph, args);
     }
     let started = Instant::now();
+    let started_at = jiff::Timestamp::now();
     let dir = stack_dir(ctx)?;
     let summary_file = dir.join("summary.json");
     if graph.json {
@@ -198,23 +204,12 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
             summary_file,
         });
     }
+    let run_offset = started.elapsed().as_secs_f64();
     let report = engine.run(&steps, plan)?;
-    let mut exit = ExitCode::SUCCESS;
-    let failed = match &report.failed {
-        None => None,
-        Some((step, err, log)) => {
-            exit = ExitCode::FAILURE;
-            let error: Vec<String> = format!("{err:#}")
-                .lines()
-                .take(20)
-                .map(|l| commstack_digest::terminal_safe(l).into_owned())
-                .collect();
-            Some(Failure {
-                step: *step,
-                log: log.clone(),
-                error,
-            })
-        }
+    let failed = failure(&report.failed);
+    let exit = match failed {
+        None => ExitCode::SUCCESS,
+        Some(_) => ExitCode::FAILURE,
     };
     if failed.is_none() && (graph.oci.is_some() || graph.context.is_some()) {
         let image = report
@@ -236,6 +231,8 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         lock: ctx.lock_path().display().to_string(),
         ok: failed.is_none(),
         seconds: started.elapsed().as_secs_f64(),
+        started: started_at.round(jiff::Unit::Second)?.to_string(),
+        run_offset,
         verify: verify_levels(&report.rows, graph.gpus),
         unsigned: report
             .rows
@@ -246,18 +243,51 @@ pub fn build(ctx: &Ctx, graph: &GraphOptions, args: &BuildOptions) -> Result<Bui
         steps: &report.rows,
         failed,
     };
-    let json = serde_json::to_string_pretty(&summary)?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    commstack_store::write_all_atomically(&[(&summary_file, &json)])?;
-    match graph.json {
-        true => println!("{json}"),
-        false => print_summary(&summary, &summary_file),
-    }
+    write_summary(graph, &summary, &summary_file)?;
     Ok(Built {
         rows: report.rows,
         exit,
         summary_file,
     })
+}
+
+/// The failed step's row of the summary: its error's first lines, made safe for a terminal.
+fn failure(failed: &Option<(StepId, anyhow::Error, PathBuf)>) -> Option<Failure> {
+    let (step, err, log) = failed.as_ref()?;
+    let error: Vec<String> = format!("{err:#}")
+        .lines()
+        .take(20)
+        .map(|l| commstack_digest::terminal_safe(l).into_owned())
+        .collect();
+    Some(Failure {
+        step: *step,
+        log: log.clone(),
+        error,
+    })
+}
+
+/// summary.json (atomically), the table or the JSON on stdout, and with --timings the
+/// timings page beside summary.json.
+fn write_summary(graph: &GraphOptions, summary: &Summary, summary_file: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(summary)?;
+    if let Some(dir) = summary_file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    commstack_store::write_all_atomically(&[(summary_file, &json)])?;
+    match graph.json {
+        true => println!("{json}"),
+        false => print_summary(summary, summary_file),
+    }
+    if graph.timings {
+        let page = commstack_timings::write_beside(summary_file).with_context(|| {
+            format!(
+                "writing the timings page of {} (the build itself is done: its summary is there)",
+                summary_file.display()
+            )
+        })?;
+        eprintln!("timings: {}", page.display());
+    }
+    Ok(())
 }
 
 /// The binary cache of `--substitute REGISTRY`, else of stack.toml's [cache] registry;
@@ -564,8 +594,9 @@ build --check: building again in {} with {}",
 /// This command's arguments without what the second build sets itself (`--check`, the
 /// output and the selection flags, `--force`, `--jobs`, `--home`).
 fn strip_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const FLAGS: [&str; 6] = [
+    const FLAGS: [&str; 7] = [
         "--check",
+        "--timings",
         "--json",
         "--force",
         "--dry-run",
@@ -616,6 +647,10 @@ mod tests {
             step,
             outcome,
             seconds: 1.0,
+            start: 0.0,
+            end: 1.0,
+            wait: 0.0,
+            beside: None,
             output: Some(PathBuf::from("/h/store/steps/x")),
             key: None,
             reason: Some("r/c:image-1@sha256:ab".into()),
@@ -654,6 +689,8 @@ mod tests {
             lock: "stack.lock".into(),
             ok: true,
             seconds: 1.0,
+            started: "2026-12-04T20:00:00Z".into(),
+            run_offset: 0.5,
             steps: &rows,
             unsigned,
             verify: Vec::new(),

@@ -763,6 +763,16 @@ fn verify_and_load_run_at_the_same_time() -> Result<()> {
         .map(|r| r.step)
         .collect();
     assert_eq!(built, AFTER_LOCK, "every row, in graph order");
+    // Their rows say so (summary.json, build --timings): overlapping times, each naming
+    // the other; runtime starts after both ended.
+    let row = |s: StepId| report.rows.iter().find(|r| r.step == s).unwrap();
+    let (v, l, rt) = (row(Verify), row(Load), row(Runtime));
+    assert_eq!((v.beside, l.beside), (Some(Load), Some(Verify)));
+    assert!(v.start < l.end && l.start < v.end, "{v:?} {l:?}");
+    assert!(
+        rt.start >= v.end.max(l.end) && rt.beside.is_none(),
+        "{rt:?}"
+    );
     // Each has its own log.
     for step in [Verify, Load] {
         assert!(home.join(format!("pipeline/logs/{step}.log")).is_file());

@@ -100,6 +100,8 @@ pub struct GraphOptions {
     pub oci: Option<PathBuf>,
     pub context: Option<PathBuf>,
     pub check: bool,
+    /// Write the timings page (timings.html) beside summary.json.
+    pub timings: bool,
     pub cache: CacheOptions,
 }
 

@@ -69,6 +69,9 @@ struct DeepepFacts {
     wheel: LockedWheel,
     dropin: LockedWheel,
     kind: WheelhouseKind,
+    /// The build's ninja logs (see [`kept_ninja_logs`]).
+    #[serde(default)]
+    ninja_logs: Vec<PathBuf>,
 }
 
 impl<'a> StackSteps<'a> {
@@ -267,6 +270,27 @@ fn describe_levels(levels: &[(String, String)]) -> String {
 }
 
 /// The output of a step's result, or an error naming the step (a graph bug if missing).
+/// The ninja logs a build step kept (`<step>/logs/ninja/*.ninja_log`, by
+/// `commstack_exec::logged::keep_ninja_logs`), named in the graph step's facts as
+/// `ninja_logs`: `build --timings` draws their compile jobs (commstack-timings). None when
+/// the build was found in the store (`built_now` false): its jobs ran in another run.
+fn kept_ninja_logs(step_dir: &Path, built_now: bool) -> Vec<PathBuf> {
+    if !built_now {
+        return Vec::new();
+    }
+    let dir = step_dir
+        .join("logs")
+        .join(commstack_exec::logged::NINJA_LOGS_DIR);
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ninja_log"))
+        .collect();
+    logs.sort();
+    logs
+}
+
 fn output_of_step(done: &Done, step: StepId) -> Result<PathBuf> {
     done.get(&step)
         .and_then(|r| r.output.clone())
@@ -306,6 +330,7 @@ impl StackSteps<'_> {
         Ok(StepResult {
             output: Some(made.wheel.path.clone()),
             facts: serde_json::to_value(DeepepFacts {
+                ninja_logs: kept_ninja_logs(&made.step_dir, made.built_now),
                 wheel: made.wheel,
                 dropin: made.dropin,
                 kind: made.kind,
@@ -595,6 +620,7 @@ impl Steps<StepId> for StackSteps<'_> {
                         "version": built.report.proof.version,
                         "use_nccl": built.report.proof.use_nccl,
                         "manylinux": built.report.proof.manylinux,
+                        "ninja_logs": kept_ninja_logs(built.outcome.path(), !built.outcome.was_cached()),
                     }),
                 })
             }

@@ -30,9 +30,13 @@
 //! middle of a blob, at a byte count. [`debian::ArchiveKey`] signs InRelease files with a
 //! throwaway gpg key, with whatever dates a test needs.
 //!
+//! [`browser::show`] opens a page or an SVG in a real headless browser (chromium) and
+//! gives back its screenshot's pixels and its DOM after rendering.
+//!
 //! [`as_non_root`] runs a scenario as a user who is not root (the test again, under
 //! `setpriv`, when the tests run as root), so that file permissions bite.
 
+pub mod browser;
 pub mod cut_proxy;
 pub mod debian;
 mod http;

@@ -93,6 +93,8 @@ pub struct DeepepMade {
     pub python: PythonTarget,
     /// DeepEP's build step in the store.
     pub step_dir: PathBuf,
+    /// Whether that build ran now (not found in the store).
+    pub built_now: bool,
     pub nvshmem_version: Option<String>,
     pub rdc_fix: Option<bool>,
 }
@@ -208,6 +210,7 @@ pub fn deepep_step(
         kind,
         python,
         step_dir: built.outcome.path().to_path_buf(),
+        built_now: !built.outcome.was_cached(),
         nvshmem_version: r.nvshmem.version.clone(),
         rdc_fix: r.rdc_fix,
     })
