@@ -27,9 +27,23 @@ fn oracle(stack_file: &str) {
 
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.txt");
-    std::fs::write(&input, format!("torch=={}\n", stack.torch.version)).unwrap();
+    // What commstack resolves: torch and the stack's extra requirements, with an [nccl]
+    // override given to uv as an override (uv's --override is what commstack follows).
+    let mut requirements = format!("torch=={}\n", stack.torch.version);
+    for extra in &stack.resolve.extra_requirements {
+        requirements.push_str(&format!("{extra}\n"));
+    }
+    std::fs::write(&input, requirements).unwrap();
+    let overrides = dir.path().join("overrides.txt");
+    let mut override_args: Vec<String> = Vec::new();
+    if let commstack_stack::manifest::NcclVersion::Exact(v) = &stack.nccl.version {
+        let line = format!("nvidia-nccl-cu{}=={v}\n", stack.torch.cuda_major);
+        std::fs::write(&overrides, line).unwrap();
+        override_args = vec!["--override".into(), overrides.display().to_string()];
+    }
     let t = &stack.target;
     let out = Command::new(uv)
+        .args(&override_args)
         .args([
             "pip",
             "compile",
