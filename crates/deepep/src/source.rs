@@ -214,7 +214,9 @@ pub fn check_rdc_fix(src: &Path, nvshmem_version: Option<&str>, allowed: bool) -
 /// A rule's sentence, capitalized to start one of its own.
 fn capitalized(s: &str) -> String {
     let mut chars = s.chars();
-    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+    chars
+        .next()
+        .map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
 }
 
 /// The version setup.py will write (`1.2.1` for V1 567632d), for messages.

@@ -634,7 +634,10 @@ fn deepep_needs_ibgda(stack: &Stack, _: &Facts) -> Outcome {
         RuleId::DeepEpNeedsIbgda,
         "nvshmem.ibgda",
         deepep_without_ibgda(rev),
-        Some(("deepep.rev", format!("DeepEP {rev} is built from this stack"))),
+        Some((
+            "deepep.rev",
+            format!("DeepEP {rev} is built from this stack"),
+        )),
         ibgda_ways_out(),
     )
 }

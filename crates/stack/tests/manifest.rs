@@ -626,7 +626,10 @@ fn deploy_section_names_each_bad_field() {
 /// error it would end in, instead of after NVSHMEM's whole build.
 #[test]
 fn deepep_on_an_nvshmem_without_ibgda_is_refused_when_the_stack_is_read() {
-    let text = MINIMAL.replace("cuda-archs = [\"90\"]", "cuda-archs = [\"90\"]\nibgda = false");
+    let text = MINIMAL.replace(
+        "cuda-archs = [\"90\"]",
+        "cuda-archs = [\"90\"]\nibgda = false",
+    );
     let s = Stack::parse(Path::new("stack.toml"), &text).unwrap();
     let outcome = rules::check_manifest(&s)
         .into_iter()
@@ -634,9 +637,17 @@ fn deepep_on_an_nvshmem_without_ibgda_is_refused_when_the_stack_is_read() {
         .expect("the rule runs on the manifest");
     assert_eq!(outcome.status, Status::Violated);
     let msg = outcome.diagnostic.unwrap().to_string();
-    assert!(msg.starts_with("stack.toml:13:9: NVSHMEM would be built without IBGDA, but DeepEP 567632d's kernels"), "{msg}");
+    assert!(
+        msg.starts_with(
+            "stack.toml:13:9: NVSHMEM would be built without IBGDA, but DeepEP 567632d's kernels"
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("nvshmemi_ibgda_device_state_d"), "{msg}");
-    assert!(msg.contains("stack.toml:16:7: DeepEP 567632d is built from this stack"), "{msg}");
+    assert!(
+        msg.contains("stack.toml:16:7: DeepEP 567632d is built from this stack"),
+        "{msg}"
+    );
     assert!(msg.contains("deepep-needs-ibgda"), "{msg}");
     // IBGDA on (the default): the rule holds.
     let on = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();

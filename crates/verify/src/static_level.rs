@@ -175,6 +175,9 @@ pub fn check_gathered(env: &Gathered<'_>, expect: &Expectations) -> StaticFindin
 
     checks.extend(nvshmem_checks(&stack, &env.facts, expect));
     checks.extend(deepep_device_check(env, &stack));
+    checks.extend(crate::libstdcxx::deepep_libstdcxx_checks(
+        &stack, &env.facts,
+    ));
     checks.extend(one_copy_checks(&stack, expect));
     checks.push(resolution_check(env, &libs, expect));
     let (needs, glibc_checks) = symbol_version_checks(&stack, &env.facts, expect);

@@ -262,12 +262,16 @@ fn a_warning_at_import_fails_the_import_naming_it_and_the_fix() {
     let c = check(&findings, "import.torch");
     assert_eq!(c.status, Status::Failed, "{c:#?}");
     assert!(
-        c.detail.contains("UserWarning: Failed to initialize NumPy: No module named 'numpy'"),
+        c.detail
+            .contains("UserWarning: Failed to initialize NumPy: No module named 'numpy'"),
         "{}",
         c.detail
     );
     assert!(
-        c.fix.as_deref().unwrap_or("").contains("\"numpy\" to [resolve] extra-requirements"),
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("\"numpy\" to [resolve] extra-requirements"),
         "{c:#?}"
     );
     assert_eq!(findings.status(), Status::Failed);

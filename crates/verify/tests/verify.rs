@@ -248,3 +248,45 @@ fn deepep_device_code_must_come_from_the_host_librarys_build() {
     assert_eq!(c.status, Status::Failed, "{c:?}");
     assert!(c.detail.contains(&sha[..12]), "{c:?}");
 }
+
+/// DeepEP's extension must use the process's libstdc++: a `deep_ep/_C` that g++ built
+/// against libstdc++.so.6 passes; one with a copy linked in (`-static-libstdc++`, what a
+/// g++ that finds only libstdc++.a does: the H200's SIGSEGV in std::regex) fails, naming
+/// the file and a symbol; no DeepEP, no check.
+#[test]
+fn deepep_extension_must_not_carry_its_own_libstdcxx() {
+    use commstack_testkit::native::compile;
+    use commstack_verify::static_level::check_static;
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 23007);
+    let find = |site: &Path| {
+        check_static(&[site.to_path_buf()], &Expectations::new())
+            .checks
+            .into_iter()
+            .find(|c| c.name == "static.deepep.libstdcxx")
+    };
+    assert!(find(&site).is_none(), "no DeepEP, no check");
+
+    let source = "#include <regex>\n#include <string>\nextern \"C\" int includes(const char *s) {\n    static const std::regex re(R\"(#include\\s*<deep_ep/([^>]+)>)\");\n    return std::regex_search(std::string(s), re) ? 1 : 0;\n}\n";
+    let ext = site.join("deep_ep/_C.cpython-311-x86_64-linux-gnu.so");
+    std::fs::create_dir_all(ext.parent().unwrap()).unwrap();
+    let build = |extra: &[&str]| {
+        let mut args = vec!["-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic-functions"];
+        args.extend_from_slice(extra);
+        compile(&dir.path().join("src"), "c.cpp", source, &ext, &args);
+    };
+
+    build(&[]);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Passed, "{c:?}");
+
+    build(&["-static-libstdc++"]);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert!(
+        c.detail.contains("_C.cpython-311-x86_64-linux-gnu.so")
+            && c.detail.contains("does not NEED libstdc++.so.6")
+            && c.detail.contains("libstdc++'s internals (_ZN"),
+        "{c:?}"
+    );
+}

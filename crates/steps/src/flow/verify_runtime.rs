@@ -215,7 +215,9 @@ fn finish_import_without_gpu(
         if out.status.code() == Some(3) {
             say("  `import torch` warned: a clean import warns of nothing");
             if text.contains("Failed to initialize NumPy") {
-                say("  add \"numpy\" to [resolve] extra-requirements in stack.toml, then `cargo xtask lock` and build again");
+                say(
+                    "  add \"numpy\" to [resolve] extra-requirements in stack.toml, then `cargo xtask lock` and build again",
+                );
             }
         }
         say(&format!("  output: {}", file.display()));

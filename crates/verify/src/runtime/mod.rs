@@ -314,7 +314,10 @@ fn judge(f: &RuntimeFindings, expect: &Expectations) -> Vec<Check> {
 /// What to do about warnings at import: the one seen in every torch image without numpy
 /// by name, any other by its text.
 fn import_warning_fix(warnings: &[String]) -> &'static str {
-    if warnings.iter().any(|w| w.contains("Failed to initialize NumPy")) {
+    if warnings
+        .iter()
+        .any(|w| w.contains("Failed to initialize NumPy"))
+    {
         "add \"numpy\" to [resolve] extra-requirements in stack.toml (torch's wheel does not require it, nearly every torch user imports it), then `cargo xtask lock` and build again"
     } else {
         "fix what the warning names (a module the import looks for: add it to [resolve] extra-requirements and `cargo xtask lock`; a deprecated setting: change it)"
