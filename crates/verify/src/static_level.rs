@@ -178,6 +178,11 @@ pub fn check_gathered(env: &Gathered<'_>, expect: &Expectations) -> StaticFindin
     checks.extend(crate::libstdcxx::deepep_libstdcxx_checks(
         &stack, &env.facts,
     ));
+    checks.extend(crate::deepep_links::deepep_links_checks(
+        &stack,
+        &expect.system_lib_dirs,
+        &env.is_file,
+    ));
     checks.extend(one_copy_checks(&stack, expect));
     checks.push(resolution_check(env, &libs, expect));
     let (needs, glibc_checks) = symbol_version_checks(&stack, &env.facts, expect);
