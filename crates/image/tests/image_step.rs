@@ -1120,13 +1120,16 @@ int main(int argc, char **argv) {
     })
 }
 
+/// One file of a fixture wheel: its path, bytes and whether it is executable.
+type WheelFile = (String, Vec<u8>, bool);
+
 /// The CUDA toolchain wheels of a V2 stack as the lock has them (nvcc, nvvm, the runtime's
 /// headers, cccl, cuobjdump), with the fake tool as nvcc and cuobjdump; `without` leaves
 /// one distribution out.
 fn jit_toolchain(out: &Path, without: Option<&str>) -> commstack_image::JitToolchain {
     let tool = std::fs::read(fake_cuda_tool()).unwrap();
     let cu = "nvidia/cu13";
-    let specs: Vec<(&str, &str, Vec<(String, Vec<u8>, bool)>)> = vec![
+    let specs: Vec<(&str, &str, Vec<WheelFile>)> = vec![
         (
             "nvidia-cuda-nvcc",
             "13.0.88",
