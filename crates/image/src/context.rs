@@ -34,6 +34,18 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
             dir.display()
         );
     }
+    if image
+        .manifest
+        .layers
+        .iter()
+        .any(|l| matches!(l.kind, crate::plan::LayerKind::CudaToolchain { .. }))
+    {
+        bail!(
+            "{}: a DeepEP V2 image; docker/Dockerfile does not carry its JIT's environment yet (CUDA_HOME, EP_JIT_CACHE_DIR and the user's /{}). Use the image `cargo xtask build image` loads, or its OCI layout (`--oci DIR`)",
+            image.dir.display(),
+            crate::jit::JIT_CACHE_DIR
+        );
+    }
     let layers = image.layers();
     let (base_layer, above) = layers
         .split_first()

@@ -1284,6 +1284,14 @@ fn a_v2_image_holds_the_jit_toolchain_its_env_and_a_cache_the_user_writes() {
             "{path}"
         );
     }
+    // docker/Dockerfile's context does not carry the V2 environment: refused, not wrong.
+    let ctx = f._dir.path().join("context");
+    let err = format!(
+        "{:#}",
+        commstack_image::write_docker_context(&image, &ctx).unwrap_err()
+    );
+    assert!(err.contains("DeepEP V2") && err.contains("--oci"), "{err}");
+    assert!(!ctx.exists());
     rmi(image.tag());
     rmi(image.id());
 }
