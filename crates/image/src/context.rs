@@ -26,14 +26,9 @@ pub struct DockerContext {
     pub base_id: String,
 }
 
-/// Loads the base as its own image and writes the context into `dir` (must not exist).
-pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> {
-    if dir.symlink_metadata().is_ok() {
-        bail!(
-            "{} exists: remove it or give another --context directory",
-            dir.display()
-        );
-    }
+/// docker/Dockerfile does not carry DeepEP V2's JIT environment yet: such an image is
+/// refused rather than rebuilt wrong.
+fn refuse_v2(image: &Image) -> Result<()> {
     if image
         .manifest
         .layers
@@ -46,6 +41,18 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
             crate::jit::JIT_CACHE_DIR
         );
     }
+    Ok(())
+}
+
+/// Loads the base as its own image and writes the context into `dir` (must not exist).
+pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> {
+    if dir.symlink_metadata().is_ok() {
+        bail!(
+            "{} exists: remove it or give another --context directory",
+            dir.display()
+        );
+    }
+    refuse_v2(image)?;
     let layers = image.layers();
     let (base_layer, above) = layers
         .split_first()
