@@ -227,11 +227,22 @@ fn link_stub(i: &EnvInputs<'_>, env: &mut BuildEnv) -> Result<()> {
             tc.cuda_home.display()
         );
     };
-    env.vars.insert("LIBRARY_PATH".into(), abs(stubs));
+    let mut dirs = vec![abs(stubs)];
     env.notes.push(format!(
         "LIBRARY_PATH: the libcuda link stub in {} (never shipped)",
         abs(stubs)
     ));
+    // V2's setup.py links `-l:libnccl.so.2` with no -L for the NCCL root (setup.py:120-124:
+    // only an rpath): where no system NCCL is, the link fails "cannot find
+    // -l:libnccl.so.2" unless the root's lib/ is searched.
+    if let (DeepEpApi::V2, Some(nccl)) = (i.api, i.nccl_root) {
+        let lib = abs(&nccl.join("lib"));
+        env.notes.push(format!(
+            "LIBRARY_PATH: + {lib} (V2's setup.py links -l:libnccl.so.2 without -L)"
+        ));
+        dirs.push(lib);
+    }
+    env.vars.insert("LIBRARY_PATH".into(), dirs.join(":"));
     Ok(())
 }
 
@@ -443,6 +454,14 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(env.vars["NCCL_DIR"], "/venv/site/nvidia/nccl");
+        // setup.py gives the linker no -L for it: LIBRARY_PATH after the stub.
+        assert_eq!(
+            env.vars["LIBRARY_PATH"],
+            format!(
+                "{}:/venv/site/nvidia/nccl/lib",
+                env.vars["LIBRARY_PATH"].split(':').next().unwrap()
+            )
+        );
         assert!(
             build_env(&inputs(&tc, DeepEpApi::V2, None))
                 .unwrap_err()
