@@ -29,9 +29,12 @@ unshare -n cargo test --locked --offline -p commstack-image --test image_step
 step "clippy, warnings as errors (the kernel crate's CUDA parts: with their build, last step)"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
-step "the shipped locks match their manifests and the rules (offline): the default (Debian 12) and the GPU machine's adopt stack"
-cargo xtask lock --check
-cargo xtask --stack stacks/gpu-adopt.toml lock --check
+step "every shipped stack (stack.toml, stacks/*.toml): its lock matches its manifest and the rules, and the build plans every step (offline: lock --check and build --dry-run read only the lock and the caches)"
+for manifest in stack.toml stacks/*.toml; do
+    echo "--- $manifest"
+    cargo xtask --quiet --stack "$manifest" lock --check
+    cargo xtask --quiet --stack "$manifest" build --dry-run
+done
 
 step "the locked closures equal uv's for the same targets (live PyPI; uv is the oracle)"
 if [ ! -x .tools/uv-venv/bin/uv ]; then

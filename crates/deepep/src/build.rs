@@ -834,9 +834,10 @@ fn check_output(
     wheel: &Path,
     store_root: &Path,
 ) -> Result<WheelFacts> {
+    // V2 (dd758ca) still builds the legacy kernels on NVSHMEM: it links both.
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
-        DeepEpApi::V2 => vec!["libnccl.so.2".to_string()],
+        DeepEpApi::V2 => vec![p.host_soname.clone(), "libnccl.so.2".to_string()],
     };
     let stubs: Vec<&Path> = [
         req.toolchain.cuda_stubs_dir.as_deref(),
@@ -853,7 +854,7 @@ fn check_output(
     let forbidden = needles(&forbidden);
     let required_runpath = match req.api {
         DeepEpApi::V1 => vec!["$ORIGIN/nvidia/nvshmem/lib".to_string()],
-        DeepEpApi::V2 => Vec::new(),
+        DeepEpApi::V2 => vec!["$ORIGIN/../nvidia/nvshmem/lib".to_string()],
     };
     let facts = check_wheel(
         wheel,

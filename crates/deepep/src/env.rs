@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// Variables that change a DeepEP build when set, and so are never inherited (the
 /// recipe sets the ones it needs). Documentation, and the list the tests check.
-pub const NEVER_INHERITED: [&str; 32] = [
+pub const NEVER_INHERITED: [&str; 33] = [
     // DeepEP V1 setup.py
     "NVSHMEM_DIR",
     "TORCH_CUDA_ARCH_LIST",
@@ -29,6 +29,7 @@ pub const NEVER_INHERITED: [&str; 32] = [
     "EP_NUM_TOPK_IDX_BITS",
     "EP_JIT_CACHE_DIR",
     "EP_JIT_PRINT_COMPILER_COMMAND",
+    "EP_JIT_NVCC_COMPILER",
     // torch.utils.cpp_extension
     "CUDA_HOME",
     "CUDA_PATH",
@@ -226,11 +227,22 @@ fn link_stub(i: &EnvInputs<'_>, env: &mut BuildEnv) -> Result<()> {
             tc.cuda_home.display()
         );
     };
-    env.vars.insert("LIBRARY_PATH".into(), abs(stubs));
+    let mut dirs = vec![abs(stubs)];
     env.notes.push(format!(
         "LIBRARY_PATH: the libcuda link stub in {} (never shipped)",
         abs(stubs)
     ));
+    // V2's setup.py links `-l:libnccl.so.2` with no -L for the NCCL root (setup.py:120-124:
+    // only an rpath): where no system NCCL is, the link fails "cannot find
+    // -l:libnccl.so.2" unless the root's lib/ is searched.
+    if let (DeepEpApi::V2, Some(nccl)) = (i.api, i.nccl_root) {
+        let lib = abs(&nccl.join("lib"));
+        env.notes.push(format!(
+            "LIBRARY_PATH: + {lib} (V2's setup.py links -l:libnccl.so.2 without -L)"
+        ));
+        dirs.push(lib);
+    }
+    env.vars.insert("LIBRARY_PATH".into(), dirs.join(":"));
     Ok(())
 }
 
@@ -442,12 +454,29 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(env.vars["NCCL_DIR"], "/venv/site/nvidia/nccl");
+        // setup.py gives the linker no -L for it: LIBRARY_PATH after the stub.
+        assert_eq!(
+            env.vars["LIBRARY_PATH"],
+            format!(
+                "{}:/venv/site/nvidia/nccl/lib",
+                env.vars["LIBRARY_PATH"].split(':').next().unwrap()
+            )
+        );
         assert!(
             build_env(&inputs(&tc, DeepEpApi::V2, None))
                 .unwrap_err()
                 .to_string()
                 .contains("NCCL")
         );
+        // V2's setup.py writes EP_JIT_CACHE_DIR, EP_NCCL_ROOT_DIR, EP_NUM_TOPK_IDX_BITS and
+        // EP_JIT_PRINT_COMPILER_COMMAND of its environment into deep_ep/envs.py (defaults
+        // at import): none is set, so the wheel bakes no path of the build machine and
+        // find_nccl_root() finds the installed nvidia-nccl at run time.
+        let ep: Vec<&String> = env.vars.keys().filter(|k| k.starts_with("EP_")).collect();
+        assert!(ep.is_empty(), "{ep:?}");
+        for name in crate::wheel_check::PERSISTENT_ENV_NAMES {
+            assert!(NEVER_INHERITED.contains(&name), "{name}");
+        }
         let tc12 = toolchain("12.9", true);
         let env = build_env(&inputs(&tc12, DeepEpApi::V1, None)).unwrap();
         assert!(!env.vars.contains_key("CPATH"));

@@ -3,7 +3,9 @@
 //! stack's NVSHMEM (V1) or NCCL (V2) by SONAME, searches only relative to itself
 //! (`$ORIGIN/nvidia/nvshmem/lib`, where the drop-in wheel installs), never the build
 //! machine's stub directory; and no file in it names a build path (the store,
-//! COMMSTACK_HOME, the build directory, an input's real path).
+//! COMMSTACK_HOME, the build directory, an input's real path). The extension uses the
+//! process's libstdc++ (NEEDs libstdc++.so.6, defines none of its internals), and V2's
+//! `deep_ep/envs.py` bakes no variable of the build environment.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -74,9 +76,22 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
     let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
     let so_bytes = wheel.read(&extension)?;
     fs::write(&so, &so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
-    let info = ElfFile::open(&so)?.dynamic_info()?;
+    let elf = ElfFile::open(&so)?;
+    let info = elf.dynamic_info()?;
+    let internals = elf.libstdcxx_internals()?;
+    drop(elf);
     fs::remove_file(&so).ok();
     check_linking(wheel_path, &extension, &info, expect)?;
+    check_libstdcxx(wheel_path, &extension, &info, &internals)?;
+    if expect.api == DeepEpApi::V2 {
+        let envs = wheel.read("deep_ep/envs.py").with_context(|| {
+            format!(
+                "{} has no deep_ep/envs.py: DeepEP V2's setup.py writes it",
+                wheel_path.display()
+            )
+        })?;
+        check_persistent_envs(wheel_path, &String::from_utf8_lossy(&envs))?;
+    }
     let kept = check_paths(wheel_path, expect)?;
     let bytes = fs::read(wheel_path)?;
     Ok(WheelFacts {
@@ -129,6 +144,64 @@ fn the_extension(wheel_path: &Path, files: &[String], api: DeepEpApi) -> Result<
         );
     };
     Ok(extension.clone())
+}
+
+/// The variables V2's setup.py copies from its environment into `deep_ep/envs.py`
+/// (setup.py:13), defaults at import (deep_ep/__init__.py:10-18).
+pub const PERSISTENT_ENV_NAMES: [&str; 4] = [
+    "EP_JIT_CACHE_DIR",
+    "EP_JIT_PRINT_COMPILER_COMMAND",
+    "EP_NUM_TOPK_IDX_BITS",
+    "EP_NCCL_ROOT_DIR",
+];
+
+/// V2's `deep_ep/envs.py` must set nothing: a baked EP_JIT_CACHE_DIR or EP_NCCL_ROOT_DIR
+/// would be a path of the build machine in every install (the image sets
+/// EP_JIT_CACHE_DIR in its environment; find_nccl_root() finds the installed nvidia-nccl).
+pub fn check_persistent_envs(wheel_path: &Path, envs_py: &str) -> Result<()> {
+    let baked: Vec<&str> = envs_py
+        .lines()
+        .filter(|l| l.trim_start().starts_with("persistent_envs["))
+        .collect();
+    if !baked.is_empty() {
+        bail!(
+            "deep_ep/envs.py in {} bakes variables of the build environment into every install: {}. \
+             DeepEP V2's setup.py copies {} from its environment; `cargo xtask build deepep` runs it in an empty one, so something set them (a changed recipe?): rebuild with `cargo xtask build deepep --force`",
+            wheel_path.display(),
+            baked.join("; "),
+            PERSISTENT_ENV_NAMES.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The extension uses the process's libstdc++ (torch loads libstdc++.so.6 first): a copy
+/// linked in breaks std::locale and crashed V2's JIT in std::regex (docs/deepep-v2.md).
+fn check_libstdcxx(
+    wheel_path: &Path,
+    extension: &str,
+    info: &DynamicInfo,
+    internals: &[String],
+) -> Result<()> {
+    let needs = info.needed.iter().any(|n| n == "libstdc++.so.6");
+    if !needs || !internals.is_empty() {
+        bail!(
+            "{extension} in {} {} and defines {} of libstdc++'s internals{}: the host g++ linked a copy of libstdc++ (it found only libstdc++.a, or -static-libstdc++). \
+             Beside torch's libstdc++.so.6 that copy's std::locale breaks. The build takes the first g++ on PATH: put one whose libstdc++.so.6 is installed first (`g++ -print-file-name=libstdc++.so` must print a path), then `cargo xtask build deepep --force`",
+            wheel_path.display(),
+            if needs {
+                "NEEDs libstdc++.so.6"
+            } else {
+                "does not NEED libstdc++.so.6"
+            },
+            internals.len(),
+            internals
+                .first()
+                .map(|s| format!(" ({s}, ...)"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// What the extension needs and where it searches: the stack's libraries, the driver's
@@ -251,4 +324,25 @@ fn check_paths(
         }
     }
     Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envs_py_may_bake_nothing() {
+        let wheel = Path::new("deep_ep-2.1.0.whl");
+        let empty = "# Pre-installed environment variables\npersistent_envs = dict()\n";
+        check_persistent_envs(wheel, empty).unwrap();
+        let baked =
+            format!("{empty}persistent_envs['EP_JIT_CACHE_DIR'] = '/tmp/v2probe/jit-cache'\n");
+        let err = check_persistent_envs(wheel, &baked)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("EP_JIT_CACHE_DIR") && err.contains("/tmp/v2probe/jit-cache"),
+            "{err}"
+        );
+    }
 }

@@ -44,7 +44,7 @@ tree = os.path.abspath("build/tree")
 os.makedirs(os.path.join(tree, "deep_ep"), exist_ok=True)
 subprocess.check_call([os.environ["CC"], "-g", "-O1"] + env("CPPFLAGS") + ["-shared", "-fPIC", "-o", os.path.join(tree, ext)] + sources + [
     "-I" + nv + "/include", "-I" + torch_include] + env("LDFLAGS") + ["-L" + nv + "/lib", "-Wl,--no-as-needed",
-    "-l:libnvshmem_host.so", "-l:libnvshmem_device.a", "-lcuda", "-Wl,-rpath," + nv + "/lib"])
+    "-l:libnvshmem_host.so", "-l:libnvshmem_device.a", "-lcuda", "-lstdc++", "-Wl,-rpath," + nv + "/lib"])
 files = {
     "deep_ep/__init__.py": b"import torch\n",
     "deep_ep/build_env.json": json.dumps(sorted(os.environ)).encode(),

@@ -1,9 +1,10 @@
 //! commstack-elf: reading the stack's ELF files with goblin: the NVSHMEM build-variable
 //! string and version, byte scans (`libnccl`), dynamic linking (DT_NEEDED, SONAME, RPATH
-//! and RUNPATH, resolution), symbol versions and manylinux tags, and the CUDA fatbins in
-//! libraries and static archives. The NVSHMEM and DeepEP builds prove their outputs with
+//! and RUNPATH, resolution), symbol versions and manylinux tags, a copy of libstdc++
+//! linked in, and the CUDA fatbins in libraries and static archives. The NVSHMEM and DeepEP builds prove their outputs with
 //! it, and verify checks whole environments with it; it sits below both in the flow.
 
+mod cxx;
 mod dynamic;
 mod fatbin;
 mod file;
@@ -14,6 +15,7 @@ mod tree;
 
 use std::path::PathBuf;
 
+pub use cxx::{LIBSTDCXX_INTERNAL_PREFIXES, is_libstdcxx_internal};
 pub use dynamic::{
     DynamicInfo, NeededResolution, expand_origin, resolve_needed, resolve_needed_with,
 };

@@ -29,6 +29,7 @@ use serde_json::json;
 
 use crate::base::Base;
 use crate::docker_archive::{ImageSpec, archive_manifest, image_config, rfc3339};
+use crate::jit::{JIT_CACHE_DIR, JIT_PREFIX, JitToolchain, install_toolchain};
 use crate::layer::{Layer, Owner, write_layer_owned};
 use crate::plan::{LayerKind, PlannedLayer, plan_layers};
 use crate::provenance::{Claims, LayerSource, Origin, provenance};
@@ -112,6 +113,18 @@ pub struct ImageInputs {
     /// Wheels of at least this installed size get a layer of their own
     /// ([`crate::plan::LARGE_WHEEL_BYTES`]).
     pub large_wheel_bytes: u64,
+    /// DeepEP V2: the toolchain its JIT runs at run time (a layer of its own, CUDA_HOME and
+    /// EP_JIT_CACHE_DIR in the environment, the cache directory owned by the user).
+    pub jit: Option<JitToolchain>,
+}
+
+/// The image's environment: [`ENV`], and for DeepEP V2 what its JIT needs.
+pub fn image_env(jit: Option<&JitToolchain>) -> Result<Vec<String>> {
+    let mut env: Vec<String> = ENV.iter().map(|s| s.to_string()).collect();
+    if let Some(jit) = jit {
+        env.extend(jit.env()?);
+    }
+    Ok(env)
 }
 
 /// One layer of image.json.
@@ -440,7 +453,8 @@ pub fn assemble_image_reporting(
     let pins = |ws: &[LockedWheel]| -> Vec<serde_json::Value> {
         ws.iter().map(|w| json!([w.filename, w.sha256])).collect()
     };
-    let key_inputs = json!({
+    let env = image_env(inputs.jit.as_ref())?;
+    let mut key_inputs = json!({
         "recipe": IMAGE_RECIPE,
         "epoch": c.epoch,
         "base": { "key": c.base.manifest.key, "diff_id": c.base.manifest.layer.diff_id },
@@ -456,8 +470,13 @@ pub fn assemble_image_reporting(
         "name": inputs.name,
         "source": inputs.source_url,
         "revision": inputs.revision,
-        "env": ENV,
+        "env": env,
     });
+    // Only a V2 image's key names the JIT toolchain: a V1 image's key is as before.
+    if let Some(jit) = &inputs.jit {
+        key_inputs["jit"] =
+            json!({ "wheels": pins(&jit.wheels), "prefix": JIT_PREFIX, "cache": JIT_CACHE_DIR });
+    }
     let key = StepKey::new(IMAGE_STEP, &key_inputs);
     let tag = image_tag(&inputs.name, &inputs.lock_sha256, &inputs.revision);
     let outcome = store.run(&key, &key_inputs, force, |dir| {
@@ -520,10 +539,17 @@ fn build_image(
 ) -> Result<()> {
     c.base.check_layer()?;
     let steps = store.root().join("steps");
-    let plan = plan_layers(&c.closure, &c.dropin, &c.deepep, inputs.large_wheel_bytes)?;
+    let plan = plan_layers(
+        &c.closure,
+        &c.dropin,
+        &c.deepep,
+        inputs.jit.as_ref().map(|j| j.wheels.as_slice()),
+        inputs.large_wheel_bytes,
+    )?;
     let lower = LowerLayers {
         store,
         c,
+        jit: inputs.jit.as_ref(),
         layout,
         user,
         layout_json,
@@ -555,6 +581,7 @@ type BuiltLayer = (ImageLayer, Layer, Claims);
 struct LowerLayers<'a> {
     store: &'a Store,
     c: &'a Checked,
+    jit: Option<&'a JitToolchain>,
     layout: &'a VenvLayout,
     user: &'a ImageUser,
     layout_json: &'a serde_json::Value,
@@ -567,6 +594,7 @@ impl LowerLayers<'_> {
         let LowerLayers {
             store,
             c,
+            jit,
             layout,
             user,
             layout_json,
@@ -602,17 +630,36 @@ impl LowerLayers<'_> {
                 LayerKind::Skeleton => {
                     let passwd = String::from_utf8(c.base.read_file("etc/passwd")?)?;
                     let group = String::from_utf8(c.base.read_file("etc/group")?)?;
-                    let step_inputs = json!({
+                    let mut step_inputs = json!({
                         "recipe": IMAGE_RECIPE, "epoch": c.epoch, "layout": layout_json,
                         "passwd": commstack_digest::sha256_hex(&passwd),
                         "group": commstack_digest::sha256_hex(&group),
+                    });
+                    let cache = jit.map(|_| JIT_CACHE_DIR);
+                    if let Some(cache) = cache {
+                        step_inputs["jit_cache"] = json!(cache);
+                    }
+                    let source = format!(
+                        "{LAYER_STEP} {}",
+                        StepKey::new(LAYER_STEP, &step_inputs).dir_name()
+                    );
+                    layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
+                        write_skeleton(tree, layout, user, &passwd, &group, &source, cache)
+                    })?
+                }
+                LayerKind::CudaToolchain { .. } => {
+                    let jit =
+                        jit.context("a CUDA toolchain layer is planned without the JIT toolchain")?;
+                    let step_inputs = json!({
+                        "recipe": IMAGE_RECIPE, "epoch": c.epoch, "prefix": JIT_PREFIX,
+                        "cuda_toolchain": planned.wheels.iter().map(|w| json!([w.filename, w.sha256])).collect::<Vec<_>>(),
                     });
                     let source = format!(
                         "{LAYER_STEP} {}",
                         StepKey::new(LAYER_STEP, &step_inputs).dir_name()
                     );
                     layer_step(store, &planned.holds, &step_inputs, c.epoch, |tree| {
-                        write_skeleton(tree, layout, user, &passwd, &group, &source)
+                        Ok((install_toolchain(tree, jit, &source)?, vec![]))
                     })?
                 }
                 LayerKind::Own => continue,
@@ -801,7 +848,7 @@ fn write_image(
     let layers: Vec<Layer> = built.iter().map(|(_, l, _)| l.clone()).collect();
     let spec = ImageSpec {
         tag: tag.to_string(),
-        env: ENV.iter().map(|s| s.to_string()).collect(),
+        env: image_env(inputs.jit.as_ref())?,
         cmd: vec![VENV_PYTHON.to_string()],
         user: Some(format!("{}:{}", user.uid, user.gid)),
         working_dir: Some(format!("/{}", user.home())),

@@ -26,6 +26,24 @@ pub struct DockerContext {
     pub base_id: String,
 }
 
+/// docker/Dockerfile does not carry DeepEP V2's JIT environment yet: such an image is
+/// refused rather than rebuilt wrong.
+fn refuse_v2(image: &Image) -> Result<()> {
+    if image
+        .manifest
+        .layers
+        .iter()
+        .any(|l| matches!(l.kind, crate::plan::LayerKind::CudaToolchain { .. }))
+    {
+        bail!(
+            "{}: a DeepEP V2 image; docker/Dockerfile does not carry its JIT's environment yet (CUDA_HOME, EP_JIT_CACHE_DIR and the user's /{}). Use the image `cargo xtask build image` loads, or its OCI layout (`--oci DIR`)",
+            image.dir.display(),
+            crate::jit::JIT_CACHE_DIR
+        );
+    }
+    Ok(())
+}
+
 /// Loads the base as its own image and writes the context into `dir` (must not exist).
 pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> {
     if dir.symlink_metadata().is_ok() {
@@ -34,6 +52,7 @@ pub fn write_docker_context(image: &Image, dir: &Path) -> Result<DockerContext> 
             dir.display()
         );
     }
+    refuse_v2(image)?;
     let layers = image.layers();
     let (base_layer, above) = layers
         .split_first()

@@ -7,6 +7,7 @@
 //! - [`oci_layout`]: the same image as an OCI layout with gzip layers, for registries.
 //! - [`base`]: the base step's output (rootfs.tar, base.json) as the image reads it.
 //! - [`venv`]: the Python environment, each wheel installed into a staging tree of its own.
+//! - [`jit`]: what DeepEP V2's JIT needs in the image: the CUDA toolchain, its cache.
 //! - [`plan`]: which layers, holding what.
 //! - [`provenance`]: every file of the image mapped to its source.
 //! - [`sbom`]: the SPDX 2.3 SBOM.
@@ -18,6 +19,7 @@ pub mod assemble;
 pub mod base;
 pub mod context;
 pub mod docker_archive;
+pub mod jit;
 pub mod layer;
 pub mod load;
 pub mod oci_layout;
@@ -28,13 +30,14 @@ pub mod venv;
 
 pub use assemble::{
     DataFile, Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image,
-    assemble_image_reporting,
+    assemble_image_reporting, image_env,
 };
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{
     ArchiveWriter, DockerArchive, ImageSpec, archive_manifest, image_config, write_docker_archive,
     write_docker_archive_above, write_docker_archive_to,
 };
+pub use jit::{JIT_CACHE_DIR, JIT_PREFIX, JitToolchain};
 pub use layer::{Layer, Owner, write_layer, write_layer_owned};
 pub use load::{EarlyLoad, Loaded, docker_load, docker_load_with, export_oci};
 pub use oci_layout::{GZIP_LEVEL, GZIP_STEP, OciImage, write_oci_layout, write_oci_layout_with};

@@ -2,7 +2,8 @@
 //! layers. Bottom first: the base root filesystem (as is); one layer per large wheel
 //! (installed size at least the threshold, by name: torch, the CUDA libraries, NCCL,
 //! triton in the real stack); one layer for the rest of the lock's closure; the venv
-//! skeleton and the image user; the NVSHMEM drop-in; DeepEP; commstack's own files on top.
+//! skeleton and the image user; (DeepEP V2) the CUDA toolchain its JIT runs; the NVSHMEM
+//! drop-in; DeepEP; commstack's own files on top.
 //! About 10 to 15 layers for the real stack: far below Docker's limit of 125.
 
 use anyhow::{Context, Result};
@@ -22,6 +23,11 @@ pub enum LayerKind {
         wheels: Vec<String>,
     },
     Skeleton,
+    /// DeepEP V2's JIT toolchain (the locked CUDA wheels, by file name) under
+    /// /opt/commstack/cuda.
+    CudaToolchain {
+        wheels: Vec<String>,
+    },
     Own,
 }
 
@@ -42,11 +48,13 @@ pub fn installed_size(wheel: &LockedWheel) -> Result<u64> {
 }
 
 /// Plans the layers for `closure` (the lock's wheels, neither the drop-in nor DeepEP),
-/// `dropin` and `deepep`; a wheel of at least `large_bytes` installed gets its own layer.
+/// `dropin` and `deepep`, and (DeepEP V2) `jit`, the toolchain wheels; a wheel of at
+/// least `large_bytes` installed gets its own layer.
 pub fn plan_layers(
     closure: &[LockedWheel],
     dropin: &LockedWheel,
     deepep: &LockedWheel,
+    jit: Option<&[LockedWheel]>,
     large_bytes: u64,
 ) -> Result<Vec<PlannedLayer>> {
     let wheels_layer = |holds: String, wheels: Vec<LockedWheel>| PlannedLayer {
@@ -89,6 +97,21 @@ pub fn plan_layers(
         kind: LayerKind::Skeleton,
         wheels: vec![],
     });
+    if let Some(jit) = jit {
+        plan.push(PlannedLayer {
+            holds: format!(
+                "CUDA toolchain for DeepEP V2's JIT ({})",
+                jit.iter()
+                    .map(|w| format!("{} {}", w.name, w.version))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            kind: LayerKind::CudaToolchain {
+                wheels: jit.iter().map(|w| w.filename.clone()).collect(),
+            },
+            wheels: jit.to_vec(),
+        });
+    }
     plan.push(wheels_layer(
         format!("NVSHMEM drop-in {} {}", dropin.name, dropin.version),
         vec![dropin.clone()],

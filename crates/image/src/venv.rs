@@ -229,8 +229,9 @@ pub fn tree_files(root: &Path) -> Result<Vec<String>> {
 }
 
 /// Writes the venv skeleton and the image user into `stage`: pyvenv.cfg, bin/python*,
-/// site-packages, etc/passwd and etc/group (the base's plus the user), the user's home.
-/// Returns the claims and the owner rule (the home belongs to the user).
+/// site-packages, etc/passwd and etc/group (the base's plus the user), the user's home,
+/// and for DeepEP V2 `jit_cache` (EP_JIT_CACHE_DIR). Returns the claims and the owner
+/// rules (the home and the JIT cache belong to the user).
 pub fn write_skeleton(
     stage: &Path,
     layout: &VenvLayout,
@@ -238,6 +239,7 @@ pub fn write_skeleton(
     base_passwd: &str,
     base_group: &str,
     source: &str,
+    jit_cache: Option<&str>,
 ) -> Result<(Claims, Vec<Owner>)> {
     let venv = stage.join(VENV);
     fs::create_dir_all(venv.join("bin"))?;
@@ -314,11 +316,20 @@ pub fn write_skeleton(
             },
         );
     }
-    let owners = vec![Owner {
+    let mut owners = vec![Owner {
         path: PathBuf::from(user.home()),
         uid: user.uid,
         gid: user.gid,
     }];
+    // DeepEP V2's JIT cache (EP_JIT_CACHE_DIR): an empty directory the user writes.
+    if let Some(cache) = jit_cache {
+        fs::create_dir_all(stage.join(cache))?;
+        owners.push(Owner {
+            path: PathBuf::from(cache),
+            uid: user.uid,
+            gid: user.gid,
+        });
+    }
     Ok((claims, owners))
 }
 

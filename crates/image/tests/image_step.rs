@@ -6,7 +6,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
+use commstack_deepep::LockedWheel;
 use commstack_image::assemble::ENV;
 use commstack_image::base::BaseManifest;
 use commstack_image::provenance::{Origin, Provenance};
@@ -14,6 +16,7 @@ use commstack_image::{
     EarlyLoad, Image, assemble_image, docker_load, docker_load_with, export_oci,
 };
 use commstack_store::Store;
+use commstack_wheel::WheelBuilder;
 
 mod support;
 
@@ -705,4 +708,250 @@ fn the_dockerfile_builds_the_same_files_as_the_tool() {
     for r in [built_tag.as_str(), image.tag(), ctx.base_tag.as_str()] {
         rmi(r);
     }
+}
+/// A static stand-in for nvcc and cuobjdump (the fixture base has no shell):
+/// `--version` prints nvcc's banner, `--write` creates a file in $EP_JIT_CACHE_DIR as the
+/// JIT does, `--exists PATH` says whether PATH is there (following links).
+fn fake_cuda_tool() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let src = dir.join("nvcc.c");
+        std::fs::write(
+            &src,
+            r#"#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--version")) {
+        printf("Cuda compilation tools, release 13.0, V13.0.88\n");
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--write")) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tmp", getenv("EP_JIT_CACHE_DIR"));
+        if (mkdir(path, 0755) != 0) { perror(path); return 1; }
+        printf("wrote %s\n", path);
+        return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--exists")) {
+        struct stat st;
+        printf("%s\n", stat(argv[2], &st) == 0 ? "yes" : "no");
+        return 0;
+    }
+    return 2;
+}
+"#,
+        )
+        .unwrap();
+        let bin = dir.join("nvcc");
+        let status = Command::new("gcc")
+            .args(["-static", "-O1", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("gcc");
+        assert!(status.success());
+        bin
+    })
+}
+
+/// One file of a fixture wheel: its path, bytes and whether it is executable.
+type WheelFile = (String, Vec<u8>, bool);
+
+/// The CUDA toolchain wheels of a V2 stack as the lock has them (nvcc, nvvm, the runtime's
+/// headers, cccl, cuobjdump), with the fake tool as nvcc and cuobjdump; `without` leaves
+/// one distribution out.
+fn jit_toolchain(out: &Path, without: Option<&str>) -> commstack_image::JitToolchain {
+    let tool = std::fs::read(fake_cuda_tool()).unwrap();
+    let cu = "nvidia/cu13";
+    let specs: Vec<(&str, &str, Vec<WheelFile>)> = vec![
+        (
+            "nvidia-cuda-nvcc",
+            "13.0.88",
+            vec![
+                (format!("{cu}/bin/nvcc"), tool.clone(), true),
+                (format!("{cu}/bin/ptxas"), tool.clone(), true),
+                (
+                    format!("{cu}/bin/nvcc.profile"),
+                    b"TOP = $(_HERE_)/..\n".to_vec(),
+                    false,
+                ),
+            ],
+        ),
+        (
+            "nvidia-nvvm",
+            "13.0.88",
+            vec![(format!("{cu}/nvvm/bin/cicc"), tool.clone(), true)],
+        ),
+        (
+            "nvidia-cuda-runtime",
+            "13.0.96",
+            [
+                "cuda_runtime.h",
+                "cuda_bf16.h",
+                "cuda_fp8.h",
+                "cooperative_groups.h",
+            ]
+            .iter()
+            .map(|h| {
+                (
+                    format!("{cu}/include/{h}"),
+                    format!("/* {h} */\n").into_bytes(),
+                    false,
+                )
+            })
+            .chain([(format!("{cu}/lib/libcudart.so.13"), blob(9, 2000), false)])
+            .collect(),
+        ),
+        (
+            "nvidia-cuda-cccl",
+            "13.0.85",
+            vec![(
+                format!("{cu}/include/cccl/cuda/std/tuple"),
+                b"// tuple\n".to_vec(),
+                false,
+            )],
+        ),
+        (
+            "nvidia-cuda-cuobjdump",
+            "13.4.92",
+            vec![(format!("{cu}/bin/cuobjdump"), tool.clone(), true)],
+        ),
+    ];
+    let wheels = specs
+        .into_iter()
+        .filter(|(name, _, _)| Some(*name) != without)
+        .map(|(name, version, files)| {
+            let mut b = WheelBuilder::new(name, version).unwrap().tag(
+                "py3",
+                "none",
+                "manylinux_2_17_x86_64",
+            );
+            b.add_bytes("nvidia/__init__.py", Vec::new(), false)
+                .unwrap();
+            for (path, bytes, exec) in files {
+                b.add_bytes(&path, bytes, exec).unwrap();
+            }
+            LockedWheel::from_file(&b.write(out).unwrap().path).unwrap()
+        })
+        .collect();
+    commstack_image::JitToolchain { wheels }
+}
+
+/// A DeepEP V2 image: the toolchain its JIT runs is a layer of its own under
+/// /opt/commstack/cuda with the toolkit layout nvcc.profile expects, CUDA_HOME and
+/// EP_JIT_CACHE_DIR are in the image's environment, nvcc and cuobjdump run there, and
+/// the image user writes the JIT cache. A V1 image has none of it (the test above).
+#[test]
+fn a_v2_image_holds_the_jit_toolchain_its_env_and_a_cache_the_user_writes() {
+    let name = format!("commstack-fixture-v2-{}", std::process::id());
+    let mut f = fixture(&name, 7);
+    let tc = f._dir.path().join("toolchain-wheels");
+    f.inputs.jit = Some(jit_toolchain(&tc, None));
+    let image = assemble_image(&f.store, &f.inputs, false).unwrap();
+    let holds: Vec<&str> = image
+        .manifest
+        .layers
+        .iter()
+        .map(|l| l.holds.as_str())
+        .collect();
+    let jit_layer = holds
+        .iter()
+        .position(|h| h.starts_with("CUDA toolchain for DeepEP V2's JIT"))
+        .unwrap_or_else(|| panic!("{holds:?}"));
+    assert!(
+        holds[jit_layer].contains("nvidia-cuda-cuobjdump 13.4.92"),
+        "{holds:?}"
+    );
+    assert!(
+        holds[jit_layer + 1].starts_with("NVSHMEM drop-in"),
+        "{holds:?}"
+    );
+
+    docker_load(&image).unwrap();
+    let inspect = ok("docker", &["image", "inspect", image.tag()]);
+    let v: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    let env: Vec<String> = v[0]["Config"]["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = ENV.iter().map(|s| s.to_string()).collect();
+    want.push("CUDA_HOME=/opt/commstack/cuda/nvidia/cu13".into());
+    want.push("EP_JIT_CACHE_DIR=/var/cache/deep_ep".into());
+    assert_eq!(env, want);
+
+    let in_image = |entrypoint: &str, args: &[&str]| {
+        let mut argv = vec![
+            "run",
+            "--rm",
+            "--network=none",
+            "--entrypoint",
+            entrypoint,
+            image.tag(),
+        ];
+        argv.extend_from_slice(args);
+        ok("docker", &argv).trim().to_string()
+    };
+    let home = "/opt/commstack/cuda/nvidia/cu13";
+    assert_eq!(
+        in_image(&format!("{home}/bin/nvcc"), &["--version"]),
+        "Cuda compilation tools, release 13.0, V13.0.88"
+    );
+    // The JIT writes <cache>/tmp as the image user (uid 1000, the image's User).
+    assert_eq!(
+        in_image(&format!("{home}/bin/cuobjdump"), &["--write"]),
+        "wrote /var/cache/deep_ep/tmp"
+    );
+    for path in [
+        "targets/x86_64-linux/include/cuda_fp8.h",
+        "targets/x86_64-linux/include/cccl/cuda/std/tuple",
+        "lib64/libcudart.so.13",
+        "nvvm/bin/cicc",
+    ] {
+        assert_eq!(
+            in_image(
+                &format!("{home}/bin/nvcc"),
+                &["--exists", &format!("{home}/{path}")]
+            ),
+            "yes",
+            "{path}"
+        );
+    }
+    // docker/Dockerfile's context does not carry the V2 environment: refused, not wrong.
+    let ctx = f._dir.path().join("context");
+    let err = format!(
+        "{:#}",
+        commstack_image::write_docker_context(&image, &ctx).unwrap_err()
+    );
+    assert!(err.contains("DeepEP V2") && err.contains("--oci"), "{err}");
+    assert!(!ctx.exists());
+    rmi(image.tag());
+    rmi(image.id());
+}
+
+/// A V2 toolchain without cuobjdump (the JIT runs it on every kernel it loads) is refused
+/// before any layer is written, naming the file and the wheel to lock.
+#[test]
+fn a_v2_toolchain_without_cuobjdump_is_refused_naming_the_wheel() {
+    let name = format!("commstack-fixture-v2-nocuobjdump-{}", std::process::id());
+    let mut f = fixture(&name, 7);
+    let tc = f._dir.path().join("toolchain-wheels");
+    f.inputs.jit = Some(jit_toolchain(&tc, Some("nvidia-cuda-cuobjdump")));
+    let err = format!(
+        "{:#}",
+        assemble_image(&f.store, &f.inputs, false).unwrap_err()
+    );
+    assert!(
+        err.contains("bin/cuobjdump") && err.contains("nvidia-cuda-cuobjdump"),
+        "{err}"
+    );
+    not_in_docker(&commstack_image::assemble::image_tag(
+        &name,
+        &f.inputs.lock_sha256,
+        &f.inputs.revision,
+    ));
 }

@@ -209,11 +209,20 @@ async fn resolve_toolchain(
         arch: target.arch.clone(),
         glibc: stack.toolchain.host_glibc,
     };
-    let tool_reqs = vec![
+    let mut tool_reqs = vec![
         Requirement::from_str(&format!("cuda-toolkit[{TOOLCHAIN_CUDA_EXTRAS}]=={cuda}"))?,
         Requirement::from_str(&format!("cmake{}", stack.toolchain.cmake))?,
         Requirement::from_str(&format!("ninja{}", stack.toolchain.ninja))?,
     ];
+    let cuda_major = cuda.release().first().copied().unwrap_or_default();
+    if let Some(req) =
+        commstack_stack::lock::jit_cuobjdump_requirement(stack.deepep.api, cuda_major)
+    {
+        progress.step(&format!(
+            "DeepEP V2's JIT runs cuobjdump at run time: the toolchain adds {req}"
+        ));
+        tool_reqs.push(Requirement::from_str(&req)?);
+    }
     progress.step(&format!(
         "resolving the toolchain: CUDA {cuda} compiler, cmake{}, ninja{}",
         stack.toolchain.cmake, stack.toolchain.ninja

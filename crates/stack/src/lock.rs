@@ -23,6 +23,29 @@ pub const LOCK_VERSION: u32 = 1;
 /// the NVTX and NVML headers NVSHMEM includes. Resolved as `cuda-toolkit[these]==<torch's CUDA>`.
 pub const TOOLCHAIN_CUDA_EXTRAS: &str = "nvcc,cudart,crt,nvvm,cccl,nvtx,nvml";
 
+/// DeepEP V2's JIT runs `$CUDA_HOME/bin/cuobjdump -symbols` on every kernel it loads
+/// (csrc/jit/kernel_runtime.hpp:24-33), a warm cache too, and takes the kernel from the
+/// line that starts with `STT_FUNC` and holds `STO_ENTRY`. cuda-toolkit has no extra for
+/// it and NVIDIA's PyPI wheel starts at 13.2 (none for CUDA 13.0): a V2 stack locks the
+/// newest `nvidia-cuda-cuobjdump` of torch's CUDA major that prints that format (13.2 to
+/// 13.4 print `STT_FUNC STB_GLOBAL STO_ENTRY k`; 13.5 prints `FUNC GLOBAL DEFAULT ENTRY k`,
+/// which DeepEP dd758ca does not parse), before `exclude-newer`.
+pub const JIT_CUOBJDUMP: &str = "nvidia-cuda-cuobjdump";
+
+/// The first cuobjdump release of a CUDA major whose `-symbols` output DeepEP V2 cannot
+/// parse (see [`JIT_CUOBJDUMP`]).
+pub const JIT_CUOBJDUMP_FORMAT_CHANGE: [(u64, &str); 1] = [(13, "13.5")];
+
+/// The toolchain's requirement for [`JIT_CUOBJDUMP`] (`nvidia-cuda-cuobjdump>=13,<13.5`):
+/// only for DeepEP V2.
+pub fn jit_cuobjdump_requirement(api: DeepEpApi, cuda_major: u64) -> Option<String> {
+    let below = JIT_CUOBJDUMP_FORMAT_CHANGE
+        .iter()
+        .find(|(m, _)| *m == cuda_major)
+        .map_or_else(|| (cuda_major + 1).to_string(), |(_, v)| v.to_string());
+    (api == DeepEpApi::V2).then(|| format!("{JIT_CUOBJDUMP}>={cuda_major},<{below}"))
+}
+
 /// How this commstack resolves a lock (stored as `inputs.resolver`): a lock made by
 /// another recipe is stale.
 pub fn recipe() -> String {
@@ -528,6 +551,19 @@ fn has_comment(raw: Option<&RawString>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_v2_locks_cuobjdump_and_below_the_format_deepep_cannot_parse() {
+        assert_eq!(jit_cuobjdump_requirement(DeepEpApi::V1, 13), None);
+        assert_eq!(
+            jit_cuobjdump_requirement(DeepEpApi::V2, 13).as_deref(),
+            Some("nvidia-cuda-cuobjdump>=13,<13.5")
+        );
+        assert_eq!(
+            jit_cuobjdump_requirement(DeepEpApi::V2, 14).as_deref(),
+            Some("nvidia-cuda-cuobjdump>=14,<15")
+        );
+    }
+
     use super::*;
 
     fn sample() -> Lock {

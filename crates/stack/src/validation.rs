@@ -70,9 +70,10 @@ impl Validator<'_> {
         let toolchain = self.toolchain(raw.toolchain);
         let resolve = self.resolve(raw.resolve);
         let base = target.as_ref().map(|t| t.base);
+        let v2 = deepep.as_ref().is_some_and(|d| d.api == DeepEpApi::V2);
         let image = match raw.image {
             None => Some(None),
-            Some(raw) => self.image(raw, base).map(Some),
+            Some(raw) => self.image(raw, base, v2).map(Some),
         };
         let cache = self.cache(raw.cache);
         let deploy = match raw.deploy {
@@ -735,13 +736,31 @@ impl Validator<'_> {
         })
     }
 
-    fn image(&mut self, raw: RawImage, base: Option<&'static bases::Base>) -> Option<Image> {
+    fn image(
+        &mut self,
+        raw: RawImage,
+        base: Option<&'static bases::Base>,
+        deepep_v2: bool,
+    ) -> Option<Image> {
         let mut ok = true;
         let distribution = base.map(|b| b.distribution());
         let name = self.image_name(&raw, base, &mut ok);
         let mirror = self.image_mirror(&raw, distribution, &mut ok);
         let keyring = self.image_keyring(&raw, distribution, &mut ok);
         let include = self.image_include(&raw, &mut ok);
+        if deepep_v2 && !include.iter().any(|p| p == JIT_HOST_COMPILER) {
+            let span = raw.include.as_ref().map_or(0..0, |l| l.span());
+            self.err(
+                span,
+                format!(
+                    "image.include lacks {JIT_HOST_COMPILER:?}: DeepEP V2 (deepep.api = \"v2\") compiles its kernels at run time with nvcc, which runs the host g++"
+                ),
+                Some(format!(
+                    "add \"{JIT_HOST_COMPILER}\" to [image] include (it brings gcc, cpp and the C++ headers nvcc needs), then `cargo xtask lock`"
+                )),
+            );
+            ok = false;
+        }
         let user = self.image_user(&raw, &mut ok);
         let index_max_age_days = self.image_index_max_age(&raw, &mut ok);
         if !ok {
@@ -883,7 +902,8 @@ impl Validator<'_> {
         }
     }
 
-    /// image.include: Debian package names, each once.
+    /// image.include: Debian package names, each once (for DeepEP V2 with
+    /// [`JIT_HOST_COMPILER`], checked by the caller).
     fn image_include(&mut self, raw: &RawImage, ok: &mut bool) -> Vec<String> {
         match &raw.include {
             None => DEFAULT_INCLUDE.iter().map(|s| s.to_string()).collect(),
@@ -942,6 +962,11 @@ impl Validator<'_> {
         }
     }
 }
+
+/// The Debian package of the host compiler DeepEP V2's JIT needs in the image: nvcc runs
+/// `gcc`/`g++` for its front end (`g++` depends on gcc, cpp, g++-12, libstdc++-12-dev,
+/// libc6-dev and binutils: the smallest set that compiles a .cu file).
+pub const JIT_HOST_COMPILER: &str = "g++";
 
 fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> Diagnostic {
     let location = err.span().map(|s| Location::of_offset(path, text, s.start));

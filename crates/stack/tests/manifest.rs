@@ -52,6 +52,52 @@ fn shipped_stacks_parse() {
             .all(|o| o.status == Status::Ok)
     );
     assert_ne!(s.fingerprint(), g.fingerprint());
+
+    // DeepEP V2 as an image: torch 2.14.1, DeepEP dd758ca and fmt named with their trees,
+    // g++ in the base for the JIT.
+    let (name, text) = shipped("stacks/v2.toml");
+    let v = Stack::parse(Path::new(&name), &text).unwrap();
+    assert_eq!(v.torch.version.to_string(), "2.14.1");
+    assert_eq!(v.deepep.api, DeepEpApi::V2);
+    assert_eq!(v.deepep.submodules.len(), 1);
+    let image = v.image.as_ref().unwrap();
+    assert_eq!(image.name, "commstack/v2-debian-12");
+    assert!(image.include.iter().any(|p| p == "g++"));
+    assert!(
+        rules::check_manifest(&v)
+            .iter()
+            .all(|o| o.status == Status::Ok)
+    );
+}
+
+/// DeepEP V2's JIT runs nvcc, which runs the host g++: a V2 stack's image must include it.
+#[test]
+fn a_v2_image_needs_g_plus_plus_in_its_base() {
+    let v2 = MINIMAL
+        .replace("python = \"3.12\"", "python = \"3.11\"")
+        .replace("ubuntu-24.04", "debian-12")
+        .replace("version = \"2.11.0\"", "version = \"2.14.1\"")
+        .replace(
+            "rev = \"567632d\"\napi = \"v1\"",
+            "rev = \"dd758caf451848bd150e1046af3d0a73e5fff38d\"\napi = \"v2\"",
+        );
+    let err = errors(&format!("{v2}\n[image]\ninclude = [\"python3\"]\n"));
+    assert!(
+        err.contains("image.include lacks \"g++\"")
+            && err.contains("add \"g++\" to [image] include"),
+        "{err}"
+    );
+    // The default include has no g++ either.
+    let err = errors(&format!("{v2}\n[image]\n"));
+    assert!(err.contains("image.include lacks \"g++\""), "{err}");
+    let ok = format!("{v2}\n[image]\ninclude = [\"python3\", \"g++\"]\n");
+    Stack::parse(Path::new("stack.toml"), &ok).unwrap();
+    // V1 needs no compiler at run time.
+    Stack::parse(
+        Path::new("stack.toml"),
+        &format!("{MINIMAL}\n[image]\nmirror = \"http://m/ubuntu\"\n"),
+    )
+    .unwrap();
 }
 
 #[test]

@@ -60,6 +60,16 @@ fn stack_lock_round_trips() {
 }
 
 #[test]
+fn v2_lock_is_canonical() {
+    is_canonical("stacks/v2.lock");
+}
+
+#[test]
+fn v2_lock_round_trips() {
+    round_trips("stacks/v2.lock", "stacks/v2.requirements.lock");
+}
+
+#[test]
 fn gpu_adopt_lock_round_trips() {
     round_trips(
         "stacks/gpu-adopt.lock",

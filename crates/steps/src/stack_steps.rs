@@ -440,6 +440,14 @@ impl StackSteps<'_> {
                         .display()
                 ));
             }
+            if verdict.jit_toolchain == Some(false) {
+                failed.push(format!(
+                    "DeepEP V2's JIT toolchain in the image (nvcc, g++, cuobjdump, the NCCL root) failed: see {}",
+                    crate::flow::verify_report::report_dir(self.ctx, &image)
+                        .join("jit-toolchain.txt")
+                        .display()
+                ));
+            }
             if !verdict.levels.is_empty() {
                 failed.push(format!(
                     "verify's GPU levels in the image: {}; report: {}",

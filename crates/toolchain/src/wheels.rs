@@ -43,6 +43,10 @@ pub const REQUIRED_WHEELS: [&str; 9] = [
     "ninja",
 ];
 
+/// Distributions a toolchain may also hold: DeepEP V2's stacks lock cuobjdump, which its
+/// JIT runs at run time (`commstack_stack::lock::JIT_CUOBJDUMP`).
+pub const OPTIONAL_WHEELS: [&str; 1] = ["nvidia-cuda-cuobjdump"];
+
 pub const TOOLCHAIN_FILE: &str = "toolchain.json";
 const STEP: &str = "toolchain";
 const TARGET_DIR: &str = "targets/x86_64-linux";
@@ -118,11 +122,12 @@ fn check_set(wheels: &[WheelInput]) -> Result<u64> {
         if name == "cuda-toolkit" {
             continue;
         }
-        if !REQUIRED_WHEELS.contains(&name.as_str()) {
+        if !REQUIRED_WHEELS.contains(&name.as_str()) && !OPTIONAL_WHEELS.contains(&name.as_str()) {
             bail!(
-                "{}: {name} is not part of the toolchain (expected exactly: {})",
+                "{}: {name} is not part of the toolchain (expected exactly: {}; optionally {})",
                 w.filename,
-                REQUIRED_WHEELS.join(", ")
+                REQUIRED_WHEELS.join(", "),
+                OPTIONAL_WHEELS.join(", ")
             );
         }
         if names.contains(&name) {

@@ -158,3 +158,43 @@ fn an_incomplete_set_is_refused_naming_what_is_missing() {
         "{err}"
     );
 }
+
+/// cuobjdump (DeepEP V2's stacks lock it for the JIT) may join the set; another
+/// distribution may not.
+#[test]
+fn cuobjdump_may_join_the_set_and_others_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path()).unwrap();
+    let w = |filename: &str| WheelInput {
+        filename: filename.into(),
+        path: tmp.path().join("nope.whl"),
+        sha256: "0".repeat(64),
+    };
+    let err = provision_wheels(
+        &store,
+        &[w(
+            "nvidia_cuda_cuobjdump-13.4.92-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        )],
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("lack") && err.contains("nvidia-cuda-nvcc"),
+        "{err}"
+    );
+    let err = provision_wheels(
+        &store,
+        &[w(
+            "nvidia_cublas-13.1.0.3-py3-none-manylinux_2_27_x86_64.whl",
+        )],
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("nvidia-cublas is not part of the toolchain")
+            && err.contains("nvidia-cuda-cuobjdump"),
+        "{err}"
+    );
+}

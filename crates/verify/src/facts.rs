@@ -53,6 +53,10 @@ pub struct LibraryFacts {
     pub glibcxx: Option<DottedVersion>,
     #[serde(default)]
     pub versions_readable: bool,
+    /// DeepEP's extension only: the libstdc++ internals it defines (a linked-in copy of
+    /// libstdc++), or why its symbols cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub libstdcxx_internals: Option<Result<Vec<String>, String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -133,7 +137,7 @@ fn read_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
         facts.library = Some(
             elf.as_ref()
                 .map_err(|e| e.to_string())
-                .and_then(|elf| library_facts(elf, &name)),
+                .and_then(|elf| library_facts(elf, path, &name)),
         );
         let soname = facts
             .library
@@ -175,10 +179,26 @@ fn read_facts(path: &Path, data: &FileBytes) -> Option<FileFacts> {
     Some(facts)
 }
 
-fn library_facts(elf: &ElfFile, file_name: &str) -> Result<LibraryFacts, String> {
+/// DeepEP's extension: V1's `deep_ep_cpp*.so` at site-packages' top, V2's `deep_ep/_C*.so`.
+pub fn is_deepep_extension(path: &Path) -> bool {
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy()) else {
+        return false;
+    };
+    let in_deep_ep = path
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|d| d == "deep_ep");
+    name.starts_with("deep_ep_cpp")
+        || (in_deep_ep && name.starts_with("_C.") && name.ends_with(".so"))
+}
+
+fn library_facts(elf: &ElfFile, path: &Path, file_name: &str) -> Result<LibraryFacts, String> {
     let dynamic = elf.dynamic_info().map_err(|e| e.to_string())?;
     let versions = elf.needed_versions().ok();
+    let libstdcxx_internals =
+        is_deepep_extension(path).then(|| elf.libstdcxx_internals().map_err(|e| e.to_string()));
     Ok(LibraryFacts {
+        libstdcxx_internals,
         name: dynamic
             .soname
             .clone()

@@ -1,7 +1,9 @@
 //! commstack-verify: proves that an environment holds the stack it should.
 //!
 //! - ELF reading is the `commstack-elf` crate's (the builds use it too).
-//! - [`static_level`]: those checks over every library of the stack in an environment.
+//! - [`static_level`]: those checks over every library of the stack in an environment
+//!   ([`libstdcxx`]: DeepEP's extension uses the process's libstdc++; [`deepep_links`]:
+//!   it is linked to the environment's one NVSHMEM host library and, V2, one NCCL).
 //! - [`runtime`]: what a Python process really maps after `import torch, deep_ep`.
 //! - [`runner`]: runs a Python test and applies the exit-clean gate to its teardown.
 //! - [`expect`]: what "right" means, one struct filled from arguments or the lock.
@@ -10,10 +12,12 @@
 //! - [`cli`]: the command line (`cargo xtask verify` and the `commstack-verify` binary).
 pub mod check;
 pub mod cli;
+pub mod deepep_links;
 pub mod environment;
 pub mod expect;
 pub mod facts;
 pub mod layers;
+pub mod libstdcxx;
 pub mod mps;
 pub mod process;
 pub mod report;

@@ -175,6 +175,14 @@ pub fn check_gathered(env: &Gathered<'_>, expect: &Expectations) -> StaticFindin
 
     checks.extend(nvshmem_checks(&stack, &env.facts, expect));
     checks.extend(deepep_device_check(env, &stack));
+    checks.extend(crate::libstdcxx::deepep_libstdcxx_checks(
+        &stack, &env.facts,
+    ));
+    checks.extend(crate::deepep_links::deepep_links_checks(
+        &stack,
+        &expect.system_lib_dirs,
+        &env.is_file,
+    ));
     checks.extend(one_copy_checks(&stack, expect));
     checks.push(nccl_check(env, expect));
     checks.push(resolution_check(env, &libs, expect));

@@ -248,3 +248,108 @@ fn deepep_device_code_must_come_from_the_host_librarys_build() {
     assert_eq!(c.status, Status::Failed, "{c:?}");
     assert!(c.detail.contains(&sha[..12]), "{c:?}");
 }
+
+/// DeepEP's extension must use the process's libstdc++: a `deep_ep/_C` that g++ built
+/// against libstdc++.so.6 passes; one with a copy linked in (`-static-libstdc++`, what a
+/// g++ that finds only libstdc++.a does: the H200's SIGSEGV in std::regex) fails, naming
+/// the file and a symbol; no DeepEP, no check.
+#[test]
+fn deepep_extension_must_not_carry_its_own_libstdcxx() {
+    use commstack_testkit::native::compile;
+    use commstack_verify::static_level::check_static;
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 23007);
+    let find = |site: &Path| {
+        check_static(&[site.to_path_buf()], &Expectations::new())
+            .checks
+            .into_iter()
+            .find(|c| c.name == "static.deepep.libstdcxx")
+    };
+    assert!(find(&site).is_none(), "no DeepEP, no check");
+
+    let source = "#include <regex>\n#include <string>\nextern \"C\" int includes(const char *s) {\n    static const std::regex re(R\"(#include\\s*<deep_ep/([^>]+)>)\");\n    return std::regex_search(std::string(s), re) ? 1 : 0;\n}\n";
+    let ext = site.join("deep_ep/_C.cpython-311-x86_64-linux-gnu.so");
+    std::fs::create_dir_all(ext.parent().unwrap()).unwrap();
+    let build = |extra: &[&str]| {
+        let mut args = vec!["-shared", "-fPIC", "-O1", "-Wl,-Bsymbolic-functions"];
+        args.extend_from_slice(extra);
+        compile(&dir.path().join("src"), "c.cpp", source, &ext, &args);
+    };
+
+    build(&[]);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Passed, "{c:?}");
+
+    build(&["-static-libstdc++"]);
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert!(
+        c.detail.contains("_C.cpython-311-x86_64-linux-gnu.so")
+            && c.detail.contains("does not NEED libstdc++.so.6")
+            && c.detail.contains("libstdc++'s internals (_ZN"),
+        "{c:?}"
+    );
+}
+
+/// DeepEP V2's `deep_ep/_C` must be linked to the environment's one libnvshmem_host and
+/// one libnccl.so.2 and find them: linked with `$ORIGIN/../nvidia/...` RUNPATHs it passes,
+/// naming both; a RUNPATH that leads to a second libnccl.so.2 fails, naming both copies.
+#[test]
+fn deepep_v2_extension_is_linked_to_the_one_nvshmem_and_the_one_nccl() {
+    use commstack_testkit::native::compile;
+    use commstack_verify::static_level::check_static;
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 23007);
+    let find = |site: &Path| {
+        check_static(&[site.to_path_buf()], &Expectations::new())
+            .checks
+            .into_iter()
+            .find(|c| c.name == "static.deepep.links")
+    };
+    assert!(find(&site).is_none(), "no DeepEP, no check");
+    let ext = site.join("deep_ep/_C.cpython-311-x86_64-linux-gnu.so");
+    std::fs::create_dir_all(ext.parent().unwrap()).unwrap();
+    let link = |runpath: &str| {
+        let (nv, nccl) = (
+            format!("-L{}", site.join("nvidia/nvshmem/lib").display()),
+            format!("-L{}", site.join("nvidia/nccl/lib").display()),
+        );
+        let rp = format!("-Wl,-rpath,{runpath}");
+        compile(
+            &dir.path().join("src"),
+            "c.cpp",
+            "extern \"C\" int deep_ep_v2(void) { return 2; }\n",
+            &ext,
+            &[
+                "-shared",
+                "-fPIC",
+                &nv,
+                &nccl,
+                "-Wl,--no-as-needed",
+                "-l:libnvshmem_host.so.3",
+                "-l:libnccl.so.2",
+                "-Wl,--enable-new-dtags",
+                &rp,
+            ],
+        );
+    };
+    link("$ORIGIN/../nvidia/nvshmem/lib:$ORIGIN/../nvidia/nccl/lib");
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Passed, "{c:?}");
+    assert!(
+        c.detail.contains("libnvshmem_host.so.3 -> ") && c.detail.contains("libnccl.so.2 -> "),
+        "{c:?}"
+    );
+
+    // A second libnccl.so.2 beside the extension, first on its RUNPATH.
+    std::fs::create_dir_all(site.join("deep_ep/lib")).unwrap();
+    std::fs::copy(
+        site.join("nvidia/nccl/lib/libnccl.so.2"),
+        site.join("deep_ep/lib/libnccl.so.2"),
+    )
+    .unwrap();
+    link("$ORIGIN/lib:$ORIGIN/../nvidia/nvshmem/lib");
+    let c = find(&site).unwrap();
+    assert_eq!(c.status, Status::Failed, "{c:?}");
+    assert!(c.detail.contains("deep_ep/lib/libnccl.so.2"), "{c:?}");
+}

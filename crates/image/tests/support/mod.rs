@@ -341,6 +341,7 @@ pub fn fixture_with(
         source_url: "https://example.invalid/commstack".into(),
         revision: "0123abc".into(),
         large_wheel_bytes: LARGE,
+        jit: None,
     };
     Fixture {
         wheels_dir: house.dir.join("wheels"),

@@ -242,6 +242,7 @@ pub fn image_step(
             source_url,
             revision,
             large_wheel_bytes: commstack_image::LARGE_WHEEL_BYTES,
+            jit: jit_toolchain(ctx, settings)?,
         },
         force,
         say,
@@ -342,6 +343,41 @@ pub fn docker_has(id: &str, tag: &str) -> bool {
             let text = String::from_utf8_lossy(&o.stdout);
             text.starts_with(id) && text.contains(&format!("\"{tag}\""))
         })
+}
+
+/// DeepEP V2: the toolchain its JIT runs at run time, the lock's CUDA toolchain wheels (not
+/// cmake, ninja or the cuda-toolkit meta package) from the download cache. None for V1.
+pub fn jit_toolchain(
+    ctx: &Ctx,
+    settings: &Settings,
+) -> Result<Option<commstack_image::JitToolchain>> {
+    if settings.stack.deepep.api != commstack_stack::manifest::DeepEpApi::V2 {
+        return Ok(None);
+    }
+    let cache = commstack_fetch::Cache::new(ctx.cache_dir());
+    let mut wheels = Vec::new();
+    for w in settings
+        .lock
+        .toolchain
+        .iter()
+        .filter(|w| w.name.starts_with("nvidia-"))
+    {
+        let path = cache.get(&w.sha256, &w.filename)?.with_context(|| {
+            format!(
+                "the toolchain wheel {} (DeepEP V2's JIT needs it in the image) is not in the download cache: run `cargo xtask{} fetch --only toolchain`",
+                w.filename,
+                ctx.stack_flag()
+            )
+        })?;
+        wheels.push(commstack_deepep::LockedWheel {
+            name: w.name.clone(),
+            version: w.version.clone(),
+            filename: w.filename.clone(),
+            sha256: w.sha256.clone(),
+            path,
+        });
+    }
+    Ok(Some(commstack_image::JitToolchain { wheels }))
 }
 
 /// `--oci DIR` and `--context DIR`: the image as an OCI layout, and docker/Dockerfile's

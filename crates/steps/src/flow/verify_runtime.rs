@@ -1,6 +1,7 @@
 //! The runtime step: what runs in the loaded image, with no network: `import torch`
-//! without GPUs, and with `gpus` the verify tool's runtime and selftest levels (`docker
-//! run --gpus all`), with the same expectations as the static level.
+//! without GPUs (and for DeepEP V2 its JIT toolchain: [`crate::flow::jit_check`]), and
+//! with `gpus` the verify tool's runtime and selftest levels (`docker run --gpus all`),
+//! with the same expectations as the static level.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,6 +27,9 @@ pub struct RuntimeVerdict {
     /// --gpus, none without.
     pub levels: Vec<(String, String)>,
     pub import_torch: bool,
+    /// DeepEP V2: whether its JIT toolchain check passed in the image (None for V1).
+    #[serde(default)]
+    pub jit_toolchain: Option<bool>,
 }
 
 /// What runs in the loaded image, with no network: `import torch` without GPUs, and with
@@ -57,13 +61,22 @@ pub fn runtime_in_container(
         false => None,
     };
     let imports = finish_import_without_gpu(import, &report_dir, say)?;
+    let jit_toolchain = match settings.stack.deepep.api {
+        commstack_stack::manifest::DeepEpApi::V2 => Some(
+            crate::flow::jit_check::jit_toolchain_in_image(image, &report_dir, say)?,
+        ),
+        commstack_stack::manifest::DeepEpApi::V1 => None,
+    };
+    // Without GPUs, the JIT check counts as the import does.
+    let imports_ok = imports && jit_toolchain != Some(false);
     let import_file = report_dir.join("import-torch.txt");
     let Some(gpu_levels) = gpu_levels else {
         return Ok(RuntimeVerdict {
-            exit: u8::from(!imports),
+            exit: u8::from(!imports_ok),
             report: import_file,
             levels: Vec::new(),
             import_torch: imports,
+            jit_toolchain,
         });
     };
     let GpuLevels {
@@ -72,7 +85,7 @@ pub fn runtime_in_container(
         levels,
     } = gpu_levels?;
     Ok(RuntimeVerdict {
-        exit: match (code, imports) {
+        exit: match (code, imports_ok) {
             (0, true) => 0,
             (c, true) => u8::try_from(c).unwrap_or(1),
             (_, false) => 1,
@@ -80,6 +93,7 @@ pub fn runtime_in_container(
         report,
         levels,
         import_torch: imports,
+        jit_toolchain,
     })
 }
 
