@@ -7,12 +7,11 @@
 //! headers and the library V2's check_nccl_so compares; DeepEP's include tree is there.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
 use commstack_image::Image;
 
-use crate::flow::image::IMAGE_VENV;
+use crate::flow::in_image::{keep_output, python_without_gpu};
 
 /// The check's Python (the image's venv runs it; deep_ep itself is not imported: its
 /// extension needs the driver's libcuda.so.1).
@@ -69,26 +68,11 @@ pub fn jit_toolchain_in_image(
     report_dir: &Path,
     say: &dyn Fn(&str),
 ) -> Result<bool> {
-    let out = Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--network=none",
-            "-e",
-            "CUDA_VISIBLE_DEVICES=",
-        ])
-        .args(["--entrypoint", &format!("{IMAGE_VENV}/bin/python")])
-        .args([image.id(), "-c", SCRIPT])
-        .stdin(std::process::Stdio::null())
+    let out = python_without_gpu(image, SCRIPT)
         .output()
         .context("cannot run `docker run` (DeepEP V2's JIT toolchain)")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     let file = report_dir.join("jit-toolchain.txt");
-    commstack_store::write_all_atomically(&[(&file, &text)])?;
+    let text = keep_output(&out, &file)?;
     let ok = out.status.success();
     say(&format!(
         "DeepEP V2's JIT toolchain (nvcc, g++, cuobjdump, NCCL root, include tree; no GPU): {} {}",

@@ -7,6 +7,7 @@ pub mod deepep;
 pub mod fetch;
 pub mod fetch_options;
 pub mod image;
+pub mod in_image;
 pub mod jit_check;
 pub mod kernels;
 pub mod lock;

@@ -11,6 +11,7 @@ use commstack_image::Image;
 
 use crate::ctx::Ctx;
 use crate::flow::image::{IMAGE_BIN, IMAGE_VENV};
+use crate::flow::in_image::{keep_output, python_without_gpu};
 use crate::flow::verify_report::{
     image_expectations, image_site_packages, print_verdicts, report_dir,
 };
@@ -186,17 +187,7 @@ with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter(
 warned = ['%s: %s' % (w.category.__name__, w.message) for w in caught]\n\
 print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'warnings': warned}))\n\
 raise SystemExit(3 if warned else 0)";
-    Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--network=none",
-            "-e",
-            "CUDA_VISIBLE_DEVICES=",
-        ])
-        .args(["--entrypoint", &format!("{IMAGE_VENV}/bin/python")])
-        .args([image.id(), "-c", script])
-        .stdin(std::process::Stdio::null())
+    python_without_gpu(image, script)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -211,13 +202,8 @@ fn finish_import_without_gpu(
     let out = child
         .wait_with_output()
         .context("docker run (import torch)")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     let file = report_dir.join("import-torch.txt");
-    commstack_store::write_all_atomically(&[(&file, &text)])?;
+    let text = keep_output(&out, &file)?;
     let ok = out.status.success();
     let stdout = String::from_utf8_lossy(&out.stdout);
     say(&format!(
