@@ -122,14 +122,25 @@ fn legend_name(kind: &str, run: &Run, several: bool) -> String {
     }
 }
 
-fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One panel of the picture: its caption, the runs' log2 size axis, y from 0 to `top`,
+/// the mesh drawn.
+fn panel<'a, 'b>(
+    area: &'a Area<'b>,
+    runs: &[Run],
+    caption: (&str, u32),
+    top: f64,
+    y_label: &dyn Fn(&f64) -> String,
+    y_desc: &str,
+) -> std::result::Result<Chart<'a, 'b>, Box<dyn std::error::Error + 'static>> {
     let (lo, hi) = x_range(runs);
-    let top = runs.iter().map(|r| r.curves.max_gbps()).fold(1.0, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(area)
-        .caption(
-            "NVSHMEM self-test: bandwidth against message size",
-            ("sans-serif", 22),
-        )
+        .caption(caption.0, ("sans-serif", caption.1))
         .margin(14)
         .margin_right(44)
         .x_label_area_size(46)
@@ -139,13 +150,38 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
         .configure_mesh()
         .x_labels((hi - lo) as usize + 1)
         .x_label_formatter(&|v| size_label(*v))
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(y_label)
         .light_line_style(RGBColor(238, 238, 238))
         .x_desc("message size (log2 scale)")
-        .y_desc("GB/s (median)")
+        .y_desc(y_desc)
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 15))
         .draw()?;
+    Ok(chart)
+}
+
+/// The panel's legend, at `position`.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
+    let top = runs.iter().map(|r| r.curves.max_gbps()).fold(1.0, f64::max) * 1.1;
+    let mut chart = panel(
+        area,
+        runs,
+        ("NVSHMEM self-test: bandwidth against message size", 22),
+        top,
+        &|v| format!("{v:.0}"),
+        "GB/s (median)",
+    )?;
     let several = runs.len() > 1;
     for (i, run) in runs.iter().enumerate() {
         let c = &run.curves;
@@ -171,45 +207,27 @@ fn bandwidth(area: &Area, runs: &[Run]) -> DrawResult {
             legend_name("copy", run, several),
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
-    let (lo, hi) = x_range(runs);
     let ratios: Vec<_> = runs.iter().map(|r| r.curves.ratios()).collect();
     let top = ratios
         .iter()
         .flat_map(|(p, g)| p.iter().chain(g))
         .map(|(_, r)| *r)
         .fold(110.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
+    let mut chart = panel(
+        area,
+        runs,
+        (
             "put and get as a percentage of copy (cuMemcpyDtoDAsync)",
-            ("sans-serif", 18),
-        )
-        .margin(14)
-        .margin_right(44)
-        .x_label_area_size(46)
-        .y_label_area_size(72)
-        .build_cartesian_2d(lo..hi, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .x_labels((hi - lo) as usize + 1)
-        .x_label_formatter(&|v| size_label(*v))
-        .y_label_formatter(&|v| format!("{v:.0}%"))
-        .light_line_style(RGBColor(238, 238, 238))
-        .x_desc("message size (log2 scale)")
-        .y_desc("% of copy")
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 15))
-        .draw()?;
+            18,
+        ),
+        top,
+        &|v| format!("{v:.0}%"),
+        "% of copy",
+    )?;
     let several = runs.len() > 1;
     for (i, (run, (put, get))) in runs.iter().zip(&ratios).enumerate() {
         line(
@@ -227,14 +245,7 @@ fn ratio(area: &Area, runs: &[Run]) -> DrawResult {
             legend_name("get/copy", run, several),
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
 #[cfg(test)]
