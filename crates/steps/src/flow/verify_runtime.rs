@@ -8,6 +8,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use commstack_image::Image;
+use commstack_verify::runtime::{NUMPY_MISSING, NUMPY_MISSING_FIX};
 
 use crate::ctx::Ctx;
 use crate::flow::image::{IMAGE_BIN, IMAGE_VENV};
@@ -214,10 +215,8 @@ fn finish_import_without_gpu(
     if !ok {
         if out.status.code() == Some(3) {
             say("  `import torch` warned: a clean import warns of nothing");
-            if text.contains("Failed to initialize NumPy") {
-                say(
-                    "  add \"numpy\" to [resolve] extra-requirements in stack.toml, then `cargo xtask lock` and build again",
-                );
+            if text.contains(NUMPY_MISSING) {
+                say(&format!("  {NUMPY_MISSING_FIX}"));
             }
         }
         say(&format!("  output: {}", file.display()));

@@ -311,14 +311,16 @@ fn judge(f: &RuntimeFindings, expect: &Expectations) -> Vec<Check> {
     checks
 }
 
+/// What torch warns at import when numpy is not installed.
+pub const NUMPY_MISSING: &str = "Failed to initialize NumPy";
+/// The fix for it, said by verify's runtime level and by the image's import step.
+pub const NUMPY_MISSING_FIX: &str = "add \"numpy\" to [resolve] extra-requirements in stack.toml (torch's wheel does not require it, nearly every torch user imports it), then `cargo xtask lock` and build again";
+
 /// What to do about warnings at import: the one seen in every torch image without numpy
 /// by name, any other by its text.
 fn import_warning_fix(warnings: &[String]) -> &'static str {
-    if warnings
-        .iter()
-        .any(|w| w.contains("Failed to initialize NumPy"))
-    {
-        "add \"numpy\" to [resolve] extra-requirements in stack.toml (torch's wheel does not require it, nearly every torch user imports it), then `cargo xtask lock` and build again"
+    if warnings.iter().any(|w| w.contains(NUMPY_MISSING)) {
+        NUMPY_MISSING_FIX
     } else {
         "fix what the warning names (a module the import looks for: add it to [resolve] extra-requirements and `cargo xtask lock`; a deprecated setting: change it)"
     }
