@@ -104,13 +104,19 @@ impl Substituter {
             .trusted_keys
             .iter()
             .map(|k| {
-                commstack_registry::sign::parse_public_key(k)
-                    .with_context(|| format!("{}: [cache] trusted-keys", stack_path.display()))
+                // `ed25519:<base64>`, or a PEM public key file (cosign.pub) beside stack.toml.
+                match k.starts_with("ed25519:") {
+                    true => commstack_registry::sign::parse_public_key(k),
+                    false => commstack_registry::sign::read_public_key(
+                        &stack_path.parent().unwrap_or(Path::new(".")).join(k),
+                    ),
+                }
+                .with_context(|| format!("{}: [cache] trusted-keys", stack_path.display()))
             })
             .collect::<Result<Vec<_>>>()?;
         if trusted.is_empty() && !request.allow_unsigned {
             bail!(
-                "substituting from {}: {} trusts no key ([cache] trusted-keys is empty or absent), so no pulled output could be accepted: add the public key the cache is signed with (`trusted-keys = [\"ed25519:...\"]`, the key `cache push` prints), or pass --allow-unsigned to accept outputs without a trusted signature",
+                "substituting from {}: {} trusts no key ([cache] trusted-keys is empty or absent), so no pulled output could be accepted: add the public key the cache is signed with (`trusted-keys = [\"ed25519:...\"]`, the key `cache push` prints, or the path of its PEM file, `openssl pkey -in KEY.pem -pubout -out cosign.pub`), or pass --allow-unsigned to accept outputs without a trusted signature",
                 target.name(),
                 stack_path.display()
             );
@@ -669,28 +675,22 @@ impl Substituter {
         what: &str,
         say: &dyn Fn(&str),
     ) -> Result<Option<String>> {
-        let doc = self
+        let signatures = self
             .puller()?
-            .fetch_signature(&found.digest)
+            .fetch_signatures(&found.digest)
             .with_context(|| format!("checking the signature of {what}"))?;
-        let verdict = match &doc {
-            None => Err(anyhow::anyhow!(
-                "it is not signed (no {})",
-                self.place(&commstack_registry::sign::signature_tag(&found.digest)?)
-            )),
-            Some(doc) => commstack_registry::sign::verify(doc, &found.digest, &self.trusted),
-        };
-        let claims_trusted = doc
-            .as_ref()
-            .and_then(|d| commstack_registry::sign::parse_public_key(&d.key).ok())
-            .filter(|k| self.trusted.contains(k));
-        match (verdict, doc) {
-            (Ok(()), Some(doc)) => {
-                say(&format!("signature by {} verified", shown(&doc.key)));
+        let verdict = signatures.verify(&found.digest, &self.trusted);
+        let claims_trusted = signatures.claims_trusted(&self.trusted);
+        match (verdict, signatures) {
+            (Ok(key), signatures) => {
+                say(&format!(
+                    "signature by {} verified ({})",
+                    commstack_registry::sign::public_key_text(&key),
+                    signatures.place()
+                ));
                 Ok(None)
             }
-            (Ok(()), None) => unreachable!("an unsigned output never verifies"),
-            (Err(err), _) if claims_trusted.is_some() => Err(err.context(format!(
+            (Err(err), _) if claims_trusted => Err(err.context(format!(
                 "refusing {what}: its signature names a trusted key and does not verify, so the artifact or its signature was altered (--allow-unsigned does not take that): push it again (`cargo xtask cache push`), or build it here with --no-substitute"
             ))),
             (Err(err), _) if self.allow_unsigned => {

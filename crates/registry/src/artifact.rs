@@ -30,6 +30,25 @@ pub struct Artifact {
 /// hard-linked into the layout where they can be (copied otherwise). Returns the manifest
 /// digest.
 pub fn write_artifact_layout(artifact: &Artifact, dir: &Path) -> Result<String> {
+    write_layout(artifact, &[], dir)
+}
+
+/// [`write_artifact_layout`] with the annotations of each layer given (in the order of
+/// `artifact.layers`; a layer past the end of `layer_annotations` gets its file name as
+/// its title, as there): a cosign signature's layer carries exactly its signature.
+pub fn write_artifact_layout_annotated(
+    artifact: &Artifact,
+    layer_annotations: &[BTreeMap<String, String>],
+    dir: &Path,
+) -> Result<String> {
+    write_layout(artifact, layer_annotations, dir)
+}
+
+fn write_layout(
+    artifact: &Artifact,
+    layer_annotations: &[BTreeMap<String, String>],
+    dir: &Path,
+) -> Result<String> {
     if dir.exists() {
         anyhow::bail!("{} exists", dir.display());
     }
@@ -37,7 +56,7 @@ pub fn write_artifact_layout(artifact: &Artifact, dir: &Path) -> Result<String> 
     std::fs::create_dir_all(&blobs)
         .with_context(|| format!("cannot create {}", blobs.display()))?;
     let mut layers = Vec::new();
-    for (media_type, path) in &artifact.layers {
+    for (i, (media_type, path)) in artifact.layers.iter().enumerate() {
         let hex = commstack_digest::sha256_file(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let size = std::fs::metadata(path)?.len();
@@ -50,8 +69,13 @@ pub fn write_artifact_layout(artifact: &Artifact, dir: &Path) -> Result<String> 
         let title = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let mut layer =
             json!({"mediaType": media_type, "digest": format!("sha256:{hex}"), "size": size});
-        if let Some(title) = title {
-            layer["annotations"] = json!({"org.opencontainers.image.title": title});
+        match (layer_annotations.get(i), title) {
+            (Some(given), _) if given.is_empty() => {}
+            (Some(given), _) => layer["annotations"] = json!(given),
+            (None, Some(title)) => {
+                layer["annotations"] = json!({"org.opencontainers.image.title": title});
+            }
+            (None, None) => {}
         }
         layers.push(layer);
     }

@@ -11,9 +11,12 @@
 //!   signature, verify report), checked while it streams; [`deadline`]: how slowly a
 //!   registry may send it.
 //! - [`artifact`]: OCI artifacts (a step's output, a signature) written as layouts to push.
-//! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
-//!   what they sign, and fetching and verifying them.
-//! - [`attach`]: documents pushed beside a manifest (the image's verify report).
+//! - [`sign`]: signatures in cosign's format (a simple-signing payload, ed25519) over
+//!   manifest digests; [`signed`]: pushing them beside what they sign, and finding
+//!   (referrers API, then cosign's tag) and verifying them.
+//! - [`attach`]: artifacts pushed with a manifest as their `subject`: through the
+//!   referrers API or cosign's tag scheme ([`attach::push_referrer`]: signatures,
+//!   attestations), or tagged (the image's verify report).
 
 pub mod artifact;
 pub mod attach;
@@ -28,13 +31,14 @@ pub mod sign;
 pub mod signed;
 pub mod target;
 
+pub use attach::{FoundThrough, Referred, push_referrer};
 pub use auth::{Credentials, credentials};
 pub use bounded::Document;
 pub use layout::Layout;
 pub use push::{
     LOCK_LABEL, PushOptions, Pushed, RetryPolicy, push_layout, push_layout_async, tags_for,
 };
-pub use signed::{PushedSigned, fetch_signature, push_signed, verify_signed};
+pub use signed::{PushedSigned, Signatures, fetch_signatures, push_signed, verify_signed};
 pub use target::{Target, lock_tag, valid_tag};
 
 // The public key type trusted keys parse into, so callers need no ed25519 crate of their own.

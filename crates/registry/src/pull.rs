@@ -217,6 +217,92 @@ impl Puller {
         }
     }
 
+    /// The manifest `digest` (by digest, not a tag), read within [`Document::Manifest`]'s
+    /// bound and checked against its digest; None when the registry has no such manifest.
+    pub(crate) async fn manifest_by_digest(
+        &self,
+        digest: &str,
+        what: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let want = sha256_hex_of(digest)?;
+        let Some(bytes) = self.tagged_manifest(digest, what).await? else {
+            return Ok(None);
+        };
+        let got = hex::encode(Sha256::digest(&bytes));
+        if got != want {
+            bail!(
+                "{}@{digest}: the registry sent a manifest whose sha256 is {got}: refusing it (the registry's copy is damaged or was altered)",
+                self.options.target.name()
+            );
+        }
+        Ok(Some(bytes))
+    }
+
+    /// The referrers of the manifest `digest` (OCI 1.1: `GET /v2/<repo>/referrers/<digest>`
+    /// answers an image index of the manifests whose `subject` it is), those of
+    /// `artifact_type` only when given; None when the registry has no referrers API (it
+    /// answers 404, as registries before distribution spec 1.1 do). The index is read
+    /// within a manifest's bound.
+    pub fn referrers(
+        &self,
+        digest: &str,
+        artifact_type: Option<&str>,
+    ) -> Result<Option<Vec<Referrer>>> {
+        self.block_on(self.referrers_async(digest, artifact_type))
+    }
+
+    pub(crate) async fn referrers_async(
+        &self,
+        digest: &str,
+        artifact_type: Option<&str>,
+    ) -> Result<Option<Vec<Referrer>>> {
+        sha256_hex_of(digest)?;
+        let repo = self.options.target.name();
+        let what = format!("listing the referrers of {repo}@{digest}");
+        let progress = Progress::new(false);
+        self.log_in(&what, &progress).await?;
+        let limit = Document::Manifest.limit();
+        let slowest = &self.options.slowest;
+        let got = with_retry(&self.options.retry, &what, &progress, || {
+            in_time(slowest.deadline(limit), async {
+                // The filter is a hint (a registry may ignore it): the list is filtered here too.
+                let path = match artifact_type {
+                    Some(t) => format!("referrers/{digest}?artifactType={}", url_escape(t)),
+                    None => format!("referrers/{digest}"),
+                };
+                let response = self.get(&path, INDEX_MEDIA_TYPE, None).await?;
+                read_bounded(response, limit).await
+            })
+        })
+        .await;
+        let bytes = match got {
+            Ok(Body::Whole(bytes)) => bytes,
+            Ok(Body::Late) => bail!(
+                "{what}: the index did not come within {} (docs/bounds.md): the registry is too slow or stalled",
+                slowest.said(limit)
+            ),
+            Ok(Body::Over { bytes, .. }) => bail!(
+                "{what}: the index is larger than {} ({bytes} bytes): refusing it",
+                Document::Manifest.bound()
+            ),
+            // No such endpoint: a registry without the referrers API (docker-registry 2.8
+            // answers 404 with no error envelope, or NAME_UNKNOWN / MANIFEST_UNKNOWN).
+            Err(err) if is_not_found(&err) || not_found_status(&err) => {
+                return Ok(None);
+            }
+            Err(err) => return Err(self.site.fail(&what, err)),
+        };
+        let index: ReferrersIndex = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{what}: the registry's answer is not an OCI image index"))?;
+        Ok(Some(
+            index
+                .manifests
+                .into_iter()
+                .filter(|r| artifact_type.is_none_or(|t| r.artifact_type.as_deref() == Some(t)))
+                .collect(),
+        ))
+    }
+
     /// The blob `digest` read whole into memory: a `kind` document whose descriptor says
     /// `size` bytes. Refused before it is asked for when `size` passes the kind's bound,
     /// and as it streams when it passes `size`; its sha256 checked.
@@ -310,6 +396,54 @@ impl Puller {
             .await
             .map(drop)
         })
+    }
+}
+
+/// The media type of an OCI image index (what the referrers API answers).
+pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+
+/// One manifest of a referrers index.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct Referrer {
+    #[serde(rename = "mediaType", default)]
+    pub media_type: String,
+    pub digest: String,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(rename = "artifactType", default)]
+    pub artifact_type: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReferrersIndex {
+    #[serde(default)]
+    manifests: Vec<Referrer>,
+}
+
+/// A query value escaped (an artifact type holds `/` and `+`).
+fn url_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A registry error envelope that means "not found" (its codes), for an endpoint a
+/// registry does not route.
+fn not_found_status(err: &OciDistributionError) -> bool {
+    use oci_client::errors::OciErrorCode;
+    match err {
+        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
+            matches!(
+                e.code,
+                OciErrorCode::NameUnknown | OciErrorCode::ManifestUnknown | OciErrorCode::NotFound
+            )
+        }),
+        _ => false,
     }
 }
 

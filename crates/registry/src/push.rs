@@ -69,6 +69,9 @@ pub struct PushOptions {
     pub credentials: Option<Credentials>,
     /// How slowly a registry may send what a pull reads (docs/bounds.md).
     pub slowest: crate::deadline::Slowest,
+    /// Push the manifest by digest only, none of its tags (a signed push tags it once its
+    /// signature is there).
+    pub untagged: bool,
 }
 
 impl PushOptions {
@@ -82,6 +85,7 @@ impl PushOptions {
             progress: true,
             credentials: None,
             slowest: crate::deadline::Slowest::default(),
+            untagged: false,
         }
     }
 }
@@ -404,7 +408,10 @@ pub(crate) fn ca_certificates(file: &Path) -> Result<Vec<Certificate>> {
 /// See [`push_layout`].
 pub async fn push_layout_async(dir: &Path, options: &PushOptions) -> Result<Pushed> {
     let layout = Layout::open(dir)?;
-    let tags = tags_for(&layout, options.tag.as_deref())?;
+    let tags = match options.untagged {
+        true => Vec::new(),
+        false => tags_for(&layout, options.tag.as_deref())?,
+    };
     let target = &options.target;
     let (client, credentials) = client_for(options)?;
     let site = Site::new(options, &credentials, "push");

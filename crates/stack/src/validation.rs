@@ -717,12 +717,20 @@ impl Validator<'_> {
         for (i, key) in raw.trusted_keys.iter().enumerate() {
             self.span(&format!("cache.trusted-keys.{i}"), key);
             let text = key.get_ref().trim();
-            let decoded = text.strip_prefix("ed25519:").and_then(base64_32);
-            if decoded.is_none() {
+            // `ed25519:<base64>`, or the path of a PEM public key file (what `cosign verify
+            // --key` reads), relative to stack.toml: read when a pull needs it.
+            let good = match text.strip_prefix("ed25519:") {
+                Some(encoded) => base64_32(encoded).is_some(),
+                None => {
+                    (text.ends_with(".pub") || text.ends_with(".pem"))
+                        && !text.contains(['\n', '\0'])
+                }
+            };
+            if !good {
                 self.err(
                     key.span(),
-                    format!("cache.trusted-keys[{i}] {text:?} is not an ed25519 public key"),
-                    Some("write ed25519:<base64 of the 32-byte key>; `cargo xtask cache push` prints the key it signs with, and `openssl pkey -in KEY.pem -pubout -outform DER | tail -c 32 | base64` gives it from the private key".into()),
+                    format!("cache.trusted-keys[{i}] {text:?} is not an ed25519 public key nor a public key file (.pub or .pem)"),
+                    Some("write ed25519:<base64 of the 32-byte key> (`cargo xtask cache push` prints the key it signs with), or the path of its PEM file relative to stack.toml (`openssl pkey -in KEY.pem -pubout -out cosign.pub`)".into()),
                 );
                 ok = false;
             }

@@ -556,6 +556,13 @@ fn cache_section_parses_and_names_bad_fields() {
     let plain = Stack::parse(Path::new("stack.toml"), MINIMAL).unwrap();
     assert_eq!(plain.cache, Default::default());
     assert_eq!(s.fingerprint(), plain.fingerprint());
+    // A PEM public key file (cosign.pub) beside stack.toml: kept as written, read by a pull.
+    let s = Stack::parse(
+        Path::new("stack.toml"),
+        &format!("{MINIMAL}\n[cache]\ntrusted-keys = [\"keys/cosign.pub\", \"{key}\"]\n"),
+    )
+    .unwrap();
+    assert_eq!(s.cache.trusted_keys, ["keys/cosign.pub", key]);
 
     // A key that is not base64 of 32 bytes (one character short), and one without the
     // algorithm: each an error at its value.

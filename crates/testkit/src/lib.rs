@@ -30,6 +30,10 @@
 //! middle of a blob, at a byte count. [`debian::ArchiveKey`] signs InRelease files with a
 //! throwaway gpg key, with whatever dates a test needs.
 //!
+//! [`cosign::ReferrersRegistry`] is a registry with the OCI 1.1 referrers API (plain
+//! HTTP, in memory) and [`cosign::cosign`] the real cosign binary, both from Debian's
+//! packages (`bash ci/cosign-tools.sh`).
+//!
 //! [`browser::show`] opens a page or an SVG in a real headless browser (chromium) and
 //! gives back its screenshot's pixels and its DOM after rendering.
 //!
@@ -37,6 +41,7 @@
 //! `setpriv`, when the tests run as root), so that file permissions bite.
 
 pub mod browser;
+pub mod cosign;
 pub mod cut_proxy;
 pub mod debian;
 mod http;
