@@ -25,7 +25,7 @@ pub enum Document {
     Manifest,
     /// An artifact's config (a step's provenance, a verify report's description).
     Config,
-    /// A signature document (`{digest, key, signature}`: a few hundred bytes).
+    /// A signature's payload (cosign's simple signing: a few hundred bytes).
     Signature,
     /// A file of an attached verify report (`verify-static.json`, ...).
     Report,
@@ -46,7 +46,7 @@ impl Document {
         match self {
             Document::Manifest => "manifest",
             Document::Config => "config",
-            Document::Signature => "signature document",
+            Document::Signature => "signature payload",
             Document::Report => "verify report file",
         }
     }

@@ -81,7 +81,7 @@ fn a_signature_blob_longer_than_its_descriptor_is_not_read_whole() {
     let manifest: serde_json::Value = serde_json::from_slice(&found.manifest).unwrap();
     let layer = &manifest["layers"][0];
     let claimed = layer["size"].as_u64().unwrap();
-    assert!(claimed < 1024, "a signature document is small: {claimed}");
+    assert!(claimed < 1024, "a signature payload is small: {claimed}");
     let data = registry.blob_data(layer["digest"].as_str().unwrap());
     const HUGE: usize = 64 << 20;
     std::fs::write(&data, noise(HUGE, 7)).unwrap();
@@ -89,7 +89,7 @@ fn a_signature_blob_longer_than_its_descriptor_is_not_read_whole() {
     let proxy = CutProxy::start(&registry.host());
     let puller = Puller::new(&options_for(&proxy.host(), &registry, REPO)).unwrap();
     let before = proxy.moved(Direction::ToClient);
-    let err = puller.fetch_signature(&digest).unwrap_err();
+    let err = puller.fetch_signatures(&digest).unwrap_err();
     let text = format!("{err:#}");
     let received = proxy.moved(Direction::ToClient) - before;
     eprintln!("{received} bytes received: {text}");

@@ -222,7 +222,10 @@ fn a_pulling_session_asks_the_token_service_once() {
             .unwrap(),
         br#"{"name":"tokens"}"#
     );
-    assert!(puller.fetch_signature(&found.digest).unwrap().is_none());
+    assert!(matches!(
+        puller.fetch_signatures(&found.digest).unwrap(),
+        commstack_registry::Signatures::Unsigned { .. }
+    ));
     let wanted: Vec<Wanted> = layout.blobs[1..]
         .iter()
         .map(|b| Wanted {
