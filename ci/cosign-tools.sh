@@ -10,8 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.tools/bin
 [ -x $bin/cosign ] && [ -x $bin/refreg ] && exit 0
-command -v go >/dev/null || { apt-get update -qq && apt-get install -y -qq golang-go >/dev/null; }
-command -v xz >/dev/null || apt-get install -y -qq xz-utils >/dev/null
+for tool in go:golang-go xz:xz-utils curl:curl; do
+    command -v ${tool%%:*} >/dev/null || { apt-get update -qq && apt-get install -y -qq ${tool#*:} >/dev/null; }
+done
 work=.tools/debs
 mkdir -p $work $bin
 mirror=http://deb.debian.org/debian

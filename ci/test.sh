@@ -10,7 +10,7 @@ step() { printf '\n::: [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
 step "formatting (cargo fmt --check): run \`cargo fmt\` to fix"
 cargo fmt --all --check
 
-step "build and test every crate (the kernel crate without its CUDA parts: they need nvcc, last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here"
+step "build and test every crate (the kernel crate without its CUDA parts: they need nvcc, last step); the tidy tests (xtask/tests/tidy*.rs, flow_order.rs) run here; the signature tests verify with .tools/bin/cosign and push to .tools/bin/refreg (ci/cosign-tools.sh)"
 cargo test --locked --workspace
 
 step "deploy's renders (the golden fixtures, 1 and 2 nodes, k8s and slurm) validated by others: kubernetes-validate against Kubernetes 1.33's OpenAPI schema, jsonschema against the pinned LeaderWorkerSet and JobSet CRDs (ci/validate_deploy.py)"

@@ -49,9 +49,12 @@ file with sha256 and mode), its layer a tar of exactly those files, checked agai
 manifest before anything is sent (a damaged store output is refused); the image's also
 carries its layer steps (image-layer-<hash>: layer.tar, layer.json), so that a substituting
 home writes no layer and compiles nothing for it. The manifest digest
-is signed with the ed25519 key given (`openssl genpkey -algorithm ed25519 -out key.pem`);
-the signature is pushed beside it under the tag sha256-<hex>.sig. Credentials, CA and
-retries as for `cargo xtask push`.")]
+is signed with the ed25519 key given (`openssl genpkey -algorithm ed25519 -out key.pem`) in
+cosign's format: pushed as an OCI 1.1 referrer of the output where the registry has the
+referrers API, else under cosign's tag sha256-<hex>.sig (`cosign verify --key cosign.pub
+--insecure-ignore-tlog=true` verifies it; cosign.pub from `openssl pkey -in key.pem -pubout`).
+A puller's [cache] trusted-keys take `ed25519:<base64>` or that PEM file. Credentials, CA
+and retries as for `cargo xtask push`.")]
     Push {
         /// The cache repository: HOST[:PORT]/REPO.
         #[arg(long, value_name = "HOST[:PORT]/REPO")]

@@ -26,8 +26,11 @@ else none. HTTP basic and bearer-token registries both work with a user and pass
 Connection failures, timeouts, 5xx and 429 are retried with backoff; a rerun skips the
 blobs already uploaded (--upload-jobs at once). Without --oci the graph runs until the image
 with build's flags (fetch: --mirror, --offline, --accept-tree-match; the binary cache:
---substitute, --allow-unsigned, --no-substitute; the build settings). With --key the manifest digest is signed (ed25519) and the
-signature pushed beside the image.
+--substitute, --allow-unsigned, --no-substitute; the build settings). With --key the manifest digest is signed in cosign's
+format (a simple-signing payload, ed25519): as an OCI 1.1 referrer of the image where the
+registry has the referrers API, else under cosign's tag sha256-<hex>.sig; `cosign verify
+--key cosign.pub --insecure-ignore-tlog=true HOST/REPO@sha256:...` verifies it (add
+--experimental-oci11 for a referrer), cosign.pub from `openssl pkey -in KEY.pem -pubout`.
 
 The image's verify report travels with it: when this home has one for the image (what
 `cargo xtask build`'s verify and runtime steps write under <home>/reports/image-<id>/),
@@ -59,8 +62,9 @@ pub struct Args {
     #[arg(long)]
     pub locked: bool,
     /// Sign the image's manifest digest with this ed25519 private key (PKCS#8 PEM, e.g.
-    /// `openssl genpkey -algorithm ed25519 -out key.pem`); the signature is pushed beside
-    /// it under the tag sha256-<hex>.sig.
+    /// `openssl genpkey -algorithm ed25519 -out key.pem`) in cosign's format; the
+    /// signature is pushed as a referrer of the image, or under the tag sha256-<hex>.sig
+    /// where the registry has no referrers API.
     #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
     pub key: Option<PathBuf>,
     /// Print the result as JSON (reference, digests, tags, blobs sent and found).

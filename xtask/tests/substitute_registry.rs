@@ -1082,29 +1082,23 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
         &["genpkey", "-algorithm", "ed25519", "-out", "forger.pem"],
     );
     let forger = commstack_registry::sign::read_signing_key(&s.dir.path().join("forger.pem"))?;
-    let mut doc = commstack_registry::sign::sign(&forger, &found.digest);
-    doc.key = s.public_key.clone();
-    let doc_file = s.dir.path().join("forged.json");
-    std::fs::write(&doc_file, serde_json::to_vec(&doc)?)?;
-    let layout = s.dir.path().join("forged-oci");
-    commstack_registry::artifact::write_artifact_layout(
-        &commstack_registry::artifact::Artifact {
-            artifact_type: commstack_registry::sign::SIGNATURE_ARTIFACT_TYPE.to_string(),
-            config_media_type: commstack_registry::artifact::EMPTY_CONFIG_MEDIA_TYPE.to_string(),
-            config: b"{}".to_vec(),
-            layers: vec![(
-                commstack_registry::sign::SIGNATURE_MEDIA_TYPE.to_string(),
-                doc_file,
-            )],
-            annotations: Default::default(),
-            subject: Some((found.digest.clone(), found.manifest.len() as u64)),
-        },
-        &layout,
-    )?;
     let mut options = s.options()?;
-    options.tag = Some(commstack_registry::sign::signature_tag(&found.digest)?);
     options.progress = false;
-    commstack_registry::push_layout(&layout, &options)?;
+    let mut forged =
+        commstack_registry::sign::sign(&forger, &options.target.name(), &found.digest);
+    // Its payload made to name the trusted key as its signer (the signature is the forger's).
+    let forger_text =
+        commstack_registry::sign::public_key_text(&forger.verifying_key());
+    forged.payload = String::from_utf8(forged.payload)?
+        .replace(&forger_text, &s.public_key)
+        .into_bytes();
+    let work = tempfile::tempdir_in(s.dir.path())?;
+    let layout = commstack_registry::signed::signature_layout(
+        &forged,
+        (&found.digest, found.manifest.len() as u64),
+        work.path(),
+    )?;
+    commstack_registry::push_referrer(&layout, &found.digest, "sig", &options)?;
 
     // Tampering, not a missing signature: --allow-unsigned does not take it.
     let home = s.home("b");
