@@ -155,9 +155,22 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
         max_backoff: Duration::ZERO,
     };
     let public = read_signing_key(&key).unwrap().verifying_key();
+    run_tool(
+        work.path(),
+        "openssl",
+        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
+    );
+    let cosign_pub = work.path().join("cosign.pub");
     for (p, key) in pushed.iter().zip([&dropin, &nvshmem]) {
         let digest = p["manifest_digest"].as_str().unwrap();
         commstack_registry::verify_signed(&options, digest, &[public]).unwrap();
+        // The real cosign verifies the step artifact's signature with the PEM public key.
+        let (verified, said) = commstack_testkit::cosign::cosign_verify(
+            &registry,
+            &cosign_pub,
+            &format!("{target}@{digest}"),
+        );
+        assert!(verified, "cosign verify of {digest}: {said}");
         // Found by its step key; the manifest is an artifact naming the key.
         let tag = key.dir_name().trim_start_matches("pipeline-").to_string();
         let raw = run_tool(

@@ -198,6 +198,19 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
         source: "the test".into(),
     });
     verify_signed(&options, &oci.manifest_digest, &[signing.verifying_key()]).unwrap();
+    // The real cosign verifies the image's signature with the key's PEM public half.
+    run_tool(
+        work.path(),
+        "openssl",
+        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
+    );
+    let cosign_pub = work.path().join("cosign.pub");
+    let (verified, said) = commstack_testkit::cosign::cosign_verify(
+        &registry,
+        &cosign_pub,
+        &format!("{target}@{}", oci.manifest_digest),
+    );
+    assert!(verified, "cosign verify of the pushed image: {said}");
 
     // The verify report beside it: its subject is the image's manifest, its layers the
     // report's bytes, its config names the image and the builder; signed by the same key.
@@ -238,6 +251,12 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
     );
     assert_eq!(config["builder"]["commstack"], env!("CARGO_PKG_VERSION"));
     verify_signed(&options, &found.digest, &[signing.verifying_key()]).unwrap();
+    let (verified, said) = commstack_testkit::cosign::cosign_verify(
+        &registry,
+        &cosign_pub,
+        &format!("{target}@{}", found.digest),
+    );
+    assert!(verified, "cosign verify of the verify report: {said}");
 
     // No credentials anywhere: refused, saying where credentials come from.
     let out = xtask(

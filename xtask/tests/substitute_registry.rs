@@ -1084,11 +1084,9 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
     let forger = commstack_registry::sign::read_signing_key(&s.dir.path().join("forger.pem"))?;
     let mut options = s.options()?;
     options.progress = false;
-    let mut forged =
-        commstack_registry::sign::sign(&forger, &options.target.name(), &found.digest);
+    let mut forged = commstack_registry::sign::sign(&forger, &options.target.name(), &found.digest);
     // Its payload made to name the trusted key as its signer (the signature is the forger's).
-    let forger_text =
-        commstack_registry::sign::public_key_text(&forger.verifying_key());
+    let forger_text = commstack_registry::sign::public_key_text(&forger.verifying_key());
     forged.payload = String::from_utf8(forged.payload)?
         .replace(&forger_text, &s.public_key)
         .into_bytes();

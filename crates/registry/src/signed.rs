@@ -221,6 +221,8 @@ async fn fetch_signatures_async(puller: &Puller, digest: &str) -> Result<Signatu
         .referrers_async(digest, Some(SIGNATURE_ARTIFACT_TYPE))
         .await?;
     let mut place = None;
+    // An old-format signature is said only when no cosign signature is found.
+    let mut legacy_place = None;
     for referrer in referrers.iter().flatten().take(MOST_REFERRERS) {
         let at = format!("{repo}@{}", shown(&referrer.digest));
         let what = format!("reading the signature {at}");
@@ -229,7 +231,8 @@ async fn fetch_signatures_async(puller: &Puller, digest: &str) -> Result<Signatu
         };
         let (found, legacy) = signature_layers(puller, &manifest, &at).await?;
         if legacy {
-            return Ok(Signatures::Legacy { place: at });
+            legacy_place.get_or_insert(at);
+            continue;
         }
         if !found.is_empty() && place.is_none() {
             place = Some(at);
@@ -245,6 +248,9 @@ async fn fetch_signatures_async(puller: &Puller, digest: &str) -> Result<Signatu
     let at = puller.place(&tag);
     let what = format!("reading the signature {at}");
     let Some(manifest) = puller.tagged_manifest(&tag, &what).await? else {
+        if let Some(place) = legacy_place {
+            return Ok(Signatures::Legacy { place });
+        }
         let looked = match referrers {
             Some(_) => format!("signature referrer of {repo}@{digest} and no {at}"),
             None => at,

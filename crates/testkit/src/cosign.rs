@@ -82,3 +82,38 @@ impl Drop for ReferrersRegistry {
         let _ = self.child.wait();
     }
 }
+
+/// `cosign verify --key PUBLIC --insecure-ignore-tlog=true REFERENCE` against the test
+/// docker-registry (its CA, the test's credentials): whether cosign verified it, and what
+/// it said.
+pub fn cosign_verify(
+    registry: &crate::TestRegistry,
+    public: &std::path::Path,
+    reference: &str,
+) -> (bool, String) {
+    let out = Command::new(cosign())
+        .args(["verify", "--key"])
+        .arg(public)
+        .arg("--insecure-ignore-tlog=true")
+        .arg("--registry-cacert")
+        .arg(registry.ca())
+        .args([
+            "--registry-username",
+            crate::REGISTRY_USER,
+            "--registry-password",
+            crate::REGISTRY_PASSWORD,
+            reference,
+        ])
+        // cosign keeps a TUF cache under HOME; with a key given it fetches nothing.
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
