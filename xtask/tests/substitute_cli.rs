@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
@@ -122,4 +123,39 @@ fn dry_run_with_a_binary_cache_names_it_and_refuses_an_untrusted_one() {
     let out = build(&["--locked", "--no-substitute"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!text(&out).contains("binary cache"), "{}", text(&out));
+
+    // A trusted key given as the PEM file cosign reads, beside stack.toml: missing, the
+    // build names it and how to make it; there, the plan asks the cache.
+    let toml = std::fs::read_to_string(&stack).unwrap().replace(
+        "\"ed25519:O2onvM62pC1io6jQKm8Nc2UyFXcd4kOmOsBIoYtZ2ik=\"",
+        "\"keys/cosign.pub\"",
+    );
+    std::fs::write(&stack, toml).unwrap();
+    let out = build(&["--locked"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("keys/cosign.pub")
+            && text(&out).contains("openssl pkey -in KEY.pem -pubout"),
+        "{}",
+        text(&out)
+    );
+    let keys = stack.parent().unwrap().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    run_tool(
+        &keys,
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
+    );
+    run_tool(
+        &keys,
+        "openssl",
+        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
+    );
+    let out = build(&["--locked"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        row(&text(&out), "nvshmem").contains(&format!("not in the binary cache {cache}")),
+        "{}",
+        text(&out)
+    );
 }

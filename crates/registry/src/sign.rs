@@ -160,15 +160,15 @@ pub fn parse_public_key(text: &str) -> Result<VerifyingKey> {
 
 /// Reads a public key file: PEM (`cosign.pub`) or one line `ed25519:<base64>`.
 pub fn read_public_key(file: &Path) -> Result<VerifyingKey> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read the public key {}", file.display()))?;
-    parse_public_key(&text).with_context(|| {
+    let how = || {
         format!(
-            "{}: make it from the private key with `openssl pkey -in KEY.pem -pubout -out {}`",
-            file.display(),
+            "make it from the private key with `openssl pkey -in KEY.pem -pubout -out {}`",
             file.display()
         )
-    })
+    };
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the public key {}: {}", file.display(), how()))?;
+    parse_public_key(&text).with_context(|| format!("{}: {}", file.display(), how()))
 }
 
 /// The simple-signing payload of `digest` pushed to `reference` (`HOST/REPO`), naming
