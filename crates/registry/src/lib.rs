@@ -14,9 +14,9 @@
 //! - [`sign`]: signatures in cosign's format (a simple-signing payload, ed25519) over
 //!   manifest digests; [`signed`]: pushing them beside what they sign, and finding
 //!   (referrers API, then cosign's tag) and verifying them.
-//! - [`attach`]: artifacts pushed with a manifest as their `subject`: through the
-//!   referrers API or cosign's tag scheme ([`attach::push_referrer`]: signatures,
-//!   attestations), or tagged (the image's verify report).
+//! - [`referrer`]: artifacts with a manifest as their `subject` (signatures,
+//!   attestations) pushed through the referrers API or under cosign's tag.
+//! - [`attach`]: documents pushed beside a manifest, tagged (the image's verify report).
 
 pub mod artifact;
 pub mod attach;
@@ -27,17 +27,18 @@ pub mod layout;
 mod progress;
 pub mod pull;
 pub mod push;
+pub mod referrer;
 pub mod sign;
 pub mod signed;
 pub mod target;
 
-pub use attach::{FoundThrough, Referred, push_referrer};
 pub use auth::{Credentials, credentials};
 pub use bounded::Document;
 pub use layout::Layout;
 pub use push::{
     LOCK_LABEL, PushOptions, Pushed, RetryPolicy, push_layout, push_layout_async, tags_for,
 };
+pub use referrer::{FoundThrough, Referred, push_referrer};
 pub use signed::{PushedSigned, Signatures, fetch_signatures, push_signed, verify_signed};
 pub use target::{Target, lock_tag, valid_tag};
 

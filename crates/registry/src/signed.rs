@@ -4,7 +4,7 @@
 //! simple-signing payload of [`crate::sign`], its signature in the layer's
 //! `dev.cosignproject.cosign/signature` annotation; the `subject` the signed manifest;
 //! `artifactType` `application/vnd.dev.cosign.artifact.sig.v1+json` as cosign's OCI 1.1
-//! mode writes it) through [`crate::attach::push_referrer`]: as a referrer where the
+//! mode writes it) through [`crate::referrer::push_referrer`]: as a referrer where the
 //! registry has the referrers API, else under cosign's tag `sha256-<hex>.sig`. Then the
 //! layout's tags: a puller never finds a tagged output without its signature.
 //!
@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::artifact::{Artifact, write_artifact_layout_annotated};
-use crate::attach::{FoundThrough, push_referrer};
 use crate::bounded::{Document, shown};
 use crate::layout::Layout;
 use crate::pull::Puller;
 use crate::push::{PushOptions, Pushed, push_layout};
+use crate::referrer::{FoundThrough, push_referrer};
 use crate::sign::{
     CosignSignature, LEGACY_SIGNATURE_MEDIA_TYPE, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE,
     SIMPLE_SIGNING_MEDIA_TYPE, public_key_text, sign, signature_tag, verify,

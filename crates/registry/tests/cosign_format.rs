@@ -21,8 +21,8 @@ use std::process::Command;
 
 use common::options_for;
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
-use commstack_registry::attach::push_referrer;
 use commstack_registry::pull::Puller;
+use commstack_registry::referrer::push_referrer;
 use commstack_registry::sign::{
     CosignSignature, SIGNATURE_ARTIFACT_TYPE, public_key_pem, read_signing_key,
 };
@@ -424,7 +424,7 @@ fn on_a_registry_without_referrers_signatures_go_under_the_tag_and_verify_with_s
     let registry = TestRegistry::start();
     let options = options_for(&registry.host(), &registry, "commstack/signed");
     assert!(
-        !commstack_registry::attach::has_referrers_api(
+        !commstack_registry::referrer::has_referrers_api(
             &options,
             &format!("sha256:{}", "0".repeat(64))
         )
