@@ -8,8 +8,9 @@
 //! by digest, so the signature covers every byte, and cosign, its policy controller,
 //! Kyverno and sigstore-rs verify it with the same public key (`cosign verify --key
 //! cosign.pub`). The signature is ed25519 over the payload's bytes (PureEdDSA, RFC 8032):
-//! cosign verifies an ed25519 key's signatures so (its own `sign` makes Ed25519ph ones
-//! since 2.5, which its `verify --key` does not take; checked with cosign 3.1.1).
+//! cosign's `verify --key` verifies an ed25519 key's signatures so (cosign 3.1.1's own
+//! `sign` makes Ed25519ph ones for such a key, which its `verify --key` then refuses:
+//! tried on 2026-12-04).
 //!
 //! The payload's `optional` names the key that signed (`dev.commstack.signer`,
 //! `ed25519:<base64>`): covered by the signature, it lets a puller tell a signature by a
