@@ -1582,3 +1582,105 @@ fn a_build_that_reuses_everything_fetches_nothing() -> Result<()> {
     assert_eq!(again.status(Fetch), &Status::Reused);
     Ok(())
 }
+
+/// On a registry with the referrers API (testkit's, go-containerregistry's), `cache push`
+/// puts each signature up as a referrer of its output, with no `.sig` tag, and a
+/// substitution finds it through the API and verifies it; under a key it does not trust,
+/// the same signature is refused there as on docker-registry.
+#[test]
+fn through_a_registry_with_referrers_a_substitution_finds_and_verifies_the_signature() -> Result<()>
+{
+    if skip_registry_tests() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let stack = write_stack(&dir.path().join("stack"));
+    let nvshmem = Selection::Until(Nvshmem);
+    let first = build_until(&stack, &dir.path().join("a"), None, nvshmem)?;
+    assert!(first.failed.is_none(), "{:?}", first.failed);
+    let registry = commstack_testkit::cosign::ReferrersRegistry::start();
+    for name in ["key.pem", "other.pem"] {
+        run_tool(
+            dir.path(),
+            "openssl",
+            &["genpkey", "-algorithm", "ed25519", "-out", name],
+        );
+    }
+    let public = |name: &str| -> Result<String> {
+        let key = commstack_registry::sign::read_signing_key(&dir.path().join(name))?;
+        Ok(commstack_registry::sign::public_key_text(
+            &key.verifying_key(),
+        ))
+    };
+    let anonymous = Credentials {
+        auth: RegistryAuth::Anonymous,
+        source: "the test".into(),
+    };
+    let target = format!("http://{}/{REPO}", registry.host());
+    let pushed = cache_push(
+        &ctx_for(&stack, &dir.path().join("a"))?,
+        &CachePushRequest {
+            registry: target.clone(),
+            key: dir.path().join("key.pem"),
+            steps: vec![Nvshmem],
+            ca_file: None,
+            jobs: 2,
+            credentials: Some(anonymous.clone()),
+        },
+        &|_| {},
+    )?;
+    assert_eq!(pushed.len(), 1);
+    let signed = &pushed[0].pushed;
+    assert_eq!(
+        signed.signature_found_through,
+        commstack_registry::FoundThrough::Referrers
+    );
+    let mut options = PushOptions::new(Target::parse(&target)?);
+    options.credentials = Some(anonymous.clone());
+    let digest = &signed.pushed.manifest_digest;
+    let tag = commstack_registry::sign::signature_tag(digest)?;
+    assert!(
+        commstack_registry::pull::find_tag(&options, &tag)?.is_none(),
+        "a referrer is not tagged {tag}"
+    );
+
+    let substituter = |trusted: &str| -> Result<Substituter> {
+        let mut s = Substituter::new(
+            &SubstituteRequest {
+                registry: target.clone(),
+                trusted_keys: vec![trusted.to_string()],
+                allow_unsigned: false,
+                ca_file: None,
+                progress: false,
+            },
+            &stack,
+        )?;
+        s.set_credentials(anonymous.clone());
+        s.set_retry(fast_retry());
+        s.set_artifact_kinds(|step| fixture_kinds("fixture", step));
+        Ok(s)
+    };
+    let home = dir.path().join("b");
+    let b = build_until(
+        &stack,
+        &home,
+        Some(&substituter(&public("key.pem")?)?),
+        nvshmem,
+    )?;
+    assert!(b.failed.is_none(), "{:?}", b.failed);
+    assert_eq!(b.outcome(Nvshmem), "substituted");
+    assert!(b.ran.is_empty(), "{:?}", b.ran);
+
+    let home = dir.path().join("c");
+    let c = build_until(
+        &stack,
+        &home,
+        Some(&substituter(&public("other.pem")?)?),
+        nvshmem,
+    )?;
+    let (step, err) = c.failed.clone().expect("the build fails");
+    assert_eq!(step, Nvshmem, "{err}");
+    assert!(err.contains("is not a trusted key"), "{err}");
+    assert_eq!(sealed(&home), Vec::<String>::new(), "nothing sealed");
+    Ok(())
+}
