@@ -72,3 +72,75 @@ pub fn push_referrer(
         through,
     })
 }
+
+/// An artifact found attached to a manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachedFound {
+    /// `host/repo@sha256:...` or `host/repo:sha256-<hex>.<kind>`.
+    pub place: String,
+    pub through: FoundThrough,
+    /// `sha256:<hex>` of the manifest's bytes, checked here.
+    pub digest: String,
+    pub manifest: Vec<u8>,
+}
+
+/// The artifacts of `artifact_type` attached to the manifest `subject`, as
+/// [`push_referrer`] puts them: its referrers of that type (of the first `most` that may
+/// be) where the
+/// registry has the referrers API, else, or when it lists none, the one tagged
+/// `sha256-<hex>.<kind>`. Each manifest read within a manifest's bound, its digest checked;
+/// what they hold is the caller's to check (an attestation's envelope, its signature).
+pub fn find_attached(
+    puller: &Puller,
+    subject: &str,
+    artifact_type: &str,
+    kind: &str,
+    most: usize,
+) -> Result<Vec<AttachedFound>> {
+    puller.block_on(async {
+        let repo = puller.options.target.name();
+        let mut found = Vec::new();
+        let referrers = puller.referrers_async(subject, None).await?;
+        // A registry may list an artifact under its config's media type rather than its
+        // `artifactType` (go-containerregistry's does): such an entry (the empty config's
+        // type, or none) is read and its manifest's own `artifactType` decides.
+        let maybe = |r: &&crate::pull::Referrer| match r.artifact_type.as_deref() {
+            Some(t) => t == artifact_type || t == crate::artifact::EMPTY_CONFIG_MEDIA_TYPE,
+            None => true,
+        };
+        for referrer in referrers.iter().flatten().filter(maybe).take(most) {
+            let place = format!("{repo}@{}", crate::bounded::shown(&referrer.digest));
+            let what = format!("reading {place}");
+            let Some(manifest) = puller.manifest_by_digest(&referrer.digest, &what).await? else {
+                continue;
+            };
+            let of_type = referrer.artifact_type.as_deref() == Some(artifact_type)
+                || serde_json::from_slice::<serde_json::Value>(&manifest)
+                    .is_ok_and(|m| m["artifactType"] == artifact_type);
+            if of_type {
+                found.push(AttachedFound {
+                    place,
+                    through: FoundThrough::Referrers,
+                    digest: referrer.digest.clone(),
+                    manifest,
+                });
+            }
+        }
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        let tag = attachment_tag(subject, kind)?;
+        let place = puller.place(&tag);
+        let what = format!("reading {place}");
+        if let Some(manifest) = puller.tagged_manifest(&tag, &what).await? {
+            use sha2::Digest as _;
+            found.push(AttachedFound {
+                place,
+                through: FoundThrough::Tag,
+                digest: format!("sha256:{}", hex::encode(sha2::Sha256::digest(&manifest))),
+                manifest,
+            });
+        }
+        Ok(found)
+    })
+}

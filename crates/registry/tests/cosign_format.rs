@@ -272,7 +272,8 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
     for (name, step) in [("image", false), ("step", true)] {
         let mut options = site.options.clone();
         options.tag = Some(format!("{name}-1"));
-        let pushed = push_signed(&artifact(work.path(), name, step), &key, &options).unwrap();
+        let dir = artifact(work.path(), name, step);
+        let pushed = push_signed(&dir, &key, &options).unwrap();
         let digest = pushed.pushed.manifest_digest.clone();
         assert_eq!(pushed.signature_found_through, through, "{name}");
         let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
@@ -302,8 +303,43 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
         assert!(!site.cosign_verify(&digest, &other_public, oci11).0);
         let err = verify_signed(&site.options, &digest, &[]).unwrap_err();
         assert!(format!("{err:#}").contains("not a trusted key"), "{err:#}");
-        signed.push(digest);
+        signed.push((
+            digest,
+            commstack_registry::attach::manifest_size(&dir).unwrap(),
+        ));
     }
+
+    // Another artifact attached to the image the same way (an attestation: `att`), found
+    // again where its readers look.
+    let statement = work.path().join("statement.json");
+    std::fs::write(&statement, r#"{"_type":"https://in-toto.io/Statement/v1"}"#).unwrap();
+    let attestation = work.path().join("attestation-oci");
+    write_artifact_layout(
+        &Artifact {
+            artifact_type: "application/vnd.dev.commstack.test.attestation.v1".into(),
+            config_media_type: commstack_registry::artifact::EMPTY_CONFIG_MEDIA_TYPE.into(),
+            config: b"{}".to_vec(),
+            layers: vec![("application/vnd.in-toto+json".into(), statement)],
+            annotations: Default::default(),
+            subject: Some((signed[0].0.clone(), signed[0].1)),
+        },
+        &attestation,
+    )
+    .unwrap();
+    let attached = push_referrer(&attestation, &signed[0].0, "att", &site.options).unwrap();
+    assert_eq!(attached.through, through);
+    let found = commstack_registry::referrer::find_attached(
+        &Puller::new(&site.options).unwrap(),
+        &signed[0].0,
+        "application/vnd.dev.commstack.test.attestation.v1",
+        "att",
+        4,
+    )
+    .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].digest, attached.manifest_digest);
+    assert_eq!(found[0].through, through);
+    let signed: Vec<String> = signed.into_iter().map(|(digest, _)| digest).collect();
 
     // Tampering, each on an artifact of its own signed by the trusted key first.
     let genuine = |name: &str| {
