@@ -286,7 +286,8 @@ impl Puller {
                 Document::Manifest.bound()
             ),
             // No such endpoint: a registry without the referrers API (docker-registry 2.8
-            // answers 404 with no error envelope, or NAME_UNKNOWN / MANIFEST_UNKNOWN).
+            // answers 404 with no error envelope). A repository the registry does not have
+            // yet is NAME_UNKNOWN even where the API is: nothing refers to anything there.
             Err(err) if is_not_found(&err) || not_found_status(&err) => {
                 return Ok(None);
             }
