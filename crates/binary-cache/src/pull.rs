@@ -2,7 +2,8 @@
 //! looks for `<step>-<key>` (what `cache push` tags, crate::push) in the cache
 //! repository; when it is there, this takes it instead of building:
 //!
-//! 1. the signature (`sha256-<hex>.sig`) is verified under stack.toml's `[cache]
+//! 1. the signature (cosign's format: a referrer of the manifest, else its tag
+//!    `sha256-<hex>.sig`) is verified under stack.toml's `[cache]
 //!    trusted-keys` (an unsigned or untrusted output is refused unless `--allow-unsigned`,
 //!    and then every store step it brings is marked so);
 //! 2. the manifest must be a step artifact of this very key (its annotation), and its

@@ -3,8 +3,9 @@
 //! the registry as an OCI artifact tagged `<step>-<key>` (the store's directory name
 //! without `pipeline-`): its config the step's provenance (key, inputs, result, the
 //! manifest of what it ships), its one layer a tar of exactly the shipped files, checked
-//! against that manifest first. Each is signed (ed25519 over the manifest digest,
-//! crates/registry/src/sign.rs) with the signature beside it.
+//! against that manifest first. Each is signed in cosign's format (ed25519 over a
+//! simple-signing payload of the manifest digest, crates/registry/src/sign.rs), the
+//! signature a referrer of it or under its `sha256-<hex>.sig` tag.
 //!
 //! What the steps after it read of a step's output is more than the shipped files: the
 //! result points into a crate's own store step (`nvshmem-<hash>`, whose build report the

@@ -42,6 +42,7 @@ pub struct PushRequest {
 pub struct PushReport {
     #[serde(flatten)]
     pub pushed: Pushed,
+    /// Where the signature went: `host/repo@sha256:...` (a referrer) or
     /// `host/repo:sha256-<hex>.sig`.
     pub signature: Option<String>,
     /// `ed25519:<base64>` of the key that signed.
