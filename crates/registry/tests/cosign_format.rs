@@ -9,7 +9,7 @@
 //!
 //! On each, an image and a step-like artifact are signed by commstack and verified by
 //! sigstore-rs, by cosign and by commstack's own pull; a payload, a signature and a
-//! subject tampered with are refused by sigstore-rs and by commstack; an old signature in
+//! subject tampered with are refused by sigstore-rs, cosign and commstack; an old signature in
 //! commstack's own format is refused saying how to sign again.
 //! COMMSTACK_SKIP_REGISTRY_TESTS=1 skips them; cosign and the referrers registry come from
 //! `bash ci/cosign-tools.sh` (a test fails, saying so, without them).
@@ -370,6 +370,7 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
         .into_bytes();
     push_forged(site, (&digest, size), &forged, work.path());
     assert!(site.sigstore_verify(&digest, &public).is_err(), "payload");
+    assert!(!site.cosign_verify(&digest, &public, oci11).0, "payload");
     let err = verify_signed(&site.options, &digest, &trusted).unwrap_err();
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 
@@ -381,6 +382,7 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
     forged.signature = base64_encode(&bytes);
     push_forged(site, (&digest, size), &forged, work.path());
     assert!(site.sigstore_verify(&digest, &public).is_err(), "signature");
+    assert!(!site.cosign_verify(&digest, &public, oci11).0, "signature");
     let err = verify_signed(&site.options, &digest, &trusted).unwrap_err();
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 
@@ -388,6 +390,7 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
     let (digest, size) = genuine("subject");
     push_forged(site, (&digest, size), &good(&signed[0]), work.path());
     assert!(site.sigstore_verify(&digest, &public).is_err(), "subject");
+    assert!(!site.cosign_verify(&digest, &public, oci11).0, "subject");
     let err = verify_signed(&site.options, &digest, &trusted).unwrap_err();
     assert!(
         format!("{err:#}").contains(&format!("is for {}, not for {digest}", signed[0])),
@@ -397,6 +400,7 @@ fn signatures_verify_and_tampering_is_refused(site: &Site, through: FoundThrough
     // Unsigned: refused, saying where it looked.
     let (digest, _) = genuine("unsigned");
     assert!(site.sigstore_verify(&digest, &public).is_err(), "unsigned");
+    assert!(!site.cosign_verify(&digest, &public, oci11).0, "unsigned");
     let err = verify_signed(&site.options, &digest, &trusted).unwrap_err();
     assert!(format!("{err:#}").contains("is not signed"), "{err:#}");
 
