@@ -433,17 +433,21 @@ fn url_escape(text: &str) -> String {
         .collect()
 }
 
-/// A registry error envelope that means "not found" (its codes), for an endpoint a
-/// registry does not route.
+/// An answer that means the registry does not route the endpoint: an error envelope of
+/// "not found" or "unsupported", or 405 (some registries answer an unknown route so).
 fn not_found_status(err: &OciDistributionError) -> bool {
     use oci_client::errors::OciErrorCode;
     match err {
         OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
             matches!(
                 e.code,
-                OciErrorCode::NameUnknown | OciErrorCode::ManifestUnknown | OciErrorCode::NotFound
+                OciErrorCode::NameUnknown
+                    | OciErrorCode::ManifestUnknown
+                    | OciErrorCode::NotFound
+                    | OciErrorCode::Unsupported
             )
         }),
+        OciDistributionError::ServerError { code: 405, .. } => true,
         _ => false,
     }
 }

@@ -539,3 +539,62 @@ fn on_a_registry_with_referrers_signatures_are_referrers_and_verify_with_sigstor
     assert!(found.place().ends_with(".sig"), "{found:?}");
     verify_signed(&site.options, &digest, &[key.verifying_key()]).unwrap();
 }
+
+/// Whether a registry has the referrers API is read from its answer to the endpoint
+/// (testkit's HTTP server answering as registries do): 404 and 405 mean none (the tag
+/// scheme), an index means one, its entries filtered here by artifact type whatever the
+/// registry did with the filter; a server error is an error, not "no API".
+#[test]
+fn the_referrers_endpoints_answer_decides_whether_the_api_is_there() {
+    use commstack_testkit::{Route, TestServer};
+    let server = TestServer::start();
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let referrers = |repo: &str| format!("/v2/t/{repo}/referrers/{digest}");
+    server.route("/v2/", Route::ok(b"{}".to_vec()));
+    server.route(&referrers("none"), Route::status(404));
+    server.route(&referrers("refused"), Route::status(405));
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 10,
+             "digest": format!("sha256:{}", "cd".repeat(32)), "artifactType": SIGNATURE_ARTIFACT_TYPE},
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 10,
+             "digest": format!("sha256:{}", "ef".repeat(32)), "artifactType": "application/vnd.example"},
+        ],
+    });
+    server.route(
+        &referrers("api"),
+        Route::ok(serde_json::to_vec(&index).unwrap())
+            .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
+    );
+    server.route(&referrers("broken"), Route::status(500));
+    let puller = |repo: &str| {
+        let target = Target::parse(&format!("http://{}/t/{repo}", server.addr())).unwrap();
+        let mut options = PushOptions::new(target);
+        options.progress = false;
+        options.credentials = Some(commstack_registry::Credentials {
+            auth: commstack_registry::RegistryAuth::Anonymous,
+            source: "the test".into(),
+        });
+        options.retry.attempts = 1;
+        Puller::new(&options).unwrap()
+    };
+    assert_eq!(puller("none").referrers(&digest, None).unwrap(), None);
+    assert_eq!(puller("refused").referrers(&digest, None).unwrap(), None);
+    let listed = puller("api")
+        .referrers(&digest, Some(SIGNATURE_ARTIFACT_TYPE))
+        .unwrap()
+        .expect("the API is there");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].digest, format!("sha256:{}", "cd".repeat(32)));
+    assert_eq!(
+        puller("api")
+            .referrers(&digest, None)
+            .unwrap()
+            .map(|l| l.len()),
+        Some(2)
+    );
+    let err = puller("broken").referrers(&digest, None).unwrap_err();
+    assert!(format!("{err:#}").contains("500"), "{err:#}");
+}
