@@ -71,6 +71,11 @@ and retries as for `cargo xtask push`.")]
         /// Blobs uploaded at once.
         #[arg(long, default_value_t = 4, value_name = "N")]
         jobs: usize,
+        /// On a registry with the referrers API, put each signature under cosign's tag
+        /// sha256-<hex>.sig as well as a referrer (for verifiers that read only the tag
+        /// scheme: `cosign verify` without --experimental-oci11, the policy controller).
+        #[arg(long)]
+        signature_tag: bool,
         /// Print the pushed outputs as JSON.
         #[arg(long)]
         json: bool,
@@ -96,6 +101,7 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
             steps,
             ca_file,
             jobs,
+            signature_tag,
             json,
         } => {
             let request = CachePushRequest {
@@ -105,6 +111,7 @@ pub fn run(ctx: &Ctx, cmd: Command) -> Result<ExitCode> {
                 ca_file,
                 jobs,
                 credentials: None,
+                signature_tag,
             };
             // With --json the lines go to stderr: stdout is the JSON alone.
             let say = |line: &str| match json {

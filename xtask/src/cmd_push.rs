@@ -67,6 +67,11 @@ pub struct Args {
     /// where the registry has no referrers API.
     #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
     pub key: Option<PathBuf>,
+    /// On a registry with the referrers API, put the signature under cosign's tag
+    /// sha256-<hex>.sig as well as a referrer, for verifiers that read only the tag scheme
+    /// (`cosign verify` without --experimental-oci11, the sigstore policy controller).
+    #[arg(long, requires = "key")]
+    pub signature_tag: bool,
     /// Print the result as JSON (reference, digests, tags, blobs sent and found).
     #[arg(long)]
     pub json: bool,
@@ -95,6 +100,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             jobs: args.upload_jobs,
             locked: args.locked,
             key: args.key,
+            signature_tag: args.signature_tag,
             dry_run: args.dry_run,
             cache: args.cache.into(),
             build: args.build.into(),

@@ -514,6 +514,7 @@ fn setup(steps: &[StepId]) -> Result<Setup> {
             ca_file: Some(registry.ca()),
             jobs: 2,
             credentials: Some(credentials(REGISTRY_PASSWORD)),
+            signature_tag: false,
         },
         &|_| {},
     )?;
@@ -1006,6 +1007,7 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
             ca_file: Some(s.registry.borrow().ca()),
             jobs: 2,
             credentials: Some(credentials(REGISTRY_PASSWORD)),
+            signature_tag: false,
         },
         &|line| said.borrow_mut().push(line.to_string()),
     )
@@ -1626,6 +1628,7 @@ fn through_a_registry_with_referrers_a_substitution_finds_and_verifies_the_signa
             ca_file: None,
             jobs: 2,
             credentials: Some(anonymous.clone()),
+            signature_tag: false,
         },
         &|_| {},
     )?;

@@ -57,6 +57,8 @@ pub struct CachePushRequest {
     pub jobs: usize,
     /// None: from the environment and Docker's config file (tests give their own).
     pub credentials: Option<commstack_registry::Credentials>,
+    /// Where the registry has the referrers API, put each signature under cosign's tag too.
+    pub signature_tag: bool,
 }
 
 /// One pushed step output.
@@ -85,6 +87,7 @@ pub fn cache_push(
     options.jobs = request.jobs.max(1);
     options.credentials = request.credentials.clone();
     options.progress = !ctx.quiet;
+    options.tag_referrers = request.signature_tag;
     let staging_root = ctx.home.join("push");
     std::fs::create_dir_all(&staging_root)
         .with_context(|| format!("cannot create {}", staging_root.display()))?;

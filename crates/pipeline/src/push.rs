@@ -35,6 +35,8 @@ pub struct PushRequest {
     pub build: commstack_steps::options::BuildOptions,
     /// Sign the pushed manifest with this ed25519 key (PKCS#8 PEM).
     pub key: Option<PathBuf>,
+    /// Where the registry has the referrers API, put the signature under cosign's tag too.
+    pub signature_tag: bool,
 }
 
 /// What a push did, and its signature when it was signed.
@@ -137,6 +139,7 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
     options.ca_file = request.cache.ca_file.clone();
     options.jobs = request.jobs.max(1);
     options.progress = !ctx.quiet;
+    options.tag_referrers = request.signature_tag;
     if let Some(tag) = &request.tag
         && !commstack_registry::valid_tag(tag)
     {

@@ -72,6 +72,10 @@ pub struct PushOptions {
     /// Push the manifest by digest only, none of its tags (a signed push tags it once its
     /// signature is there).
     pub untagged: bool,
+    /// A signature (or attestation) pushed as a referrer goes under cosign's tag
+    /// `sha256-<hex>.<kind>` too, for verifiers that read only the tag scheme (`cosign
+    /// verify` without `--experimental-oci11`, the sigstore policy controller).
+    pub tag_referrers: bool,
 }
 
 impl PushOptions {
@@ -86,6 +90,7 @@ impl PushOptions {
             credentials: None,
             slowest: crate::deadline::Slowest::default(),
             untagged: false,
+            tag_referrers: false,
         }
     }
 }

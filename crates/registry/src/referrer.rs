@@ -39,8 +39,9 @@ pub fn has_referrers_api(options: &PushOptions, subject: &str) -> Result<bool> {
 
 /// Pushes the artifact layout at `layout`, whose manifest's `subject` is the manifest
 /// `subject` (already in the registry), where its subject's readers look: as a referrer
-/// where the registry has the referrers API, else tagged `sha256-<hex>.<kind>` (`sig` for
-/// a signature, `att` for an attestation).
+/// where the registry has the referrers API (tagged as well with
+/// [`PushOptions::tag_referrers`]), else tagged `sha256-<hex>.<kind>` (`sig` for a
+/// signature, `att` for an attestation).
 pub fn push_referrer(
     layout: &Path,
     subject: &str,
@@ -51,6 +52,11 @@ pub fn push_referrer(
     let mut options = options.clone();
     options.untagged = false;
     let through = match has_referrers_api(&options, subject)? {
+        // By digest alone, as cosign's OCI 1.1 mode; tagged too when asked.
+        true if options.tag_referrers => {
+            options.tag = Some(tag.clone());
+            FoundThrough::Referrers
+        }
         true => {
             options.tag = None;
             options.untagged = true;

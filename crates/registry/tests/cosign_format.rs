@@ -538,6 +538,29 @@ fn on_a_registry_with_referrers_signatures_are_referrers_and_verify_with_sigstor
     let found = commstack_registry::fetch_signatures(&site.options, &digest).unwrap();
     assert!(found.place().ends_with(".sig"), "{found:?}");
     verify_signed(&site.options, &digest, &[key.verifying_key()]).unwrap();
+
+    // Asked to (`--signature-tag`), a referrer is tagged too: cosign's default mode and
+    // verifiers that read only the tag scheme find it; commstack finds the referrer.
+    let (key, public) = keys(work.path(), "both");
+    let mut options = site.options.clone();
+    options.tag_referrers = true;
+    options.tag = Some("both".into());
+    let pushed = push_signed(&artifact(work.path(), "both", false), &key, &options).unwrap();
+    assert_eq!(pushed.signature_found_through, FoundThrough::Referrers);
+    let digest = pushed.pushed.manifest_digest;
+    let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
+    assert!(
+        Puller::new(&site.options)
+            .unwrap()
+            .find_tag(&tag)
+            .unwrap()
+            .is_some()
+    );
+    let (ok, said) = site.cosign_verify(&digest, &public, false);
+    assert!(ok, "cosign verify without --experimental-oci11: {said}");
+    let found = commstack_registry::fetch_signatures(&site.options, &digest).unwrap();
+    assert!(found.place().contains('@'), "{found:?}");
+    verify_signed(&site.options, &digest, &[key.verifying_key()]).unwrap();
 }
 
 /// Whether a registry has the referrers API is read from its answer to the endpoint
