@@ -205,6 +205,49 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
         "the library and its link; not the report"
     );
 
+    // To a registry with the referrers API, with --signature-tag: each signature a referrer
+    // and under cosign's tag too, so cosign finds it either way.
+    let referrers = commstack_testkit::cosign::ReferrersRegistry::start();
+    let plain = format!("http://{}/commstack/cache", referrers.host());
+    let out = xtask(
+        &home,
+        &[
+            "cache",
+            "push",
+            "--registry",
+            &plain,
+            "--key",
+            key.to_str().unwrap(),
+            "--step",
+            "nvshmem",
+            "--signature-tag",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        pushed[0]["signature_found_through"], "referrers",
+        "{pushed}"
+    );
+    let digest = pushed[0]["manifest_digest"].as_str().unwrap();
+    let name = plain.trim_start_matches("http://");
+    for oci11 in [true, false] {
+        let (verified, said) = commstack_testkit::cosign::cosign_verify_http(
+            &cosign_pub,
+            &format!("{name}@{digest}"),
+            oci11,
+        );
+        assert!(
+            verified,
+            "cosign verify (--experimental-oci11: {oci11}): {said}"
+        );
+    }
+
     // A shipped file changed after the step recorded it: refused, nothing sent.
     let wheel = dropin_dir.join("nvshmem-3.4.5-py3-none-any.whl");
     std::fs::write(&wheel, "another wheel").unwrap();

@@ -91,19 +91,44 @@ pub fn cosign_verify(
     public: &std::path::Path,
     reference: &str,
 ) -> (bool, String) {
+    let ca = registry.ca();
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--registry-cacert".as_ref(), ca.as_os_str()];
+    for arg in [
+        "--registry-username",
+        crate::REGISTRY_USER,
+        "--registry-password",
+        crate::REGISTRY_PASSWORD,
+    ] {
+        args.push(arg.as_ref());
+    }
+    verify_with(public, reference, &args)
+}
+
+/// `cosign verify` as [`cosign_verify`] against a plain-HTTP registry without credentials
+/// (a [`ReferrersRegistry`]); `oci11` adds `--experimental-oci11` (the referrers API first).
+pub fn cosign_verify_http(
+    public: &std::path::Path,
+    reference: &str,
+    oci11: bool,
+) -> (bool, String) {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--allow-http-registry".as_ref()];
+    if oci11 {
+        args.push("--experimental-oci11".as_ref());
+    }
+    verify_with(public, reference, &args)
+}
+
+fn verify_with(
+    public: &std::path::Path,
+    reference: &str,
+    args: &[&std::ffi::OsStr],
+) -> (bool, String) {
     let out = Command::new(cosign())
         .args(["verify", "--key"])
         .arg(public)
         .arg("--insecure-ignore-tlog=true")
-        .arg("--registry-cacert")
-        .arg(registry.ca())
-        .args([
-            "--registry-username",
-            crate::REGISTRY_USER,
-            "--registry-password",
-            crate::REGISTRY_PASSWORD,
-            reference,
-        ])
+        .args(args)
+        .arg(reference)
         // cosign keeps a TUF cache under HOME; with a key given it fetches nothing.
         .env("HOME", std::env::temp_dir())
         .output()
