@@ -14,9 +14,12 @@
 //! - [`sign`]: ed25519 signatures over manifest digests; [`signed`]: pushing them beside
 //!   what they sign, and fetching and verifying them.
 //! - [`attach`]: documents pushed beside a manifest (the image's verify report).
+//! - [`attestations`]: DSSE envelopes attached to a manifest as cosign stores them
+//!   (`sha256-<hex>.att`), and read back.
 
 pub mod artifact;
 pub mod attach;
+pub mod attestations;
 pub mod auth;
 pub mod bounded;
 pub mod deadline;
