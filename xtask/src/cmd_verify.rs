@@ -121,15 +121,24 @@ fn attestations(ctx: &Ctx, args: AttestationsArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{} against {} (sha256 {})", report.image, report.lock, report.lock_sha256);
+        println!(
+            "{} against {} (sha256 {})",
+            report.image, report.lock, report.lock_sha256
+        );
         for c in &report.checks {
             let mark = if c.ok { "ok  " } else { "FAIL" };
             println!("{mark} {} {}: {}", c.attestation, c.check, c.detail);
         }
         let failed = report.checks.iter().filter(|c| !c.ok).count();
         match failed {
-            0 => println!("attestations verified: {} checks passed", report.checks.len()),
-            n => println!("attestations refused: {n} of {} checks failed", report.checks.len()),
+            0 => println!(
+                "attestations verified: {} checks passed",
+                report.checks.len()
+            ),
+            n => println!(
+                "attestations refused: {n} of {} checks failed",
+                report.checks.len()
+            ),
         }
     }
     Ok(match report.ok {

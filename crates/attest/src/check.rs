@@ -79,7 +79,11 @@ fn verdict(f: &Fetched, check: &str, result: Result<String, String>) -> Check {
         attestation: f.predicate_type.clone(),
         check: check.into(),
         ok,
-        detail: format!("{} (layer {})", detail, f.layer),
+        detail: format!(
+            "{} (layer {})",
+            detail,
+            f.layer.get(..19).unwrap_or(&f.layer)
+        ),
     }
 }
 

@@ -66,7 +66,12 @@ pub fn attach_attestations(
         &summary,
         &ctx.store_dir(),
     )
-    .with_context(|| format!("reading what the build recorded of image {}", pushed.config_digest))?;
+    .with_context(|| {
+        format!(
+            "reading what the build recorded of image {}",
+            pushed.config_digest
+        )
+    })?;
     if record.lock_sha256 != record.image.manifest.lock_sha256 {
         return Ok((
             None,
@@ -130,7 +135,9 @@ pub struct AttestationsReport {
 /// `HOST/REPO@sha256:<hex>` split into the target and the digest; a tag is refused.
 fn parse_reference(image: &str) -> Result<(Target, String)> {
     let Some((repo, digest)) = image.split_once('@') else {
-        bail!("--image {image:?}: give the image by digest, HOST[:PORT]/REPO@sha256:<hex> (what `cargo xtask push` prints last); a tag can move");
+        bail!(
+            "--image {image:?}: give the image by digest, HOST[:PORT]/REPO@sha256:<hex> (what `cargo xtask push` prints last); a tag can move"
+        );
     };
     let hex = digest.strip_prefix("sha256:").unwrap_or("");
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -141,7 +148,10 @@ fn parse_reference(image: &str) -> Result<(Target, String)> {
 
 fn trusted_keys(ctx: &Ctx, files: &[PathBuf]) -> Result<Vec<VerifyingKey>> {
     if !files.is_empty() {
-        return files.iter().map(|f| commstack_attest::read_public_key(f)).collect();
+        return files
+            .iter()
+            .map(|f| commstack_attest::read_public_key(f))
+            .collect();
     }
     let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
     let keys = &stack.cache.trusted_keys;
@@ -158,14 +168,18 @@ fn trusted_keys(ctx: &Ctx, files: &[PathBuf]) -> Result<Vec<VerifyingKey>> {
 }
 
 /// Fetches the attestations of `request.image` and checks them against this stack's lock.
-pub fn verify_attestations(ctx: &Ctx, request: &VerifyAttestationsRequest) -> Result<AttestationsReport> {
+pub fn verify_attestations(
+    ctx: &Ctx,
+    request: &VerifyAttestationsRequest,
+) -> Result<AttestationsReport> {
     let (target, digest) = parse_reference(&request.image)?;
     let trusted = trusted_keys(ctx, &request.keys)?;
     let lock_path = ctx.lock_path();
     let text = std::fs::read_to_string(&lock_path).with_context(|| {
         format!("cannot read {} (the lock the image is checked against; make it with `cargo xtask lock`)", lock_path.display())
     })?;
-    let lock = commstack_stack::Lock::parse(&lock_path, &text).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let lock =
+        commstack_stack::Lock::parse(&lock_path, &text).map_err(|d| anyhow::anyhow!("{d}"))?;
     let lock_sha256 = commstack_digest::sha256_hex(text.as_bytes());
     let mut options = PushOptions::new(target);
     options.ca_file = request.ca_file.clone();
@@ -181,17 +195,29 @@ pub fn verify_attestations(ctx: &Ctx, request: &VerifyAttestationsRequest) -> Re
     };
     let fetched: Vec<Fetched> = fetched
         .into_iter()
-        .map(|f| Fetched { predicate_type: f.predicate_type, layer: f.layer, envelope: f.envelope })
+        .map(|f| Fetched {
+            predicate_type: f.predicate_type,
+            layer: f.layer,
+            envelope: f.envelope,
+        })
         .collect();
     let checks = check_all(
         &fetched,
-        &Expected { digest: &digest, lock: &lock, lock_sha256: &lock_sha256, trusted: &trusted },
+        &Expected {
+            digest: &digest,
+            lock: &lock,
+            lock_sha256: &lock_sha256,
+            trusted: &trusted,
+        },
     );
     Ok(AttestationsReport {
         image: request.image.clone(),
         lock: lock_path.display().to_string(),
         lock_sha256,
-        trusted: trusted.iter().map(commstack_attest::dsse::key_text).collect(),
+        trusted: trusted
+            .iter()
+            .map(commstack_attest::dsse::key_text)
+            .collect(),
         ok: checks.iter().all(|c| c.ok),
         checks,
     })

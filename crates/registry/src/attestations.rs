@@ -134,7 +134,12 @@ pub fn fetch_attestations(
     let manifest: Value = serde_json::from_slice(&manifest)
         .with_context(|| format!("{place} is not a JSON manifest"))?;
     let mut out = Vec::new();
-    for (i, layer) in manifest["layers"].as_array().into_iter().flatten().enumerate() {
+    for (i, layer) in manifest["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         if layer["mediaType"] != ENVELOPE_MEDIA_TYPE {
             continue;
         }

@@ -28,8 +28,14 @@ pub struct Built {
     pub manifest_digest: String,
 }
 
+/// The workspace root: the nearest directory above the test's crate with a stack.lock
+/// (this file is shared by crates/attest's tests and xtask's).
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|d| d.join("stack.lock").is_file())
+        .expect("the workspace's stack.lock")
+        .to_path_buf()
 }
 
 /// The SBOM the image crate writes for an image of `lock`: each .deb and each wheel
@@ -156,7 +162,10 @@ pub fn built(root: &Path) -> Built {
         "pipeline-image",
         serde_json::json!({"lock_sha256": lock_sha256}),
     );
-    let summary = home.join("pipeline/stack/summary.json");
+    // Where `cargo xtask build` writes it for this stack file.
+    let id =
+        commstack_digest::sha256_hex(stack.canonicalize().unwrap().to_string_lossy().as_bytes());
+    let summary = home.join("pipeline").join(&id[..16]).join("summary.json");
     std::fs::create_dir_all(summary.parent().unwrap()).unwrap();
     let rows = serde_json::json!({
         "stack": "stack.toml", "lock": "stack.lock", "ok": true, "seconds": 4593.3,
