@@ -350,41 +350,9 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     refused(with(&good, SPDX, &e), "spdxjson", SPDX, "signature");
     // The subject: another image's attestations (validly signed, about its digest) put
     // under this image's tag.
-    let tree = work.path().join("tree2");
-    std::fs::create_dir_all(&tree).unwrap();
-    std::fs::write(tree.join("other"), "another image\n").unwrap();
-    let layer =
-        commstack_image::write_layer(&tree, &work.path().join("layer2.tar"), support::EPOCH)
-            .unwrap();
-    let other = commstack_image::write_oci_layout(
-        &commstack_image::ImageSpec {
-            tag: "other:test".into(),
-            ..Default::default()
-        },
-        &[layer],
-        &work.path().join("oci2"),
-    )
-    .unwrap();
-    let mut other_opts = opts.clone();
-    other_opts.tag = Some("other".into());
-    commstack_registry::push_layout(&work.path().join("oci2"), &other_opts).unwrap();
+    let other = push_another_image(work.path(), &opts);
     let signing = commstack_registry::sign::read_signing_key(&key).unwrap();
-    let moved: Vec<Attestation> = good
-        .iter()
-        .map(|a| {
-            let e: serde_json::Value = serde_json::from_slice(&a.envelope).unwrap();
-            let mut s: serde_json::Value =
-                serde_json::from_slice(&b64.decode(e["payload"].as_str().unwrap()).unwrap())
-                    .unwrap();
-            s["subject"][0]["digest"]["sha256"] =
-                other.manifest_digest.trim_start_matches("sha256:").into();
-            let statement: commstack_attest::Statement = serde_json::from_value(s).unwrap();
-            Attestation {
-                predicate_type: a.predicate_type.clone(),
-                envelope: commstack_attest::envelope_bytes(&statement, &signing),
-            }
-        })
-        .collect();
+    let moved = about(&good, &other, &signing);
     refused(moved, "spdxjson", SPDX, "subject");
     let (ok, said) = cosign_verify(&registry, &public, "slsaprovenance1", &reference);
     assert!(!ok && said.contains("no matching subject digest"), "{said}");
@@ -393,4 +361,46 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     push_attestations((&b.manifest_digest, size), &good, &opts).unwrap();
     assert!(cosign_verify(&registry, &public, "spdxjson", &reference).0);
     assert!(verify(&[&public]).status.success());
+}
+
+/// Another image pushed to the repository (tagged `other`): its manifest digest.
+fn push_another_image(work: &Path, opts: &PushOptions) -> String {
+    let tree = work.join("tree2");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("other"), "another image\n").unwrap();
+    let layer =
+        commstack_image::write_layer(&tree, &work.join("layer2.tar"), support::EPOCH).unwrap();
+    let spec = commstack_image::ImageSpec {
+        tag: "other:test".into(),
+        ..Default::default()
+    };
+    let other = commstack_image::write_oci_layout(&spec, &[layer], &work.join("oci2")).unwrap();
+    let mut opts = opts.clone();
+    opts.tag = Some("other".into());
+    commstack_registry::push_layout(&work.join("oci2"), &opts).unwrap();
+    other.manifest_digest
+}
+
+/// `attestations`' statements made about the manifest `digest` instead, signed again
+/// with `key`: valid envelopes about another image.
+fn about(
+    attestations: &[Attestation],
+    digest: &str,
+    key: &commstack_registry::SigningKey,
+) -> Vec<Attestation> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    attestations
+        .iter()
+        .map(|a| {
+            let e: serde_json::Value = serde_json::from_slice(&a.envelope).unwrap();
+            let payload = b64.decode(e["payload"].as_str().unwrap()).unwrap();
+            let mut s: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+            s["subject"][0]["digest"]["sha256"] = digest.trim_start_matches("sha256:").into();
+            let statement: commstack_attest::Statement = serde_json::from_value(s).unwrap();
+            Attestation {
+                predicate_type: a.predicate_type.clone(),
+                envelope: commstack_attest::envelope_bytes(&statement, key),
+            }
+        })
+        .collect()
 }
