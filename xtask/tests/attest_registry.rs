@@ -356,6 +356,26 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     refused(moved, "spdxjson", SPDX, "subject");
     let (ok, said) = cosign_verify(&registry, &public, "slsaprovenance1", &reference);
     assert!(!ok && said.contains("no matching subject digest"), "{said}");
+    // The other image has none of its own: verify says where it looked and how to attach.
+    let out = xtask(
+        &b.home,
+        &b.stack,
+        &[
+            "verify",
+            "attestations",
+            "--image",
+            &format!("{repo}@{other}"),
+            "--ca-file",
+            ca.to_str().unwrap(),
+            "--key",
+            public.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(text(&out).contains(&format!(
+        "no attestations are attached (no {repo}:sha256-{}.att): push the image with `cargo xtask push --registry {repo} --key KEY.pem`",
+        other.trim_start_matches("sha256:")
+    )), "{}", text(&out));
 
     // The good ones back: both verify again.
     push_attestations((&b.manifest_digest, size), &good, &opts).unwrap();

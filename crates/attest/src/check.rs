@@ -286,7 +286,8 @@ fn sbom_checks(predicate: &Value, expected: &Expected) -> Verdicts {
 }
 
 fn packages(sbom: &Value, lock: &Lock) -> Result<String, String> {
-    let normal = |n: &str| n.to_lowercase().replace('_', "-");
+    // PEP 503's normalization, so a wheel's `nvidia_nccl_cu13` is the lock's `nvidia-nccl-cu13`.
+    let normal = |n: &str| n.to_lowercase().replace(['_', '.'], "-");
     let listed: Vec<(String, String, String)> = sbom["packages"]
         .as_array()
         .map(|ps| {
