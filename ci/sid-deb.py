@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Unpacks the current Debian sid .deb of each package named into ROOT (dpkg -x): tools
-bookworm lacks or has too old (cosign 3), which are Go static binaries needing only libc6.
-Each .deb is checked against the sha256 the sid Packages index gives it. Usage:
-    ci/sid-deb.py ROOT PACKAGE...
+"""Puts the binary of each package named, from its current Debian sid .deb, into BIN
+(`/usr/bin/<package>` of the .deb, unpacked with dpkg -x): tools bookworm lacks or has too
+old (cosign 3), Go static binaries needing only libc6. Each .deb is checked against the
+sha256 sid's Packages index gives it. Usage:
+    ci/sid-deb.py BIN PACKAGE...
 """
 import hashlib
 import lzma
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,8 +32,8 @@ def index():
 
 
 def main():
-    root, packages = sys.argv[1], sys.argv[2:]
-    os.makedirs(root, exist_ok=True)
+    bin_dir, packages = sys.argv[1], sys.argv[2:]
+    os.makedirs(bin_dir, exist_ok=True)
     found = index()
     for name in packages:
         if name not in found:
@@ -41,11 +43,13 @@ def main():
             data = r.read()
         if hashlib.sha256(data).hexdigest() != sha:
             sys.exit(f"{filename}: sha256 is not the index's {sha}")
-        with tempfile.NamedTemporaryFile(suffix=".deb") as deb:
-            deb.write(data)
-            deb.flush()
-            subprocess.run(["dpkg", "-x", deb.name, root], check=True)
-        print(f"{name} {version} unpacked into {root}")
+        with tempfile.TemporaryDirectory() as work:
+            deb = os.path.join(work, "package.deb")
+            with open(deb, "wb") as f:
+                f.write(data)
+            subprocess.run(["dpkg", "-x", deb, os.path.join(work, "root")], check=True)
+            shutil.copy2(os.path.join(work, "root/usr/bin", name), os.path.join(bin_dir, name))
+        print(f"{name} {version} into {bin_dir}")
 
 
 main()

@@ -1,7 +1,7 @@
 //! The image's attestations end to end against the real registry the tests run (testkit's
 //! docker-registry with TLS and htpasswd auth): `cargo xtask push --key` attaches the SBOM
 //! and the SLSA provenance; the real cosign (an independent implementation: Debian sid's
-//! cosign 3, which CI unpacks into /opt/commstack-ci/sid) verifies both, and so does
+//! cosign 3, which .ci/run puts in .tools/bin) verifies both, and so does
 //! `cargo xtask verify attestations` against the lock; a payload, a signature or a subject
 //! altered in the registry is refused by both, and commstack's verify refuses the
 //! attestations of another lock. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it; a missing
@@ -22,11 +22,13 @@ use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_reg
 const SPDX: &str = "https://spdx.dev/Document";
 const SLSA: &str = "https://slsa.dev/provenance/v1";
 
-/// The cosign binary: $COMMSTACK_COSIGN, else where .ci/run unpacks it, else on PATH.
+/// The cosign binary: $COMMSTACK_COSIGN, else `.tools/bin/cosign` in the workspace (where
+/// .ci/run puts it, as h/cosign's ci/cosign-tools.sh does), else on PATH.
 fn cosign() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let candidates = [
         std::env::var_os("COMMSTACK_COSIGN").map(PathBuf::from),
-        Some(PathBuf::from("/opt/commstack-ci/sid/usr/bin/cosign")),
+        Some(root.join(".tools/bin/cosign")),
     ];
     if let Some(found) = candidates.into_iter().flatten().find(|p| p.is_file()) {
         return found;
@@ -34,7 +36,7 @@ fn cosign() -> PathBuf {
     match Command::new("cosign").arg("version").output() {
         Ok(out) if out.status.success() => PathBuf::from("cosign"),
         _ => panic!(
-            "this test verifies with the real cosign (3.x) and found none: install it with `python3 ci/sid-deb.py /opt/commstack-ci/sid cosign` (what .ci/run does: Debian sid's cosign .deb, dpkg -x), or set COMMSTACK_COSIGN=/path/to/cosign"
+            "this test verifies with the real cosign (3.x) and found none: install it with `python3 ci/sid-deb.py .tools/bin cosign` (what .ci/run does: Debian sid's cosign .deb, dpkg -x), or set COMMSTACK_COSIGN=/path/to/cosign"
         ),
     }
 }
