@@ -192,38 +192,7 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     )), "{}", text(&out));
 
     // The real cosign verifies both, each its statement about this digest.
-    for (kind, predicate) in [("spdxjson", SPDX), ("slsaprovenance1", SLSA)] {
-        let (ok, said) = cosign_verify(&registry, &public, kind, &reference);
-        assert!(ok, "cosign {kind}: {said}");
-        let line = said.lines().find(|l| l.starts_with('{')).unwrap();
-        let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
-        let payload = base64::engine::general_purpose::STANDARD
-            .decode(envelope["payload"].as_str().unwrap())
-            .unwrap();
-        let statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
-        assert_eq!(statement["predicateType"], predicate);
-        assert_eq!(
-            statement["subject"][0]["digest"]["sha256"],
-            b.manifest_digest.trim_start_matches("sha256:")
-        );
-        assert_eq!(statement["subject"][0]["name"], repo);
-        if predicate == SLSA {
-            // Made from what the build recorded: the run's summary.json and each step's
-            // record in the store, the lock.
-            let p = &statement["predicate"];
-            let steps = &p["buildDefinition"]["internalParameters"]["steps"];
-            assert_eq!(steps[0]["key"], "pipeline-nvshmem-2b2b", "{p}");
-            assert_eq!(steps[0]["inputs"]["recipe"], "nvshmem-7", "{p}");
-            assert_eq!(
-                p["runDetails"]["metadata"]["startedOn"],
-                "2026-12-04T20:35:29Z"
-            );
-            assert_eq!(
-                p["buildDefinition"]["externalParameters"]["lock"]["sha256"],
-                b.lock_sha256
-            );
-        }
-    }
+    cosign_verifies_both(&registry, &public, &reference, &b);
     // Under another key cosign refuses them.
     run_tool(
         work.path(),
@@ -275,6 +244,25 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     );
     assert!(
         text(&out).contains(&format!("ok   {SPDX} packages: lists the")),
+        "{}",
+        text(&out)
+    );
+    // Without --key: stack.toml's [cache] trusted-keys.
+    let stack_text = std::fs::read_to_string(&b.stack).unwrap();
+    let trusted =
+        commstack_attest::dsse::key_text(&commstack_attest::read_public_key(&public).unwrap());
+    std::fs::write(
+        &b.stack,
+        format!("{stack_text}\n[cache]\ntrusted-keys = [\"{trusted}\"]\n"),
+    )
+    .unwrap();
+    let out = verify(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::write(&b.stack, &stack_text).unwrap();
+    let out = verify(&[]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("no key to trust: give the signer's public key with --key FILE"),
         "{}",
         text(&out)
     );
@@ -425,4 +413,47 @@ fn about(
             }
         })
         .collect()
+}
+
+/// The real cosign verifies both attestations of `reference`, each a statement about its
+/// digest, the provenance made from what the build recorded.
+fn cosign_verifies_both(
+    registry: &TestRegistry,
+    public: &Path,
+    reference: &str,
+    b: &support::Built,
+) {
+    let repo = reference.split('@').next().unwrap();
+    for (kind, predicate) in [("spdxjson", SPDX), ("slsaprovenance1", SLSA)] {
+        let (ok, said) = cosign_verify(registry, public, kind, reference);
+        assert!(ok, "cosign {kind}: {said}");
+        let line = said.lines().find(|l| l.starts_with('{')).unwrap();
+        let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(envelope["payload"].as_str().unwrap())
+            .unwrap();
+        let statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(statement["predicateType"], predicate);
+        assert_eq!(
+            statement["subject"][0]["digest"]["sha256"],
+            b.manifest_digest.trim_start_matches("sha256:")
+        );
+        assert_eq!(statement["subject"][0]["name"], repo);
+        if predicate == SLSA {
+            // Made from what the build recorded: the run's summary.json and each step's
+            // record in the store, the lock.
+            let p = &statement["predicate"];
+            let steps = &p["buildDefinition"]["internalParameters"]["steps"];
+            assert_eq!(steps[0]["key"], "pipeline-nvshmem-2b2b", "{p}");
+            assert_eq!(steps[0]["inputs"]["recipe"], "nvshmem-7", "{p}");
+            assert_eq!(
+                p["runDetails"]["metadata"]["startedOn"],
+                "2026-12-04T20:35:29Z"
+            );
+            assert_eq!(
+                p["buildDefinition"]["externalParameters"]["lock"]["sha256"],
+                b.lock_sha256
+            );
+        }
+    }
 }

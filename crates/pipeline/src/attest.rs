@@ -161,8 +161,13 @@ fn trusted_keys(ctx: &Ctx, files: &[PathBuf]) -> Result<Vec<VerifyingKey>> {
             ctx.stack_path.display()
         );
     }
+    // `ed25519:<base64>`, or the path of a PEM public key file relative to the stack file.
+    let beside = ctx.stack_path.parent().unwrap_or(Path::new("."));
     keys.iter()
-        .map(|k| commstack_attest::parse_public_key(k))
+        .map(|k| match k.starts_with("ed25519:") {
+            true => commstack_attest::parse_public_key(k),
+            false => commstack_attest::read_public_key(&beside.join(k)),
+        })
         .collect::<Result<_>>()
         .with_context(|| format!("{}: [cache] trusted-keys", ctx.stack_path.display()))
 }
