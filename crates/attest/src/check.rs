@@ -76,7 +76,8 @@ fn verdict(f: &Fetched, check: &str, result: Result<String, String>) -> Check {
         Err(d) => (false, d),
     };
     Check {
-        attestation: f.predicate_type.clone(),
+        // The annotation is the registry's word: shown escaped and cut.
+        attestation: commstack_digest::terminal_safe_capped(&f.predicate_type, 80),
         check: check.into(),
         ok,
         detail: format!(
