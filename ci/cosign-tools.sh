@@ -18,13 +18,16 @@ mkdir -p $work $bin
 mirror=http://deb.debian.org/debian
 # The sid file names change with each upload: read them from sid's package index.
 curl -fsSL $mirror/dists/sid/main/binary-amd64/Packages.xz | xz -dc > $work/Packages
-filename() {
-    awk -v p="$1" '$1=="Package:"{hit=($2==p)} hit&&$1=="Filename:"{print $2; exit}' $work/Packages
+field() {
+    awk -v p="$1" -v f="$2:" '$1=="Package:"{hit=($2==p)} hit&&$1==f{print $2; exit}' $work/Packages
 }
 for package in cosign golang-github-google-go-containerregistry-dev; do
-    file=$(filename $package)
+    file=$(field $package Filename)
     [ -n "$file" ] || { echo "$package is not in Debian sid's index" >&2; exit 1; }
     curl -fsSL "$mirror/$file" -o "$work/$package.deb"
+    # Held to the index's sha256 (the download is plain HTTP).
+    echo "$(field $package SHA256)  $work/$package.deb" | sha256sum -c --quiet - \
+        || { echo "$file does not match the sha256 of sid's index: download again" >&2; exit 1; }
     dpkg -x "$work/$package.deb" $work/root
 done
 cp $work/root/usr/bin/cosign $bin/cosign

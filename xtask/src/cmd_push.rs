@@ -36,7 +36,17 @@ The image's verify report travels with it: when this home has one for the image 
 `cargo xtask build`'s verify and runtime steps write under <home>/reports/image-<id>/),
 it is pushed as an artifact whose subject is the image's manifest, tagged
 sha256-<hex>.verify (signed too with --key), with the builder (commstack version and
-commit, host) in its config; without one the push says so. See docs/registry.md.
+commit, host) in its config; without one the push says so.
+
+With --key the image's attestations go with it too, as `cosign attest` stores them
+(sha256-<hex>.att, one DSSE envelope per layer): its SPDX SBOM and an SLSA v1 provenance
+(the lock's sha256, every locked input with its digest, each step's store key and inputs,
+the run's start and finish from summary.json, commstack's version and commit), in-toto
+statements about the image's manifest digest, signed with the same key. Check them with
+`cargo xtask verify attestations --image REF --key key.pub`, or with
+`cosign verify-attestation --key key.pub --type spdxjson|slsaprovenance1
+--insecure-ignore-tlog=true REF` (key.pub: `openssl pkey -in key.pem -pubout`). See
+docs/registry.md.
 
 Examples:
   cargo xtask push --registry registry.example.com/commstack/debian-12
@@ -64,7 +74,8 @@ pub struct Args {
     /// Sign the image's manifest digest with this ed25519 private key (PKCS#8 PEM, e.g.
     /// `openssl genpkey -algorithm ed25519 -out key.pem`) in cosign's format; the
     /// signature is pushed as a referrer of the image, or under the tag sha256-<hex>.sig
-    /// where the registry has no referrers API.
+    /// where the registry has no referrers API; the image's SBOM and provenance are
+    /// attested with it (a referrer, and sha256-<hex>.att).
     #[arg(long, value_name = "FILE", env = "COMMSTACK_SIGNING_KEY")]
     pub key: Option<PathBuf>,
     /// On a registry with the referrers API, put the signature under cosign's tag
@@ -127,6 +138,15 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
                 .unwrap_or_default()
         ),
         (None, Some(why)) => eprintln!("no verify report attached: {why}"),
+        (None, None) => {}
+    }
+    match (&pushed.attestations, &pushed.attestations_missing) {
+        (Some(a), _) => println!(
+            "attestations attached (signed in-toto statements, cosign's format): {} ({})",
+            a.reference,
+            a.predicate_types.join(", ")
+        ),
+        (None, Some(why)) => eprintln!("no attestations attached: {why}"),
         (None, None) => {}
     }
     let pushed = &pushed.pushed;

@@ -85,8 +85,9 @@ enum Command {
     Adopt(cmd_adopt::Args),
     /// Assemble the folder that runs every GPU check on a machine with no Rust or network.
     GpuBundle(cmd_gpu_bundle::Args),
-    /// Prove a Python environment holds the stack: static, runtime, selftest, tests, exit-clean.
-    Verify(cmd_verify::Args),
+    /// Prove a Python environment holds the stack: static, runtime, selftest, tests, exit-clean;
+    /// or check a pushed image's attestations against the lock (`verify attestations`).
+    Verify(cmd_verify::VerifyArgs),
     /// Classify the NCCL / NVSHMEM / DeepEP lines of log files: cause, phase, fix.
     Logscan(cmd_logscan::Args),
     /// Check this host: driver, GPUs and topology, RDMA, peermem, IBGDA settings, limits.

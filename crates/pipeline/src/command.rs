@@ -63,7 +63,7 @@ struct Failure {
 
 /// `<home>/pipeline/<first 16 hex of sha256(absolute stack path)>/`: the record of step
 /// inputs, the step logs and the last summary of one stack file.
-fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
+pub(crate) fn stack_dir(ctx: &Ctx) -> Result<PathBuf> {
     // Canonical: `kernels/../stack.toml` and `stack.toml` are one stack.
     let abs = ctx
         .stack_path

@@ -54,6 +54,11 @@ pub struct PushReport {
     /// `verify_report_missing` says where it looked).
     pub verify_report: Option<commstack_registry::attach::Attached>,
     pub verify_report_missing: Option<String>,
+    /// The image's SBOM and provenance as signed in-toto statements, attached with
+    /// `--key` (`sha256-<hex>.att`, cosign's format); None unsigned, or when this home
+    /// has not the image's step (then `attestations_missing` says why).
+    pub attestations: Option<crate::attest::Attested>,
+    pub attestations_missing: Option<String>,
 }
 
 /// The artifact type of the verify report attached to a pushed image.
@@ -161,12 +166,18 @@ pub fn push(ctx: &Ctx, request: &PushRequest) -> Result<Option<PushReport>> {
         };
         let (verify_report, verify_report_missing) =
             attach_verify_report(ctx, dir, &pushed, key.as_ref(), &options)?;
+        let (attestations, attestations_missing) = match &key {
+            Some(key) => crate::attest::attach_attestations(ctx, dir, &pushed, key, &options)?,
+            None => (None, None),
+        };
         Ok(PushReport {
             pushed,
             signature,
             signed_by,
             verify_report,
             verify_report_missing,
+            attestations,
+            attestations_missing,
         })
     };
     match &request.oci {

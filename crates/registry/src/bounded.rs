@@ -29,6 +29,8 @@ pub enum Document {
     Signature,
     /// A file of an attached verify report (`verify-static.json`, ...).
     Report,
+    /// A DSSE envelope of an attestation (the SBOM's holds one entry per package).
+    Attestation,
 }
 
 impl Document {
@@ -39,6 +41,7 @@ impl Document {
             Document::Config => 1 << 20,
             Document::Signature => 64 << 10,
             Document::Report => 16 << 20,
+            Document::Attestation => 16 << 20,
         }
     }
 
@@ -48,6 +51,7 @@ impl Document {
             Document::Config => "config",
             Document::Signature => "signature payload",
             Document::Report => "verify report file",
+            Document::Attestation => "attestation",
         }
     }
 

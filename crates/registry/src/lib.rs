@@ -17,9 +17,12 @@
 //! - [`referrer`]: artifacts with a manifest as their `subject` (signatures,
 //!   attestations) pushed through the referrers API or under cosign's tag.
 //! - [`attach`]: documents pushed beside a manifest, tagged (the image's verify report).
+//! - [`attestations`]: DSSE envelopes attached to a manifest as cosign stores them
+//!   (a referrer of it, and `sha256-<hex>.att`), and read back.
 
 pub mod artifact;
 pub mod attach;
+pub mod attestations;
 pub mod auth;
 pub mod bounded;
 pub mod deadline;

@@ -12,6 +12,9 @@ use crate::pull::Puller;
 use crate::push::{PushOptions, push_layout};
 use crate::target::attachment_tag;
 
+/// An image config's media type: the config of cosign's attestation manifests.
+const IMAGE_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
+
 /// How an attached artifact is found from its subject's digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -109,9 +112,14 @@ pub fn find_attached(
         let referrers = puller.referrers_async(subject, None).await?;
         // A registry may list an artifact under its config's media type rather than its
         // `artifactType` (go-containerregistry's does): such an entry (the empty config's
-        // type, or none) is read and its manifest's own `artifactType` decides.
+        // type, an image config's as cosign's attestations have, or none) is read and its
+        // manifest's own `artifactType` decides.
         let maybe = |r: &&crate::pull::Referrer| match r.artifact_type.as_deref() {
-            Some(t) => t == artifact_type || t == crate::artifact::EMPTY_CONFIG_MEDIA_TYPE,
+            Some(t) => {
+                t == artifact_type
+                    || t == crate::artifact::EMPTY_CONFIG_MEDIA_TYPE
+                    || t == IMAGE_CONFIG_MEDIA_TYPE
+            }
             None => true,
         };
         for referrer in referrers.iter().flatten().filter(maybe).take(most) {
