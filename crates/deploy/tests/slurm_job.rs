@@ -125,8 +125,9 @@ fn tree(from: &Path, to: &str) -> Vec<(PathBuf, String, String)> {
 
 /// The fixture image: the doctor and preflight.json, /bin/sh (the payload step's shell),
 /// and two recorded nodes under /opt/nodes: `ok` (the healthy HGX host) and `small-shm`
-/// (the same with Docker's 64 MiB /dev/shm). Returns it pushed: `HOST/REPO@sha256:...`.
-fn pushed_image(work: &Path, registry: &TestRegistry) -> String {
+/// (the same with Docker's 64 MiB /dev/shm). Returns it pushed (`HOST/REPO@sha256:...`)
+/// and its environment as a deploy computes it from the fixture's lock.
+fn pushed_image(work: &Path, registry: &TestRegistry) -> (String, Vec<String>) {
     let doctor = doctor_binary();
     let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doctor/tests/fixtures/hgx-h100-8gpu");
     let small = work.join("small-shm");
@@ -182,12 +183,13 @@ fn pushed_image(work: &Path, registry: &TestRegistry) -> String {
         auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
         source: "the test".into(),
     });
-    push_layout(&layout, &options).unwrap().reference
+    let env = commstack_image::locked_image_env(&f.inputs.lock).unwrap();
+    (push_layout(&layout, &options).unwrap().reference, env)
 }
 
 /// The job script for `image`: one node with one GPU, no fabric, Slurm's OCI containers
 /// with bundles under `bundles`, the image's fake verify tool as the payload.
-fn job_script(image: &str, bundles: &Path) -> String {
+fn job_script(image: &str, image_env: &[String], bundles: &Path) -> String {
     let one_node =
         std::fs::read_to_string(crate_dir().join("tests/fixtures/one-node.toml")).unwrap();
     let head = &one_node[..one_node.find("[deploy]").unwrap()];
@@ -202,6 +204,7 @@ fn job_script(image: &str, bundles: &Path) -> String {
         Target::Slurm,
         &stack,
         &ImageRef::parse(image).unwrap(),
+        image_env,
         &tables(),
     )
     .unwrap();
@@ -390,8 +393,8 @@ fn the_rendered_job_runs_on_slurm_and_a_failing_preflight_stops_it() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
     let registry = TestRegistry::start();
-    let image = pushed_image(w, &registry);
-    let script = job_script(&image, &w.join("bundles"));
+    let (image, image_env) = pushed_image(w, &registry);
+    let script = job_script(&image, &image_env, &w.join("bundles"));
     assert!(script.contains("--container=\"$BUNDLE\""), "{script}");
 
     // skopeo in the job's bundle step: this registry's CA where containers-certs.d(5)
