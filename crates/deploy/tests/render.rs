@@ -2,7 +2,6 @@
 //! refused, a failing environment refused with its place in stack.toml and nothing
 //! written, the locked NVSHMEM source found in a real download cache.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use commstack_deploy::{ImageSource, RenderRequest, Target, check, render, run};
@@ -12,23 +11,6 @@ mod common;
 use common as golden;
 
 const DIGEST: &str = "390fb29b8501aa6f0e8ef8d0c2b9d0f6a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1";
-
-/// An NVSHMEM-shaped source tree with the golden tests' header, and its .tar.gz.
-fn source(dir: &Path) -> (PathBuf, PathBuf) {
-    let src = dir.join("nvshmem_src");
-    let header = src.join("src/modules/transport/common/env_defs.h");
-    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
-    std::fs::write(&header, golden::ENV_DEFS).unwrap();
-    let archive = dir.join("nvshmem_src_cuda12-all-all-3.4.5.tar.gz");
-    let gz = flate2::write::GzEncoder::new(
-        std::fs::File::create(&archive).unwrap(),
-        flate2::Compression::default(),
-    );
-    let mut tar = tar::Builder::new(gz);
-    tar.append_dir_all("nvshmem_src", &src).unwrap();
-    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
-    (src, archive)
-}
 
 /// The two-node fixture as stack.toml, with `extra_env` first in its [deploy.env].
 fn stack_file(dir: &Path, extra_env: &str) -> PathBuf {
@@ -67,7 +49,7 @@ fn request(
 #[test]
 fn writes_the_files_beside_the_stack_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(dir.path(), "");
     let pushed = dir.path().join("pushed.txt");
     std::fs::write(
@@ -125,7 +107,7 @@ fn writes_the_files_beside_the_stack_by_default() {
 #[test]
 fn a_tag_is_refused_naming_push_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(dir.path(), "");
     let err = run(&request(
         dir.path(),
@@ -147,7 +129,7 @@ fn a_tag_is_refused_naming_push_and_nothing_is_written() {
 #[test]
 fn a_failing_environment_is_refused_at_its_line_in_stack_toml() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(
         dir.path(),
         "NVSHMEM_DISABLED_GDRCOPY = \"true\"\nNVSHMEM_IBGDA_SUPPORT = 1\n",
@@ -248,7 +230,7 @@ fn the_stacks_own_environment_passes_and_ibgda_access_needs_ibgda() {
 #[test]
 fn the_locked_source_is_found_in_the_download_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, archive) = source(dir.path());
+    let (_, archive) = golden::nvshmem_source(dir.path());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let lock_path = root.join("stack.lock");
     let lock = Lock::parse(&lock_path, &std::fs::read_to_string(&lock_path).unwrap()).unwrap();
@@ -289,7 +271,7 @@ fn the_locked_source_is_found_in_the_download_cache() {
 fn the_payloads_environment_is_the_locked_images() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let job = |stack: &str, lock: &str| {
         let mut req = request(
             dir.path(),

@@ -48,6 +48,25 @@ pub fn tables() -> NvshmemTables {
     .unwrap()
 }
 
+/// An NVSHMEM-shaped source tree under `dir` with [`ENV_DEFS`], and its .tar.gz: what
+/// `--nvshmem-source` takes.
+pub fn nvshmem_source(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::io::Write;
+    let src = dir.join("nvshmem_src");
+    let header = src.join("src/modules/transport/common/env_defs.h");
+    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
+    std::fs::write(&header, ENV_DEFS).unwrap();
+    let archive = dir.join("nvshmem_src_cuda12-all-all-3.4.5.tar.gz");
+    let gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&archive).unwrap(),
+        flate2::Compression::default(),
+    );
+    let mut tar = tar::Builder::new(gz);
+    tar.append_dir_all("nvshmem_src", &src).unwrap();
+    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
+    (src, archive)
+}
+
 pub fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
