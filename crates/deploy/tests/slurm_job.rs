@@ -607,8 +607,8 @@ fn docker_push(image: &str, registry: &TestRegistry, work: &Path, tags: &[String
 /// read-only by the runtime, the GPU-less machine has no driver to check), then the
 /// payload: the image's own verify tool's static level with the build's expectations, and
 /// `import torch` through verify's import check, both in the environment the job sets
-/// again. Needs what the fixture test needs, and disk for the image about three times
-/// (the registry, the bundle step's layout, the unpacked bundle).
+/// again. Needs what the fixture test needs, and free disk of about twice the image's size
+/// (gzip'd in the registry and the bundle step's layout, then unpacked).
 #[test]
 #[ignore = "needs a real commstack image in Docker: COMMSTACK_TEST_IMAGE=<id or tag> cargo test -p commstack-deploy --test slurm_job -- --ignored"]
 fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
@@ -634,6 +634,21 @@ fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
 
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
+    // The registry, the bundle step's layout and the unpacked bundle each hold about the
+    // image (compressed twice, then whole): refused up front rather than failing mid-job.
+    let size = inspect["Size"].as_u64().unwrap_or(0);
+    let free: u64 = ok("df", &["--output=avail", "-B1", w.to_str().unwrap()], w)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        free >= size * 2,
+        "{image} is {} GB; {} has {} GB free, and the test needs about twice that (the registry, the bundle's layout, the unpacked bundle): free some disk or set TMPDIR to a larger disk",
+        size / 1_000_000_000,
+        w.display(),
+        free / 1_000_000_000
+    );
     let registry = TestRegistry::start();
     let tags: Vec<String> = inspect["RepoTags"]
         .as_array()
