@@ -13,8 +13,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use crate::shape::{JIT_CACHE_VAR, Shape};
 use commstack_stack::deploy::IbgdaAccess;
+
+use crate::shape::{JIT_CACHE_VAR, Shape};
 
 /// One pod's container and how it is placed.
 pub struct PodParts {
