@@ -768,13 +768,31 @@ fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
     let json = &section[section.find('{').unwrap_or(0)..=section.rfind('}').unwrap_or(0)];
     let verify: serde_json::Value =
         serde_json::from_str(json).unwrap_or_else(|e| panic!("verify's report: {e}\n{output}"));
+    // The report lists every level; only static was asked for, and it passed, each check.
     let levels = verify["levels"].as_array().unwrap();
-    assert_eq!(levels.len(), 1, "{verify:#}");
-    assert_eq!(
-        (levels[0]["level"].as_str(), levels[0]["status"].as_str()),
-        (Some("static"), Some("passed")),
-        "{verify:#}"
-    );
+    let level = |name: &str| {
+        levels
+            .iter()
+            .find(|l| l["level"] == name)
+            .unwrap_or_else(|| panic!("no level {name}: {verify:#}"))
+    };
+    assert_eq!(level("static")["status"], "passed", "{verify:#}");
+    let checks = level("static")["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().filter_map(|c| c["name"].as_str()).collect();
+    for c in checks {
+        assert_eq!(c["status"], "passed", "{c:#}");
+    }
+    // One NCCL, the stack's; NVSHMEM without NCCL; DeepEP linked to both.
+    for name in [
+        "static.nccl.one",
+        "static.nvshmem-host.no-libnccl",
+        "static.deepep.links",
+    ] {
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+    for other in ["runtime", "selftest"] {
+        assert_eq!(level(other)["status"], "not-run", "{verify:#}");
+    }
     assert_eq!(between("@@verify-static-exit=", "\n"), "0", "{output}");
     let section = between("@@import-torch@@\n", "@@import-torch-exit=");
     let line = section
@@ -790,7 +808,8 @@ fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
     );
     assert_eq!(between("@@import-torch-exit=", "\n"), "0", "{output}");
     eprintln!(
-        "{image}: verify static passed, import torch {} (CUDA {}) clean, in {:?}",
+        "{image}: verify static passed ({} checks: {names:?}), import torch {} (CUDA {}) clean, in {:?}",
+        names.len(),
         import["torch"]["version"],
         import["torch"]["cuda"],
         started.elapsed()
