@@ -420,6 +420,21 @@ impl Drop for Cluster {
     }
 }
 
+/// The test registry's login as an `auths` file: containers-auth.json(5) for skopeo
+/// (REGISTRY_AUTH_FILE) and a Docker config.json alike.
+fn write_auths(path: &Path, registry: &TestRegistry) {
+    let auth = base64::engine::general_purpose::STANDARD
+        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
+    std::fs::write(
+        path,
+        format!(
+            "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
+            registry.host()
+        ),
+    )
+    .unwrap();
+}
+
 /// `/etc/containers/certs.d/<host>/ca.crt` for the test's registry (a port of its own),
 /// removed when dropped.
 struct CertsD(PathBuf);
@@ -452,16 +467,7 @@ fn the_rendered_job_runs_on_slurm_and_a_failing_preflight_stops_it() {
     // says a node keeps it (skopeo 1.9 reads no other place), removed after the test;
     // its credentials through REGISTRY_AUTH_FILE.
     let _ca = CertsD::install(&registry.host(), &registry.ca());
-    let auth = base64::engine::general_purpose::STANDARD
-        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
-    std::fs::write(
-        w.join("auth.json"),
-        format!(
-            "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
-            registry.host()
-        ),
-    )
-    .unwrap();
+    write_auths(&w.join("auth.json"), &registry);
     let env = |node: &str| {
         vec![
             (
@@ -555,16 +561,7 @@ fn docker_push(image: &str, registry: &TestRegistry, work: &Path, tags: &[String
     // from a Docker config of the test's own.
     let config = work.join("docker-config");
     std::fs::create_dir_all(&config).unwrap();
-    let auth = base64::engine::general_purpose::STANDARD
-        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
-    std::fs::write(
-        config.join("config.json"),
-        format!(
-            "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
-            registry.host()
-        ),
-    )
-    .unwrap();
+    write_auths(&config.join("config.json"), registry);
     let repo = format!("{}/commstack/real", registry.host());
     let tag = format!("{repo}:slurm-test");
     ok("docker", &["tag", image, &tag], work);
@@ -721,11 +718,7 @@ fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
     }
 
     let _ca = CertsD::install(&registry.host(), &registry.ca());
-    std::fs::write(
-        w.join("auth.json"),
-        std::fs::read_to_string(w.join("docker-config/config.json")).unwrap(),
-    )
-    .unwrap();
+    write_auths(&w.join("auth.json"), &registry);
     let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doctor/tests/fixtures/hgx-h100-8gpu");
     let cluster = Cluster::start_with_node(&w.join("slurm"), Some(&node.canonicalize().unwrap()));
     let job_env = vec![
