@@ -254,73 +254,52 @@ fn a_rank_started_with_another_seed_makes_every_rank_refuse() {
     }
 }
 
+/// `agree` as the self-test's two processes call it, over a fresh loopback address: rank 0
+/// with `SEED` in a thread, rank 1 with `seed` here (only rank 0 makes the id); `given`:
+/// both were started with `--seed`. Returns rank 0's result and rank 1's.
+fn agree_two(seed: u64, given: bool) -> (anyhow::Result<Agreed>, anyhow::Result<Agreed>) {
+    let (l, addr) = listener();
+    drop(l);
+    let zero = {
+        let addr = addr.clone();
+        thread::spawn(move || {
+            rendezvous::agree(
+                Some(&addr),
+                0,
+                2,
+                SEED,
+                given,
+                || Ok(id()),
+                Duration::from_secs(20),
+            )
+        })
+    };
+    let one = rendezvous::agree(
+        Some(&addr),
+        1,
+        2,
+        seed,
+        given,
+        || panic!("only rank 0 makes the id"),
+        Duration::from_secs(20),
+    );
+    (zero.join().unwrap(), one)
+}
+
 #[test]
 fn agree_serves_rank_zeros_seed_and_id_and_one_rank_needs_no_rendezvous() {
     // One rank: its own id and seed, no address needed.
     let alone =
         rendezvous::agree(None, 0, 1, 9, false, || Ok(id()), Duration::from_secs(1)).unwrap();
     assert_eq!(alone, Agreed { id: id(), seed: 9 });
-    // Two ranks, as the self-test's processes call it: rank 1 drew its own seed (not
-    // given) and takes rank 0's.
-    let (l, addr) = listener();
-    drop(l);
-    let zero = {
-        let addr = addr.clone();
-        thread::spawn(move || {
-            rendezvous::agree(
-                Some(&addr),
-                0,
-                2,
-                SEED,
-                false,
-                || Ok(id()),
-                Duration::from_secs(20),
-            )
-        })
-    };
-    let one = rendezvous::agree(
-        Some(&addr),
-        1,
-        2,
-        123,
-        false,
-        || panic!("only rank 0 makes the id"),
-        Duration::from_secs(20),
-    )
-    .unwrap();
-    assert_eq!(one, agreed());
-    assert_eq!(zero.join().unwrap().unwrap(), agreed());
+    // Two ranks: rank 1 drew its own seed (not given) and takes rank 0's.
+    let (zero, one) = agree_two(123, false);
+    assert_eq!(one.unwrap(), agreed());
+    assert_eq!(zero.unwrap(), agreed());
     // Given explicitly and different: refused.
-    let (l, addr) = listener();
-    drop(l);
-    let zero = {
-        let addr = addr.clone();
-        thread::spawn(move || {
-            rendezvous::agree(
-                Some(&addr),
-                0,
-                2,
-                SEED,
-                true,
-                || Ok(id()),
-                Duration::from_secs(20),
-            )
-        })
-    };
-    let one = rendezvous::agree(
-        Some(&addr),
-        1,
-        2,
-        123,
-        true,
-        || Ok(id()),
-        Duration::from_secs(20),
-    );
+    let (zero, one) = agree_two(123, true);
     assert!(format!("{:#}", one.unwrap_err()).contains("refused"));
-    assert!(
-        format!("{:#}", zero.join().unwrap().unwrap_err())
-            .contains("rank 1 was started with --seed 123")
-    );
+    assert!(format!("{:#}", zero.unwrap_err()).contains("rank 1 was started with --seed 123"));
     // More than one rank and no address: said.
     let err =
         rendezvous::agree(None, 1, 2, 1, false, || Ok(id()), Duration::from_secs(1)).unwrap_err();

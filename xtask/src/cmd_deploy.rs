@@ -26,7 +26,9 @@ FILE`, or its plain output). A tag alone is refused.
 The environment the files set is checked as `cargo xtask envlint` checks any file: NVSHMEM's
 variables are read from the locked NVSHMEM source in the download cache (`cargo xtask fetch
 --only sources` puts it there) or --nvshmem-source; a finding refuses the render and
-nothing is written. Files are written each atomically (a temporary file renamed into
+nothing is written. The image's own environment (which Slurm's OCI job sets again; DeepEP
+V2's JIT cache volume on Kubernetes) comes from the stack's lock, which must be fresh
+(`cargo xtask lock`). Files are written each atomically (a temporary file renamed into
 place); other files in DIR are left alone.
 
 Examples:

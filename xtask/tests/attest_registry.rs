@@ -10,6 +10,9 @@
 #[path = "../../crates/attest/tests/support/mod.rs"]
 mod support;
 
+mod common;
+use common::text;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -63,26 +66,12 @@ fn cosign_verify(
 }
 
 fn xtask(home: &Path, stack: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .env("COMMSTACK_HOME", home)
-        .env("DOCKER_CONFIG", home.join("no-docker-config"))
-        .env("COMMSTACK_REGISTRY_USER", REGISTRY_USER)
-        .env("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD)
-        .env_remove("COMMSTACK_REGISTRY_CA")
-        .env_remove("COMMSTACK_SIGNING_KEY")
+    common::registry_command(home, true)
         .arg("--stack")
         .arg(stack)
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn options(registry: &TestRegistry, repo: &str) -> PushOptions {

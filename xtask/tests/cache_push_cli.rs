@@ -6,7 +6,7 @@
 //! recorded is refused before anything is sent. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use commstack_registry::sign::read_signing_key;
@@ -16,6 +16,8 @@ use commstack_store::{StepKey, Store};
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 use serde_json::json;
+
+mod common;
 
 /// A graph step in `store` whose output `make` writes into a crate's own store step
 /// (`<name>-out`, as NVSHMEM's build writes `nvshmem-<hash>`); `ships` names what it ships
@@ -61,13 +63,7 @@ fn step(
 }
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .env("COMMSTACK_HOME", home)
-        .env("DOCKER_CONFIG", home.join("no-docker-config"))
-        .env("COMMSTACK_REGISTRY_USER", REGISTRY_USER)
-        .env("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD)
-        .env_remove("COMMSTACK_REGISTRY_CA")
-        .env_remove("COMMSTACK_SIGNING_KEY")
+    common::registry_command(home, true)
         .args(args)
         .output()
         .unwrap()

@@ -2,24 +2,13 @@
 //! fix, when the lock no longer matches the manifest.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+use common::text;
 
 fn xtask(cwd: &Path, home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(cwd)
-        .env("COMMSTACK_HOME", home)
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    common::xtask_in(cwd, home, args)
 }
 
 fn workspace() -> &'static Path {

@@ -2,10 +2,13 @@
 //! nothing changed, `--check` offline with a readable diff, errors pointing into stack.toml.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
 use commstack_testkit::{Behavior, TestServer};
+
+mod common;
+use common::text;
 
 fn index() -> FixtureIndex {
     let mut ix = FixtureIndex::new();
@@ -47,21 +50,7 @@ fn manifest(url: &str) -> String {
 }
 
 fn xtask(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(dir)
-        .env("COMMSTACK_HOME", dir.join("home"))
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    common::xtask_in(dir, &dir.join("home"), args)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it; a missing docker-registry fails it.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use base64::Engine as _;
 use commstack_image::{ImageSpec, write_layer, write_oci_layout};
@@ -15,23 +15,14 @@ use commstack_registry::{Credentials, PushOptions, RegistryAuth, Target, verify_
 use commstack_testkit::registry::run_tool;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 
+mod common;
+
 const LOCK: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-/// xtask with a clean environment for credentials: no COMMSTACK_REGISTRY_* and an empty
-/// Docker config directory unless `env` sets them.
+/// xtask with no registry credentials or Docker config but what `env` sets.
 fn xtask(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
-    command
-        .env("COMMSTACK_HOME", home)
-        .env("DOCKER_CONFIG", home.join("no-docker-config"))
-        .env_remove("COMMSTACK_REGISTRY_USER")
-        .env_remove("COMMSTACK_REGISTRY_PASSWORD")
-        .env_remove("COMMSTACK_REGISTRY_CA")
-        .env_remove("COMMSTACK_SIGNING_KEY")
-        .args(args);
-    for (name, value) in env {
-        command.env(name, value);
-    }
+    let mut command = common::registry_command(home, false);
+    command.args(args).envs(env.iter().copied());
     command.output().unwrap()
 }
 

@@ -4,24 +4,13 @@
 //! device link); a selection without DeepEP (`--until nvshmem`) plans as asked.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+use common::text;
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-        .env("COMMSTACK_HOME", home)
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    common::xtask_in(&common::repo_root(), home, args)
 }
 
 #[test]

@@ -12,6 +12,9 @@ use commstack_testkit::TestServer;
 use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
 use sha2::{Digest, Sha256};
 
+mod common;
+use common::text;
+
 /// torch pinning an NVSHMEM release commstack's known table does not have.
 const NVSHMEM: &str = "3.9.1";
 
@@ -107,21 +110,7 @@ fn archive(dir: &Path, name: &str, commit: &str) -> Vec<u8> {
 }
 
 fn xtask(dir: &Path, home: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(dir)
-        .env("COMMSTACK_HOME", dir.join(home))
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    common::xtask_in(dir, &dir.join(home), args)
 }
 
 fn sha256(bytes: &[u8]) -> String {

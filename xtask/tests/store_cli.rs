@@ -2,28 +2,11 @@
 //! without a trusted signature (as `build --allow-unsigned` leaves one) beside one built
 //! here: the listing marks the first, and gc --unsigned removes it and only it.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
 use commstack_store::{StepKey, Store};
 use serde_json::json;
 
-fn xtask(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .env("COMMSTACK_HOME", home)
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+mod common;
+use common::{text, xtask};
 
 #[test]
 fn store_ls_marks_unsigned_steps_and_gc_unsigned_removes_only_them() {

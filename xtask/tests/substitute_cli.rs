@@ -6,30 +6,19 @@
 //! xtask/tests/substitute_registry.rs. COMMSTACK_SKIP_REGISTRY_TESTS=1 skips it.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use commstack_testkit::registry::run_tool;
-use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
+use commstack_testkit::{TestRegistry, skip_registry_tests};
+
+mod common;
+use common::text;
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .env("COMMSTACK_HOME", home)
-        .env("DOCKER_CONFIG", home.join("no-docker-config"))
-        .env("COMMSTACK_REGISTRY_USER", REGISTRY_USER)
-        .env("COMMSTACK_REGISTRY_PASSWORD", REGISTRY_PASSWORD)
-        .env_remove("COMMSTACK_REGISTRY_CA")
-        .env_remove("COMMSTACK_STACK")
+    common::registry_command(home, true)
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// The plan's row of `step`.

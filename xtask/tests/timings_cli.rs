@@ -3,24 +3,13 @@
 //! numbers; `timings --copy-to` copies it; the plot is written where `-o` says.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+use common::text;
 
 fn xtask(home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .env("COMMSTACK_HOME", home)
-        .env_remove("COMMSTACK_STACK")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    common::xtask_in(&common::repo_root(), home, args)
 }
 
 #[test]

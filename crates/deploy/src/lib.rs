@@ -47,12 +47,14 @@ impl Target {
     }
 }
 
-/// Renders `target` for `stack`'s `[deploy]` and `image`, and refuses it when envlint
-/// finds anything in the environment it sets (NVSHMEM's variables from `nvshmem`).
+/// Renders `target` for `stack`'s `[deploy]` and `image`, whose config's environment is
+/// `image_env` ([`commstack_image::locked_image_env`] of the lock), and refuses it when
+/// envlint finds anything in the environment it sets (NVSHMEM's variables from `nvshmem`).
 pub fn render(
     target: Target,
     stack: &Stack,
     image: &ImageRef,
+    image_env: &[String],
     nvshmem: &NvshmemTables,
 ) -> Result<Rendered> {
     let Some(deploy) = &stack.deploy else {
@@ -77,6 +79,7 @@ pub fn render(
         stack,
         deploy,
         image,
+        image_env,
     };
     let rendered = match target {
         Target::K8s => k8s::render(&shape)?,
@@ -129,8 +132,8 @@ pub fn default_out_dir(stack_path: &Path, target: Target) -> PathBuf {
     dir.join("deploy").join(target.as_str())
 }
 
-/// Reads the stack and its lock (refusing a stale lock), finds the NVSHMEM source, renders,
-/// and writes the files.
+/// Reads the stack and its lock (refusing a stale lock: the image's environment and the
+/// NVSHMEM source come from it), finds the NVSHMEM source, renders, and writes the files.
 pub fn run(req: &RenderRequest) -> Result<RenderReport> {
     let text = std::fs::read_to_string(&req.stack_path).with_context(|| {
         format!(
@@ -148,16 +151,16 @@ pub fn run(req: &RenderRequest) -> Result<RenderReport> {
                 .with_context(|| format!("the reference in {}", path.display()))?
         }
     };
+    let lock = read_fresh_lock(&req.lock_path, &stack, &req.stack_flag)?;
+    let image_env = commstack_image::locked_image_env(&lock)
+        .with_context(|| format!("the image's environment from {}", req.lock_path.display()))?;
     let source = match &req.nvshmem_source {
         Some(path) => path.clone(),
-        None => {
-            let lock = read_fresh_lock(&req.lock_path, &stack, &req.stack_flag)?;
-            locate::locked_nvshmem_archive(&lock, &req.lock_path, &req.cache_dir)?
-        }
+        None => locate::locked_nvshmem_archive(&lock, &req.lock_path, &req.cache_dir)?,
     };
     let tables = commstack_envlint::source::read(&source)
         .with_context(|| format!("reading NVSHMEM's variables from {}", source.display()))?;
-    let rendered = render(req.target, &stack, &image, &tables)?;
+    let rendered = render(req.target, &stack, &image, &image_env, &tables)?;
     let out_dir = req
         .out
         .clone()

@@ -23,14 +23,17 @@ pub const SELFTEST: &str = "/opt/commstack/bin/commstack-selftest";
 pub const DEEPEP_TESTS: &str = "/opt/commstack/deepep";
 /// The venv's python.
 pub const PYTHON: &str = "/opt/commstack/venv/bin/python";
-/// DeepEP V2's JIT cache, on a volume of its own.
-pub const JIT_CACHE: &str = "/var/cache/deep_ep";
+/// The image's variable naming DeepEP V2's JIT cache (a volume of its own on Kubernetes).
+pub const JIT_CACHE_VAR: &str = "EP_JIT_CACHE_DIR";
 
-/// Everything a render needs: the validated stack, its `[deploy]`, the image.
+/// Everything a render needs: the validated stack, its `[deploy]`, the image and the
+/// environment it carries (its config's Env, `KEY=VALUE` each:
+/// `commstack_image::locked_image_env` of the lock it was made from).
 pub struct Shape<'a> {
     pub stack: &'a Stack,
     pub deploy: &'a Deploy,
     pub image: &'a ImageRef,
+    pub image_env: &'a [String],
 }
 
 impl Shape<'_> {
@@ -45,13 +48,23 @@ impl Shape<'_> {
         argv
     }
 
+    /// The value of `name` in the image's environment.
+    pub fn image_var(&self, name: &str) -> Option<&str> {
+        self.image_env
+            .iter()
+            .filter_map(|e| e.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    }
+
     /// The port of the self-test's rendezvous: the one after MASTER_PORT.
     pub fn rdzv_port(&self) -> u32 {
         u32::from(self.deploy.master_port) + 1
     }
 
-    /// The variables of the fabric and the DeepEP build, then the user's `[deploy.env]`,
-    /// all literal: the same on every node.
+    /// The variables of the fabric, then the user's `[deploy.env]`, all literal: the same
+    /// on every node. The image's own (DeepEP V2's JIT cache and CUDA_HOME among them)
+    /// come with the image, not from here.
     pub fn fixed_env(&self) -> Vec<(String, String)> {
         let d = self.deploy;
         let mut env = Vec::new();
@@ -67,9 +80,6 @@ impl Shape<'_> {
             env.push(("NCCL_SOCKET_IFNAME".into(), ifname.clone()));
             env.push(("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME".into(), ifname.clone()));
             env.push(("GLOO_SOCKET_IFNAME".into(), ifname.clone()));
-        }
-        if self.stack.deepep.api == DeepEpApi::V2 {
-            env.push(("EP_JIT_CACHE_DIR".into(), JIT_CACHE.into()));
         }
         env.extend(d.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env

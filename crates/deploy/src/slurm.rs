@@ -84,34 +84,46 @@ fn script(shape: &Shape) -> String {
         "\n# 2. The image's preflight on every node, before anything else runs there.\necho \"preflight on $SLURM_NNODES node(s)\"\nif ! srun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} {}; then\n    echo \"the preflight failed on a node (its verdict is above): the payload does not run\" >&2\n    exit 1\nfi\n",
         words(&shape.preflight().iter().map(String::as_str).collect::<Vec<_>>())
     ));
-    let command: Vec<&str> = d.command.iter().map(String::as_str).collect();
-    out.push_str(&format!(
-        "\n# 3. The payload, one task per node; its node rank comes from SLURM_NODEID.{}\nsrun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} \\\n    /bin/sh -c '{}export RANK=\"$SLURM_NODEID\" NODE_RANK=\"$SLURM_NODEID\" PET_NODE_RANK=\"$SLURM_NODEID\"; exec \"$@\"' sh \\\n    {}\n",
-        match s.container {
-            SlurmContainer::Oci => "\n# Slurm's OCI containers get the job's environment, not the image's: the image's\n# own (PATH with its venv, VIRTUAL_ENV, PIP_CONSTRAINT, ...) is set again first.",
-            SlurmContainer::Pyxis => "",
-        },
-        match s.container {
-            SlurmContainer::Oci => image_env(shape),
-            SlurmContainer::Pyxis => String::new(),
-        },
-        words(&command)
-    ));
+    out.push_str(&payload_step(shape, &container));
     out
 }
 
-/// `export K="V" ...; ` of the image's environment (its Config.Env) and the image user's
-/// HOME, for a step inside the single-quoted `sh -c` of the payload.
+/// Step 3: the payload, one task per node, in a shell of the image that sets the node's
+/// rank (and, in the OCI form, the image's own environment) and then execs `command`.
+fn payload_step(shape: &Shape, container: &str) -> String {
+    let mut inner = String::new();
+    let note = match shape.deploy.slurm.container {
+        SlurmContainer::Oci => {
+            inner.push_str(&image_env(shape));
+            "\n# Slurm's OCI containers get the job's environment, not the image's: the image's\n# own (PATH with its venv, VIRTUAL_ENV, PIP_CONSTRAINT, ...; for DeepEP V2 CUDA_HOME and\n# EP_JIT_CACHE_DIR) is set again first."
+        }
+        SlurmContainer::Pyxis => "",
+    };
+    inner.push_str(
+        "export RANK=\"$SLURM_NODEID\" NODE_RANK=\"$SLURM_NODEID\" PET_NODE_RANK=\"$SLURM_NODEID\"\nexec \"$@\"",
+    );
+    let command: Vec<&str> = shape.deploy.command.iter().map(String::as_str).collect();
+    format!(
+        "\n# 3. The payload, one task per node; its node rank comes from SLURM_NODEID.{note}\nsrun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} /bin/sh -c '\n{}' sh \\\n    {}\n",
+        // The script is one single-quoted word.
+        inner.replace('\'', "'\\''"),
+        words(&command)
+    )
+}
+
+/// `export K=V ...` lines of the image's environment (its Config.Env) and the image
+/// user's HOME, for the payload's shell.
 fn image_env(shape: &Shape) -> String {
-    let mut vars: Vec<String> = commstack_image::assemble::ENV
+    let mut vars: Vec<String> = shape
+        .image_env
         .iter()
         .filter_map(|e| e.split_once('='))
-        .map(|(k, v)| format!("{k}=\"{v}\""))
+        .map(|(k, v)| format!("{k}={}", quote(v)))
         .collect();
     if let Some(image) = &shape.stack.image {
-        vars.push(format!("HOME=\"/home/{}\"", image.user));
+        vars.push(format!("HOME={}", quote(&format!("/home/{}", image.user))));
     }
-    format!("export {}; ", vars.join(" "))
+    vars.iter().map(|v| format!("export {v}\n")).collect()
 }
 
 /// The bootstrap every task inherits (the container gets the job's environment), then

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{crate_dir, fixture, image, tables};
+use common::{crate_dir, fixture, image, image_env, tables};
 use commstack_deploy::{Rendered, Target, render};
 
 fn compare(case: &str, target: Target, rendered: &Rendered) {
@@ -70,7 +70,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn one_node_k8s_and_slurm_match_their_goldens() {
     let stack = fixture("one-node.toml");
     for target in [Target::K8s, Target::Slurm] {
-        let r = render(target, &stack, &image(), &tables()).unwrap();
+        let r = render(target, &stack, &image(), &image_env(&stack), &tables()).unwrap();
         compare("one-node", target, &r);
     }
 }
@@ -79,9 +79,29 @@ fn one_node_k8s_and_slurm_match_their_goldens() {
 fn two_nodes_k8s_and_slurm_match_their_goldens() {
     let stack = fixture("two-node.toml");
     for target in [Target::K8s, Target::Slurm] {
-        let r = render(target, &stack, &image(), &tables()).unwrap();
+        let r = render(target, &stack, &image(), &image_env(&stack), &tables()).unwrap();
         compare("two-node", target, &r);
     }
+}
+
+/// DeepEP V2 through Slurm's OCI containers: the payload's shell sets the V2 image's own
+/// environment again (CUDA_HOME and EP_JIT_CACHE_DIR of its JIT beside V1's).
+#[test]
+fn one_node_v2_slurm_oci_sets_the_v2_images_environment() {
+    let path = crate_dir().join("tests/fixtures/one-node.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("container = \"pyxis\"", "container = \"oci\"");
+    let stack = commstack_stack::Stack::parse(Path::new("one-node.toml"), &text).unwrap();
+    let env = image_env(&stack);
+    assert!(env.contains(&"CUDA_HOME=/opt/commstack/cuda/nvidia/cu13".to_string()));
+    let r = render(Target::Slurm, &stack, &image(), &env, &tables()).unwrap();
+    let (_, script) = &r.files[0];
+    assert!(
+        script.contains("\nexport CUDA_HOME=/opt/commstack/cuda/nvidia/cu13\nexport EP_JIT_CACHE_DIR=/var/cache/deep_ep\n"),
+        "{script}"
+    );
+    compare("one-node-oci", Target::Slurm, &r);
 }
 
 /// The same inputs give the same bytes (the YAML serialiser keeps field order; maps are
@@ -89,7 +109,7 @@ fn two_nodes_k8s_and_slurm_match_their_goldens() {
 #[test]
 fn renders_are_deterministic() {
     let stack = fixture("two-node.toml");
-    let a = render(Target::K8s, &stack, &image(), &tables()).unwrap();
-    let b = render(Target::K8s, &stack, &image(), &tables()).unwrap();
+    let a = render(Target::K8s, &stack, &image(), &image_env(&stack), &tables()).unwrap();
+    let b = render(Target::K8s, &stack, &image(), &image_env(&stack), &tables()).unwrap();
     assert_eq!(a, b);
 }

@@ -2,7 +2,6 @@
 //! refused, a failing environment refused with its place in stack.toml and nothing
 //! written, the locked NVSHMEM source found in a real download cache.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use commstack_deploy::{ImageSource, RenderRequest, Target, check, render, run};
@@ -12,23 +11,6 @@ mod common;
 use common as golden;
 
 const DIGEST: &str = "390fb29b8501aa6f0e8ef8d0c2b9d0f6a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1";
-
-/// An NVSHMEM-shaped source tree with the golden tests' header, and its .tar.gz.
-fn source(dir: &Path) -> (PathBuf, PathBuf) {
-    let src = dir.join("nvshmem_src");
-    let header = src.join("src/modules/transport/common/env_defs.h");
-    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
-    std::fs::write(&header, golden::ENV_DEFS).unwrap();
-    let archive = dir.join("nvshmem_src_cuda12-all-all-3.4.5.tar.gz");
-    let gz = flate2::write::GzEncoder::new(
-        std::fs::File::create(&archive).unwrap(),
-        flate2::Compression::default(),
-    );
-    let mut tar = tar::Builder::new(gz);
-    tar.append_dir_all("nvshmem_src", &src).unwrap();
-    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
-    (src, archive)
-}
 
 /// The two-node fixture as stack.toml, with `extra_env` first in its [deploy.env].
 fn stack_file(dir: &Path, extra_env: &str) -> PathBuf {
@@ -42,6 +24,7 @@ fn stack_file(dir: &Path, extra_env: &str) -> PathBuf {
         text.replace("[deploy.env]\n", &format!("[deploy.env]\n{extra_env}")),
     )
     .unwrap();
+    golden::fresh_lock(&path);
     path
 }
 
@@ -66,7 +49,7 @@ fn request(
 #[test]
 fn writes_the_files_beside_the_stack_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(dir.path(), "");
     let pushed = dir.path().join("pushed.txt");
     std::fs::write(
@@ -124,7 +107,7 @@ fn writes_the_files_beside_the_stack_by_default() {
 #[test]
 fn a_tag_is_refused_naming_push_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(dir.path(), "");
     let err = run(&request(
         dir.path(),
@@ -146,7 +129,7 @@ fn a_tag_is_refused_naming_push_and_nothing_is_written() {
 #[test]
 fn a_failing_environment_is_refused_at_its_line_in_stack_toml() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, _) = source(dir.path());
+    let (src, _) = golden::nvshmem_source(dir.path());
     let stack = stack_file(
         dir.path(),
         "NVSHMEM_DISABLED_GDRCOPY = \"true\"\nNVSHMEM_IBGDA_SUPPORT = 1\n",
@@ -200,11 +183,13 @@ fn the_stacks_own_environment_passes_and_ibgda_access_needs_ibgda() {
     for name in ["one-node.toml", "two-node.toml"] {
         let stack = golden::fixture(name);
         for target in [Target::K8s, Target::Slurm] {
-            let r = render(target, &stack, &image, &tables).unwrap();
+            let env = golden::image_env(&stack);
+            let r = render(target, &stack, &image, &env, &tables).unwrap();
             let shape = commstack_deploy::Shape {
                 stack: &stack,
                 deploy: stack.deploy.as_ref().unwrap(),
                 image: &image,
+                image_env: &env,
             };
             assert_eq!(
                 check::findings(&shape, &tables, &r).unwrap(),
@@ -223,9 +208,15 @@ fn the_stacks_own_environment_passes_and_ibgda_access_needs_ibgda() {
         "",
     );
     let stack = Stack::parse(Path::new("stack.toml"), &text).unwrap();
-    let err = render(Target::K8s, &stack, &image, &tables)
-        .unwrap_err()
-        .to_string();
+    let err = render(
+        Target::K8s,
+        &stack,
+        &image,
+        &golden::image_env(&stack),
+        &tables,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("deploy.ibgda-access = \"sys-rawio\" grants privileges for IBGDA"),
         "{err}"
@@ -239,7 +230,7 @@ fn the_stacks_own_environment_passes_and_ibgda_access_needs_ibgda() {
 #[test]
 fn the_locked_source_is_found_in_the_download_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, archive) = source(dir.path());
+    let (_, archive) = golden::nvshmem_source(dir.path());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let lock_path = root.join("stack.lock");
     let lock = Lock::parse(&lock_path, &std::fs::read_to_string(&lock_path).unwrap()).unwrap();
@@ -270,4 +261,60 @@ fn the_locked_source_is_found_in_the_download_cache() {
     assert_eq!(found, cache.entry_path(&actual, &src.filename));
     let tables = commstack_envlint::source::read(&found).unwrap();
     assert!(tables.env.iter().any(|d| d.name == "NVSHMEM_IB_GID_INDEX"));
+}
+
+/// The image's environment comes from the lock, through the function the image step
+/// writes its config with: the shipped V2 stack and lock render a Slurm job whose payload
+/// sets V2's CUDA_HOME and JIT cache; the shipped V1 pair's has neither. Without its lock
+/// the render is refused, naming `cargo xtask lock`.
+#[test]
+fn the_payloads_environment_is_the_locked_images() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = golden::nvshmem_source(dir.path());
+    let job = |stack: &str, lock: &str| {
+        let mut req = request(
+            dir.path(),
+            root.join(stack),
+            ImageSource::Reference(format!("registry.example.com/x@sha256:{DIGEST}")),
+            Some(src.clone()),
+        );
+        req.lock_path = root.join(lock);
+        req.target = Target::Slurm;
+        req.out = Some(dir.path().join(stack));
+        let report = run(&req).map_err(|e| format!("{e:#}"))?;
+        Ok::<_, String>(std::fs::read_to_string(report.out_dir.join("job.sbatch")).unwrap())
+    };
+    let v2 = job("stacks/v2.toml", "stacks/v2.lock").unwrap();
+    let lock = Lock::parse(
+        &root.join("stacks/v2.lock"),
+        &std::fs::read_to_string(root.join("stacks/v2.lock")).unwrap(),
+    )
+    .unwrap();
+    for var in commstack_image::locked_image_env(&lock).unwrap() {
+        assert!(v2.contains(&format!("\nexport {var}\n")), "{var}:\n{v2}");
+    }
+    assert!(
+        v2.contains("\nexport CUDA_HOME=/opt/commstack/cuda/nvidia/cu13\n"),
+        "{v2}"
+    );
+    assert!(
+        v2.contains("\nexport EP_JIT_CACHE_DIR=/var/cache/deep_ep\n"),
+        "{v2}"
+    );
+    let v1 = job("stack.toml", "stack.lock").unwrap();
+    assert!(
+        v1.contains("\nexport VIRTUAL_ENV=/opt/commstack/venv\n"),
+        "{v1}"
+    );
+    assert!(
+        !v1.contains("export CUDA_HOME") && !v1.contains("export EP_JIT_CACHE_DIR"),
+        "{v1}"
+    );
+
+    let err = job("stacks/v2.toml", "stacks/missing.lock").unwrap_err();
+    assert!(
+        err.contains("cannot read the lock") && err.contains("cargo xtask lock"),
+        "{err}"
+    );
 }

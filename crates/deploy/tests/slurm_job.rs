@@ -125,8 +125,9 @@ fn tree(from: &Path, to: &str) -> Vec<(PathBuf, String, String)> {
 
 /// The fixture image: the doctor and preflight.json, /bin/sh (the payload step's shell),
 /// and two recorded nodes under /opt/nodes: `ok` (the healthy HGX host) and `small-shm`
-/// (the same with Docker's 64 MiB /dev/shm). Returns it pushed: `HOST/REPO@sha256:...`.
-fn pushed_image(work: &Path, registry: &TestRegistry) -> String {
+/// (the same with Docker's 64 MiB /dev/shm). Returns it pushed (`HOST/REPO@sha256:...`)
+/// and its environment as a deploy computes it from the fixture's lock.
+fn pushed_image(work: &Path, registry: &TestRegistry) -> (String, Vec<String>) {
     let doctor = doctor_binary();
     let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doctor/tests/fixtures/hgx-h100-8gpu");
     let small = work.join("small-shm");
@@ -182,12 +183,13 @@ fn pushed_image(work: &Path, registry: &TestRegistry) -> String {
         auth: RegistryAuth::Basic(REGISTRY_USER.into(), REGISTRY_PASSWORD.into()),
         source: "the test".into(),
     });
-    push_layout(&layout, &options).unwrap().reference
+    let env = commstack_image::locked_image_env(&f.inputs.lock).unwrap();
+    (push_layout(&layout, &options).unwrap().reference, env)
 }
 
 /// The job script for `image`: one node with one GPU, no fabric, Slurm's OCI containers
 /// with bundles under `bundles`, the image's fake verify tool as the payload.
-fn job_script(image: &str, bundles: &Path) -> String {
+fn job_script(image: &str, image_env: &[String], bundles: &Path) -> String {
     let one_node =
         std::fs::read_to_string(crate_dir().join("tests/fixtures/one-node.toml")).unwrap();
     let head = &one_node[..one_node.find("[deploy]").unwrap()];
@@ -202,6 +204,7 @@ fn job_script(image: &str, bundles: &Path) -> String {
         Target::Slurm,
         &stack,
         &ImageRef::parse(image).unwrap(),
+        image_env,
         &tables(),
     )
     .unwrap();
@@ -215,8 +218,21 @@ struct Cluster {
     dir: PathBuf,
 }
 
+/// Where the runtime mounts a recorded node, read-only, in every container of a cluster
+/// started with one ([`Cluster::start_with_node`]): Debian's empty /mnt, so the image's
+/// tree is left as it is.
+const NODE_MOUNT: &str = "/mnt";
+
 impl Cluster {
     fn start(dir: &Path) -> Cluster {
+        Cluster::start_with_node(dir, None)
+    }
+
+    /// With `node`, oci.conf's runtime is runc behind a wrapper that bind-mounts `node`
+    /// read-only at [`NODE_MOUNT`] in every container it starts: as a GPU node's container
+    /// hook mounts the host's driver files, for an image that does not carry the
+    /// recorded node itself (a real image).
+    fn start_with_node(dir: &Path, node: Option<&Path>) -> Cluster {
         let d = dir.to_path_buf();
         for sub in ["munge", "state", "spool", "log", "runc"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
@@ -271,7 +287,10 @@ impl Cluster {
             format!("NodeName={host} Name=gpu File=/dev/null\n"),
         )
         .unwrap();
-        let runc = format!("runc --root={}", p("runc"));
+        let runc = match node {
+            None => format!("runc --root={}", p("runc")),
+            Some(node) => runc_with_node(&d, &p("runc"), node),
+        };
         std::fs::write(
             d.join("oci.conf"),
             format!(
@@ -356,6 +375,41 @@ impl Cluster {
     }
 }
 
+/// A runc wrapper under `dir` (oci.conf calls it as `runc`'s place, with `run --bundle
+/// BUNDLE NAME`): the step's config.json with `node` bind-mounted read-only at
+/// [`NODE_MOUNT`] (the rootfs made absolute), written to a bundle of its own, then runc.
+fn runc_with_node(dir: &Path, runc_root: &str, node: &Path) -> String {
+    let wrapper = dir.join("runc-with-node");
+    std::fs::write(
+        &wrapper,
+        format!(
+            r#"#!/bin/sh
+set -eu
+[ "$1" = run ] && [ "$2" = --bundle ] || exec runc --root={runc_root} "$@"
+bundle=$3 name=$4
+run=$(mktemp -d {dir}/run-bundle.XXXXXX)
+/usr/bin/python3 - "$bundle" "$run/config.json" <<'PY'
+import json, os, sys
+bundle, out = sys.argv[1], sys.argv[2]
+with open(os.path.join(bundle, "config.json")) as f:
+    config = json.load(f)
+root = config["root"]["path"]
+config["root"]["path"] = root if os.path.isabs(root) else os.path.join(bundle, root)
+config["mounts"].append({{"destination": "{NODE_MOUNT}", "type": "bind", "source": "{node}", "options": ["rbind", "ro"]}})
+with open(out, "w") as f:
+    json.dump(config, f)
+PY
+exec runc --root={runc_root} run --bundle "$run" "$name"
+"#,
+            dir = dir.display(),
+            node = node.display(),
+        ),
+    )
+    .unwrap();
+    ok("chmod", &["755", wrapper.to_str().unwrap()], dir);
+    wrapper.display().to_string()
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for pid in ["slurmd.pid", "slurmctld.pid", "munge/munged.pid"] {
@@ -364,6 +418,21 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// The test registry's login as an `auths` file: containers-auth.json(5) for skopeo
+/// (REGISTRY_AUTH_FILE) and a Docker config.json alike.
+fn write_auths(path: &Path, registry: &TestRegistry) {
+    let auth = base64::engine::general_purpose::STANDARD
+        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
+    std::fs::write(
+        path,
+        format!(
+            "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
+            registry.host()
+        ),
+    )
+    .unwrap();
 }
 
 /// `/etc/containers/certs.d/<host>/ca.crt` for the test's registry (a port of its own),
@@ -390,24 +459,15 @@ fn the_rendered_job_runs_on_slurm_and_a_failing_preflight_stops_it() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
     let registry = TestRegistry::start();
-    let image = pushed_image(w, &registry);
-    let script = job_script(&image, &w.join("bundles"));
+    let (image, image_env) = pushed_image(w, &registry);
+    let script = job_script(&image, &image_env, &w.join("bundles"));
     assert!(script.contains("--container=\"$BUNDLE\""), "{script}");
 
     // skopeo in the job's bundle step: this registry's CA where containers-certs.d(5)
     // says a node keeps it (skopeo 1.9 reads no other place), removed after the test;
     // its credentials through REGISTRY_AUTH_FILE.
     let _ca = CertsD::install(&registry.host(), &registry.ca());
-    let auth = base64::engine::general_purpose::STANDARD
-        .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
-    std::fs::write(
-        w.join("auth.json"),
-        format!(
-            "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
-            registry.host()
-        ),
-    )
-    .unwrap();
+    write_auths(&w.join("auth.json"), &registry);
     let env = |node: &str| {
         vec![
             (
@@ -459,3 +519,311 @@ fn the_rendered_job_runs_on_slurm_and_a_failing_preflight_stops_it() {
     assert!(output.contains("the payload does not run"), "{output}");
     assert!(!output.contains("uid=1000"), "the payload ran:\n{output}");
 }
+
+/// `docker image inspect` of `image`: its config's Env, its labels and tags.
+fn docker_inspect(image: &str) -> serde_json::Value {
+    let out = ok("docker", &["image", "inspect", image], Path::new("/"));
+    let mut v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v[0].take()
+}
+
+/// The lock in this checkout whose sha256 the image's `dev.commstack.lock.sha256` label
+/// names, and the stack beside it (`stack.lock`, `stacks/*.lock`).
+fn lock_of(inspect: &serde_json::Value) -> (PathBuf, PathBuf) {
+    let label = inspect["Config"]["Labels"]["dev.commstack.lock.sha256"]
+        .as_str()
+        .expect("the image has no dev.commstack.lock.sha256 label: is it a commstack image?");
+    let root = crate_dir().join("../..");
+    let mut locks = vec![root.join("stack.lock")];
+    for entry in std::fs::read_dir(root.join("stacks")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "lock")
+            && !path.to_string_lossy().ends_with(".requirements.lock")
+        {
+            locks.push(path);
+        }
+    }
+    let found = locks
+        .iter()
+        .find(|l| commstack_digest::sha256_file(l).unwrap() == label)
+        .unwrap_or_else(|| {
+            panic!(
+                "the image was made from a lock with sha256 {label}, which none of {locks:?} is: build the image from this checkout's lock"
+            )
+        });
+    (found.with_extension("toml"), found.clone())
+}
+
+/// The image pushed to `registry` by `docker push` (a tag of the test's own, untagged
+/// after when the image has another): `HOST/REPO@sha256:...`.
+fn docker_push(image: &str, registry: &TestRegistry, work: &Path, tags: &[String]) -> String {
+    // docker treats 127.0.0.0/8 as an insecure registry (TLS unverified); credentials
+    // from a Docker config of the test's own.
+    let config = work.join("docker-config");
+    std::fs::create_dir_all(&config).unwrap();
+    write_auths(&config.join("config.json"), registry);
+    let repo = format!("{}/commstack/real", registry.host());
+    let tag = format!("{repo}:slurm-test");
+    ok("docker", &["tag", image, &tag], work);
+    let out = Command::new("docker")
+        .args(["push", &tag])
+        .env("DOCKER_CONFIG", &config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !tags.is_empty() {
+        ok("docker", &["rmi", &tag], work);
+    }
+    assert!(
+        out.status.success(),
+        "docker push: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `slurm-test: digest: sha256:<hex> size: N`
+    let digest = said
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("docker push named no digest: {said}"));
+    format!("{repo}@{digest}")
+}
+
+/// The real image under Slurm. A commstack image takes 20+ minutes to build cold, too
+/// long for CI, so this test is opt-in and needs one already in Docker:
+///
+/// ```text
+/// COMMSTACK_TEST_IMAGE=<docker image id or tag> \
+///   cargo test -p commstack-deploy --test slurm_job -- --ignored
+/// ```
+///
+/// Without COMMSTACK_TEST_IMAGE it fails. The image must have been made from a lock of
+/// this checkout (its `dev.commstack.lock.sha256` label). It is pushed by `docker push` to
+/// a real registry on loopback, the Slurm job rendered for it by digest by `deploy
+/// render` (`commstack_deploy::run`, the image's environment from that lock: checked equal
+/// to the image's own Config.Env first), and run by slurmctld/slurmd: the script's bundle
+/// step (skopeo + umoci), the image's preflight on a recorded healthy node (mounted
+/// read-only by the runtime, the GPU-less machine has no driver to check), then the
+/// payload: the image's own verify tool's static level with the build's expectations, and
+/// `import torch` through verify's import check, both in the environment the job sets
+/// again. Needs what the fixture test needs, and free disk of about twice the image's size
+/// (gzip'd in the registry and the bundle step's layout, then unpacked).
+#[test]
+#[ignore = "needs a real commstack image in Docker: COMMSTACK_TEST_IMAGE=<id or tag> cargo test -p commstack-deploy --test slurm_job -- --ignored"]
+fn a_real_image_passes_verify_static_and_imports_torch_under_slurm() {
+    let image = std::env::var("COMMSTACK_TEST_IMAGE").unwrap_or_else(|_| {
+        panic!(
+            "COMMSTACK_TEST_IMAGE is not set: name a real commstack image in Docker (`docker images`), e.g. COMMSTACK_TEST_IMAGE=<id or tag> cargo test -p commstack-deploy --test slurm_job -- --ignored"
+        )
+    });
+    let started = Instant::now();
+    let inspect = docker_inspect(&image);
+    let (stack_path, lock_path) = lock_of(&inspect);
+    let lock =
+        commstack_stack::Lock::parse(&lock_path, &std::fs::read_to_string(&lock_path).unwrap())
+            .unwrap();
+    let env: Vec<String> = inspect["Config"]["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    // What the render sets again is the image's own environment.
+    assert_eq!(commstack_image::locked_image_env(&lock).unwrap(), env);
+
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    // The registry, the bundle step's layout and the unpacked bundle each hold about the
+    // image (compressed twice, then whole): refused up front rather than failing mid-job.
+    let size = inspect["Size"].as_u64().unwrap_or(0);
+    let free: u64 = ok("df", &["--output=avail", "-B1", w.to_str().unwrap()], w)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        free >= size * 2,
+        "{image} is {} GB; {} has {} GB free, and the test needs about twice that (the registry, the bundle's layout, the unpacked bundle): free some disk or set TMPDIR to a larger disk",
+        size / 1_000_000_000,
+        w.display(),
+        free / 1_000_000_000
+    );
+    let registry = TestRegistry::start();
+    let tags: Vec<String> = inspect["RepoTags"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let pushed = docker_push(&image, &registry, w, &tags);
+    eprintln!("pushed {image} as {pushed} after {:?}", started.elapsed());
+
+    // The stack the image was made from, its [deploy] replaced by one node of this
+    // machine; the payload: verify's static level, then `import torch`.
+    let text = std::fs::read_to_string(&stack_path).unwrap();
+    let head = &text[..text.find("\n[deploy]").map_or(text.len(), |i| i + 1)];
+    let stack = Stack::parse(&stack_path, &text).unwrap();
+    let home = w.join("home");
+    let ctx = commstack_steps::ctx::Ctx::new(commstack_steps::options::GlobalOptions {
+        stack: Some(stack_path.clone()),
+        home: Some(home.clone()),
+        quiet: true,
+    })
+    .unwrap();
+    let settings = commstack_steps::settings::Settings::resolve(
+        &ctx,
+        &commstack_steps::options::BuildOptions::default(),
+    )
+    .unwrap();
+    let (major, minor) = stack.target.python;
+    let site =
+        commstack_steps::flow::verify_report::image_site_packages(&format!("{major}.{minor}"));
+    let expect =
+        commstack_steps::flow::verify_report::image_expectations(&settings, &site).unwrap();
+    let mut command: Vec<String> = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        PAYLOAD.into(),
+        "payload".into(),
+        commstack_verify::runtime::IMPORT_CHECK_PY.into(),
+    ];
+    command.extend(commstack_verify::cli::expect_args(&expect));
+    let deploy = format!(
+        "[deploy]\nname = \"slurm-test\"\nnodes = 1\ngpus-per-node = 1\nnetwork = \"none\"\n\
+         command = {}\nshm-size = \"1Gi\"\n\n[deploy.slurm]\ncontainer = \"oci\"\nbundle-dir = \"{}\"\n",
+        serde_json::to_string(&command).unwrap(),
+        w.join("bundles").display()
+    );
+    let test_stack = w.join(stack_path.file_name().unwrap());
+    std::fs::write(&test_stack, format!("{head}{deploy}")).unwrap();
+    std::fs::copy(&lock_path, test_stack.with_extension("lock")).unwrap();
+    let (src, _) = common::nvshmem_source(w);
+    let report = commstack_deploy::run(&commstack_deploy::RenderRequest {
+        stack_path: test_stack.clone(),
+        lock_path: test_stack.with_extension("lock"),
+        cache_dir: home.join("cache"),
+        target: Target::Slurm,
+        image: commstack_deploy::ImageSource::Reference(pushed.clone()),
+        out: Some(w.join("deploy")),
+        nvshmem_source: Some(src),
+        stack_flag: String::new(),
+    })
+    .unwrap();
+    let script = std::fs::read_to_string(report.out_dir.join("job.sbatch")).unwrap();
+    for var in &env {
+        assert!(
+            script.contains(&format!("\nexport {var}\n")),
+            "{var}:\n{script}"
+        );
+    }
+
+    let _ca = CertsD::install(&registry.host(), &registry.ca());
+    write_auths(&w.join("auth.json"), &registry);
+    let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("../doctor/tests/fixtures/hgx-h100-8gpu");
+    let cluster = Cluster::start_with_node(&w.join("slurm"), Some(&node.canonicalize().unwrap()));
+    let job_env = vec![
+        (
+            "REGISTRY_AUTH_FILE",
+            w.join("auth.json").display().to_string(),
+        ),
+        ("COMMSTACK_PREFLIGHT_ROOT", format!("{NODE_MOUNT}/root")),
+        (
+            "COMMSTACK_PREFLIGHT_NVIDIA_SMI_DIR",
+            format!("{NODE_MOUNT}/nvidia-smi"),
+        ),
+    ];
+    let (completed, output) = cluster.sbatch(w, &script, &job_env);
+    eprintln!("job done after {:?}:\n{output}", started.elapsed());
+    assert!(completed, "the job failed:\n{output}\n{}", cluster.logs());
+    assert!(output.contains("\"verdict\": \"pass\""), "{output}");
+    // The image's environment as the job set it again.
+    for name in ["PATH", "CUDA_HOME", "EP_JIT_CACHE_DIR"] {
+        if let Some(var) = env.iter().find(|e| e.starts_with(&format!("{name}="))) {
+            assert!(
+                output.contains(&format!("payload env: {var}\n")),
+                "{var}:\n{output}"
+            );
+        }
+    }
+    let between = |from: &str, to: &str| {
+        let start = output
+            .find(from)
+            .unwrap_or_else(|| panic!("no {from:?}:\n{output}"))
+            + from.len();
+        let end = start
+            + output[start..]
+                .find(to)
+                .unwrap_or_else(|| panic!("no {to:?}:\n{output}"));
+        output[start..end].to_string()
+    };
+    // The JSON report, whatever else the tool said around it.
+    let section = between("@@verify-static@@\n", "@@verify-static-exit=");
+    let json = &section[section.find('{').unwrap_or(0)..=section.rfind('}').unwrap_or(0)];
+    let verify: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("verify's report: {e}\n{output}"));
+    // The report lists every level; only static was asked for, and it passed, each check.
+    let levels = verify["levels"].as_array().unwrap();
+    let level = |name: &str| {
+        levels
+            .iter()
+            .find(|l| l["level"] == name)
+            .unwrap_or_else(|| panic!("no level {name}: {verify:#}"))
+    };
+    assert_eq!(level("static")["status"], "passed", "{verify:#}");
+    let checks = level("static")["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().filter_map(|c| c["name"].as_str()).collect();
+    for c in checks {
+        assert_eq!(c["status"], "passed", "{c:#}");
+    }
+    // One NCCL, the stack's; NVSHMEM without NCCL; DeepEP linked to both.
+    for name in [
+        "static.nccl.one",
+        "static.nvshmem-host.no-libnccl",
+        "static.deepep.links",
+    ] {
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+    for other in ["runtime", "selftest"] {
+        assert_eq!(level(other)["status"], "not-run", "{verify:#}");
+    }
+    assert_eq!(between("@@verify-static-exit=", "\n"), "0", "{output}");
+    let section = between("@@import-torch@@\n", "@@import-torch-exit=");
+    let line = section
+        .lines()
+        .find(|l| l.starts_with("{\"import\""))
+        .unwrap_or_else(|| panic!("no import check line:\n{output}"));
+    let import: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(import["import"]["status"], "ok", "{import:#}");
+    assert_eq!(
+        import["import"]["warnings"],
+        serde_json::json!([]),
+        "{import:#}"
+    );
+    assert_eq!(between("@@import-torch-exit=", "\n"), "0", "{output}");
+    eprintln!(
+        "{image}: verify static passed ({} checks: {names:?}), import torch {} (CUDA {}) clean, in {:?}",
+        names.len(),
+        import["torch"]["version"],
+        import["torch"]["cuda"],
+        started.elapsed()
+    );
+}
+
+/// The real-image test's payload (`sh -c PAYLOAD payload IMPORT_CHECK_PY EXPECT...`): the
+/// image's environment as the job set it, verify's static level (its JSON report between
+/// markers, then its exit status), `import torch` through verify's import check (the
+/// same), exit 0 only when both passed.
+const PAYLOAD: &str = r#"check=$1; shift
+for name in PATH CUDA_HOME EP_JIT_CACHE_DIR; do
+  eval "value=\${$name-}"; [ -z "$value" ] || echo "payload env: $name=$value"
+done
+echo "@@verify-static@@"
+commstack-verify --python "$VIRTUAL_ENV/bin/python" --level static --json --quiet --report /tmp/commstack-verify "$@"
+static=$?
+echo "@@verify-static-exit=$static"
+echo "@@import-torch@@"
+python -c "$check" torch
+import=$?
+echo "@@import-torch-exit=$import"
+[ "$static" -eq 0 ] && [ "$import" -eq 0 ]
+"#;

@@ -23,13 +23,16 @@ use anyhow::{Context, Result, bail};
 use commstack_deepep::LockedWheel;
 use commstack_deepep::wheelhouse::{CONSTRAINTS_FILE, Wheelhouse, WheelhouseKind};
 use commstack_stack::Lock;
+use commstack_stack::manifest::DeepEpApi;
 use commstack_store::{StepKey, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::base::Base;
 use crate::docker_archive::{ImageSpec, archive_manifest, image_config, rfc3339};
-use crate::jit::{JIT_CACHE_DIR, JIT_PREFIX, JitToolchain, install_toolchain};
+use crate::jit::{
+    JIT_CACHE_DIR, JIT_PREFIX, JitToolchain, install_toolchain, is_jit_wheel, jit_env, nvcc_major,
+};
 use crate::layer::{Layer, Owner, write_layer_owned};
 use crate::plan::{LayerKind, PlannedLayer, plan_layers};
 use crate::provenance::{Claims, LayerSource, Origin, provenance};
@@ -120,11 +123,30 @@ pub struct ImageInputs {
 
 /// The image's environment: [`ENV`], and for DeepEP V2 what its JIT needs.
 pub fn image_env(jit: Option<&JitToolchain>) -> Result<Vec<String>> {
+    Ok(env_with_jit(jit.map(JitToolchain::cuda_major).transpose()?))
+}
+
+/// The environment the image made from `lock` carries in its config, as [`image_env`]
+/// writes it, from the lock alone (no wheel at hand): what a deploy sets again where a
+/// runtime gives the container another environment (Slurm's OCI containers).
+pub fn locked_image_env(lock: &Lock) -> Result<Vec<String>> {
+    let jit = match lock.resolved.deepep_api {
+        DeepEpApi::V1 => None,
+        DeepEpApi::V2 => Some(nvcc_major(
+            lock.toolchain
+                .iter()
+                .filter(|w| is_jit_wheel(&w.name))
+                .map(|w| (w.name.as_str(), w.version.as_str(), w.filename.as_str())),
+        )?),
+    };
+    Ok(env_with_jit(jit))
+}
+
+/// [`ENV`], then the JIT's for a toolchain of that CUDA major.
+pub fn env_with_jit(cuda_major: Option<u64>) -> Vec<String> {
     let mut env: Vec<String> = ENV.iter().map(|s| s.to_string()).collect();
-    if let Some(jit) = jit {
-        env.extend(jit.env()?);
-    }
-    Ok(env)
+    env.extend(cuda_major.map(jit_env).unwrap_or_default());
+    env
 }
 
 /// One layer of image.json.
@@ -1063,5 +1085,41 @@ mod tag_tests {
         assert_ne!(one, image_tag("commstack", lock, "fedcba9876543210fedc"));
         assert_eq!(one, image_tag("commstack", lock, "0123456789abcdef0123"));
         assert_eq!(image_tag("commstack", lock, ""), "commstack:ab12cd34ef56");
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::{ENV, locked_image_env};
+    use commstack_stack::Lock;
+
+    fn shipped(rel: &str) -> Lock {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(rel);
+        Lock::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
+    }
+
+    /// The shipped V1 lock's image has [`ENV`]; the V2 lock's adds its JIT toolchain's
+    /// CUDA_HOME (nvcc 13.x: cu13) and cache; a V2 lock without nvcc names the lock.
+    #[test]
+    fn the_locks_decide_the_images_environment() {
+        assert_eq!(locked_image_env(&shipped("stack.lock")).unwrap(), ENV);
+        let mut v2 = shipped("stacks/v2.lock");
+        let env = locked_image_env(&v2).unwrap();
+        assert_eq!(env[..ENV.len()], *ENV);
+        assert_eq!(
+            env[ENV.len()..],
+            [
+                "CUDA_HOME=/opt/commstack/cuda/nvidia/cu13",
+                "EP_JIT_CACHE_DIR=/var/cache/deep_ep"
+            ]
+        );
+        v2.toolchain.retain(|w| w.name != "nvidia-cuda-nvcc");
+        let err = locked_image_env(&v2).unwrap_err().to_string();
+        assert!(
+            err.contains("no nvidia-cuda-nvcc wheel") && err.contains("cargo xtask lock"),
+            "{err}"
+        );
     }
 }

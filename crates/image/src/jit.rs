@@ -46,35 +46,56 @@ pub struct JitToolchain {
 impl JitToolchain {
     /// The CUDA major of the wheels (`nvidia-cuda-nvcc` 13.0.88: 13).
     pub fn cuda_major(&self) -> Result<u64> {
-        let nvcc = self
-            .wheels
-            .iter()
-            .find(|w| w.name == "nvidia-cuda-nvcc")
-            .context("the JIT toolchain has no nvidia-cuda-nvcc wheel: the lock's [[toolchain]] lacks it; run `cargo xtask lock`")?;
-        nvcc.version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse().ok())
-            .with_context(|| {
-                format!(
-                    "{}: no CUDA major in version {}",
-                    nvcc.filename, nvcc.version
-                )
-            })
+        nvcc_major(
+            self.wheels
+                .iter()
+                .map(|w| (w.name.as_str(), w.version.as_str(), w.filename.as_str())),
+        )
     }
 
     /// CUDA_HOME in the image: `/opt/commstack/cuda/nvidia/cu13`.
     pub fn cuda_home(&self) -> Result<String> {
-        Ok(format!("/{JIT_PREFIX}/nvidia/cu{}", self.cuda_major()?))
+        Ok(cuda_home(self.cuda_major()?))
     }
 
     /// What the image's environment adds for the JIT.
     pub fn env(&self) -> Result<Vec<String>> {
-        Ok(vec![
-            format!("CUDA_HOME={}", self.cuda_home()?),
-            format!("EP_JIT_CACHE_DIR=/{JIT_CACHE_DIR}"),
-        ])
+        Ok(jit_env(self.cuda_major()?))
     }
+}
+
+/// Which of the lock's `[[toolchain]]` wheels the JIT layer holds: CUDA's (`nvidia-*`),
+/// not cmake or ninja, which only the build host runs.
+pub fn is_jit_wheel(name: &str) -> bool {
+    name.starts_with("nvidia-")
+}
+
+/// The CUDA major of the `nvidia-cuda-nvcc` wheel among `wheels` (name, version, file).
+pub fn nvcc_major<'a>(
+    wheels: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
+) -> Result<u64> {
+    let (_, version, filename) = wheels
+        .into_iter()
+        .find(|(name, _, _)| *name == "nvidia-cuda-nvcc")
+        .context("the JIT toolchain has no nvidia-cuda-nvcc wheel: the lock's [[toolchain]] lacks it; run `cargo xtask lock`")?;
+    version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("{filename}: no CUDA major in version {version}"))
+}
+
+/// CUDA_HOME in the image for toolchain wheels of CUDA `major`.
+fn cuda_home(major: u64) -> String {
+    format!("/{JIT_PREFIX}/nvidia/cu{major}")
+}
+
+/// What the image's environment adds for a JIT toolchain of CUDA `major`.
+pub fn jit_env(major: u64) -> Vec<String> {
+    vec![
+        format!("CUDA_HOME={}", cuda_home(major)),
+        format!("EP_JIT_CACHE_DIR=/{JIT_CACHE_DIR}"),
+    ]
 }
 
 /// Installs the toolchain wheels (sha256-checked) under [`JIT_PREFIX`] in `stage`, adds

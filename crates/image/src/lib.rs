@@ -30,7 +30,7 @@ pub mod venv;
 
 pub use assemble::{
     DataFile, Image, ImageInputs, ImageLayer, ImageManifest, Tool, assemble_image,
-    assemble_image_reporting, image_env,
+    assemble_image_reporting, image_env, locked_image_env,
 };
 pub use context::{DockerContext, write_docker_context};
 pub use docker_archive::{

@@ -495,6 +495,11 @@ fn the_loaded_image_has_the_user_env_and_labels_of_the_plan() {
         .map(|e| e.as_str().unwrap())
         .collect();
     assert_eq!(env, ENV);
+    // What a deploy sets again from the lock alone (Slurm's OCI job) is this environment.
+    assert_eq!(
+        commstack_image::locked_image_env(&f.inputs.lock).unwrap(),
+        env
+    );
     let labels = &config["Labels"];
     assert_eq!(
         labels["dev.commstack.lock.sha256"],
@@ -883,6 +888,23 @@ fn a_v2_image_holds_the_jit_toolchain_its_env_and_a_cache_the_user_writes() {
     want.push("CUDA_HOME=/opt/commstack/cuda/nvidia/cu13".into());
     want.push("EP_JIT_CACHE_DIR=/var/cache/deep_ep".into());
     assert_eq!(env, want);
+    // A deploy computes the same from a V2 lock alone (its toolchain's nvcc), without the
+    // wheels at hand: the environment Slurm's OCI job sets again.
+    let mut lock = f.inputs.lock.clone();
+    lock.resolved.deepep_api = commstack_stack::manifest::DeepEpApi::V2;
+    lock.toolchain = (f.inputs.jit.as_ref().unwrap().wheels.iter())
+        .map(|w| commstack_stack::lock::Wheel {
+            name: w.name.clone(),
+            version: w.version.clone(),
+            filename: w.filename.clone(),
+            url: format!("https://example.invalid/{}", w.filename),
+            sha256: w.sha256.clone(),
+            size: 0,
+            requires: vec![],
+            replaced_by: None,
+        })
+        .collect();
+    assert_eq!(commstack_image::locked_image_env(&lock).unwrap(), env);
 
     let in_image = |entrypoint: &str, args: &[&str]| {
         let mut argv = vec![

@@ -279,6 +279,69 @@ fn a_warning_at_import_fails_the_import_naming_it_and_the_fix() {
     assert_eq!(check(&findings, "import.deep_ep").status, Status::Passed);
 }
 
+/// `python -c IMPORT_CHECK_PY MODULE` (the image step's `import torch` where no GPU is)
+/// judges an import as the probe does, through the same Python: exit 0 and no warnings for
+/// the clean fake torch, 3 with the warning's text once torch warns, 1 for a module whose
+/// own import fails; one JSON line with the ImportResult and torch's facts.
+#[test]
+fn the_import_check_judges_imports_as_the_probe_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 22809);
+    let run = |module: &str| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", commstack_verify::runtime::IMPORT_CHECK_PY, module])
+            .env("PYTHONPATH", &site)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        let import: commstack_verify::runtime::ImportResult =
+            serde_json::from_value(line["import"].clone()).unwrap();
+        (out.status.code(), import, line["torch"].clone())
+    };
+    let (code, import, torch) = run("torch");
+    assert_eq!(
+        (code, import.status.as_str()),
+        (Some(0), "ok"),
+        "{import:?}"
+    );
+    assert!(import.warnings.is_empty(), "{import:?}");
+    assert!(torch["version"].is_string(), "{torch}");
+
+    let init = site.join("torch/__init__.py");
+    let mut text = std::fs::read_to_string(&init).unwrap();
+    text.push_str("import warnings as _w\n_w.warn(\"Failed to initialize NumPy: No module named 'numpy'\", UserWarning)\n");
+    std::fs::write(&init, text).unwrap();
+    let (code, import, _) = run("torch");
+    assert_eq!(code, Some(3), "{import:?}");
+    assert_eq!(import.warnings.len(), 1, "{import:?}");
+    assert!(
+        import.warnings[0].starts_with(&format!(
+            "UserWarning: {}",
+            commstack_verify::runtime::NUMPY_MISSING
+        )),
+        "{import:?}"
+    );
+
+    std::fs::create_dir_all(site.join("deep_ep")).unwrap();
+    std::fs::write(site.join("deep_ep/__init__.py"), "import deep_ep_cpp\n").unwrap();
+    let (code, import, _) = run("deep_ep");
+    assert_eq!(
+        (code, import.status.as_str()),
+        (Some(1), "error"),
+        "{import:?}"
+    );
+    assert!(
+        import
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("deep_ep_cpp"),
+        "{import:?}"
+    );
+}
+
 #[test]
 fn verdicts_on_a_recorded_probe_with_unreadable_libraries() {
     // The recorded listing points at files that do not exist here: every mapped

@@ -14,9 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use commstack_stack::deploy::IbgdaAccess;
-use commstack_stack::manifest::DeepEpApi;
 
-use crate::shape::{JIT_CACHE, Shape};
+use crate::shape::{JIT_CACHE_VAR, Shape};
 
 /// One pod's container and how it is placed.
 pub struct PodParts {
@@ -49,7 +48,8 @@ pub fn template(shape: &Shape, parts: PodParts) -> PodTemplateSpec {
         mount_path: "/dev/shm".into(),
         ..VolumeMount::default()
     }];
-    if shape.stack.deepep.api == DeepEpApi::V2 {
+    // DeepEP V2's JIT cache, where the image's environment says it is: a volume of its own.
+    if let Some(cache) = shape.image_var(JIT_CACHE_VAR) {
         volumes.push(Volume {
             name: "ep-jit-cache".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -57,7 +57,7 @@ pub fn template(shape: &Shape, parts: PodParts) -> PodTemplateSpec {
         });
         mounts.push(VolumeMount {
             name: "ep-jit-cache".into(),
-            mount_path: JIT_CACHE.into(),
+            mount_path: cache.into(),
             ..VolumeMount::default()
         });
     }

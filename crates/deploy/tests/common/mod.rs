@@ -48,6 +48,25 @@ pub fn tables() -> NvshmemTables {
     .unwrap()
 }
 
+/// An NVSHMEM-shaped source tree under `dir` with [`ENV_DEFS`], and its .tar.gz: what
+/// `--nvshmem-source` takes.
+pub fn nvshmem_source(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::io::Write;
+    let src = dir.join("nvshmem_src");
+    let header = src.join("src/modules/transport/common/env_defs.h");
+    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
+    std::fs::write(&header, ENV_DEFS).unwrap();
+    let archive = dir.join("nvshmem_src_cuda12-all-all-3.4.5.tar.gz");
+    let gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&archive).unwrap(),
+        flate2::Compression::default(),
+    );
+    let mut tar = tar::Builder::new(gz);
+    tar.append_dir_all("nvshmem_src", &src).unwrap();
+    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
+    (src, archive)
+}
+
 pub fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -57,6 +76,31 @@ pub fn fixture(name: &str) -> Stack {
     let text = std::fs::read_to_string(&path).unwrap();
     // The path as the golden headers print it: the file name only.
     Stack::parse(Path::new(name), &text).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The fixture image's environment, as the image step writes it for a lock of `stack`
+/// (DeepEP V2: its JIT toolchain, of torch's CUDA major as the lock's nvcc is).
+pub fn image_env(stack: &Stack) -> Vec<String> {
+    let v2 = stack.deepep.api == commstack_stack::manifest::DeepEpApi::V2;
+    commstack_image::assemble::env_with_jit(v2.then_some(stack.torch.cuda_major))
+}
+
+/// `stack_path` with a lock beside it that is fresh for it: the shipped stack.lock's
+/// resolution (DeepEP V1) under the stack's echo and fingerprint.
+pub fn fresh_lock(stack_path: &Path) -> PathBuf {
+    let shipped = crate_dir().join("../../stack.lock");
+    let mut lock =
+        commstack_stack::Lock::parse(&shipped, &std::fs::read_to_string(&shipped).unwrap())
+            .unwrap();
+    let text = std::fs::read_to_string(stack_path).unwrap();
+    let stack = Stack::parse(stack_path, &text).unwrap();
+    assert_eq!(stack.deepep.api, lock.resolved.deepep_api);
+    lock.inputs.stack = stack.fingerprint();
+    lock.manifest = stack.echo();
+    let path = stack_path.with_extension("lock");
+    std::fs::write(&path, lock.render(None)).unwrap();
+    assert_eq!(lock.staleness(&stack), Vec::<String>::new());
+    path
 }
 
 pub fn image() -> ImageRef {

@@ -360,7 +360,7 @@ pub fn jit_toolchain(
         .lock
         .toolchain
         .iter()
-        .filter(|w| w.name.starts_with("nvidia-"))
+        .filter(|w| commstack_image::jit::is_jit_wheel(&w.name))
     {
         let path = cache.get(&w.sha256, &w.filename)?.with_context(|| {
             format!(

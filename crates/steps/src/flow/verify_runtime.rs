@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use commstack_image::Image;
-use commstack_verify::runtime::{NUMPY_MISSING, NUMPY_MISSING_FIX};
+use commstack_verify::runtime::{IMPORT_CHECK_PY, NUMPY_MISSING, NUMPY_MISSING_FIX};
 
 use crate::ctx::Ctx;
 use crate::flow::image::{IMAGE_BIN, IMAGE_VENV};
@@ -181,14 +181,11 @@ fn verify_gpu_levels(
 /// no driver. (deep_ep's extension needs the driver's libcuda.so.1: `--gpus`.) Started
 /// here, its verdict taken by [`finish_import_without_gpu`].
 fn start_import_without_gpu(image: &Image) -> Result<std::process::Child> {
-    // A clean import warns of nothing (verify's runtime probe holds imports to the same):
-    // every warning is recorded, printed, and fails the step.
-    let script = "import json, warnings\n\
-with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    import torch\n\
-warned = ['%s: %s' % (w.category.__name__, w.message) for w in caught]\n\
-print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'warnings': warned}))\n\
-raise SystemExit(3 if warned else 0)";
-    python_without_gpu(image, script)
+    // A clean import warns of nothing: verify's runtime probe and this check import
+    // through the same Python (commstack_verify::runtime::IMPORT_CHECK_PY); every warning
+    // is recorded, printed, and fails the step (exit 3).
+    python_without_gpu(image, IMPORT_CHECK_PY)
+        .arg("torch")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -23,8 +23,15 @@ use crate::expect::{Expectations, NcclVersion};
 use crate::process::{Exit, run_captured};
 use commstack_elf::{ElfFile, NvshmemHostInfo};
 
-/// The probe script, run as `python -c PROBE_PY <modules>`.
-pub const PROBE_PY: &str = include_str!("probe.py");
+/// The probe script, run as `python -c PROBE_PY <modules>`: imports.py (a clean import:
+/// every warning recorded), then probe.py (what the process mapped).
+pub const PROBE_PY: &str = concat!(include_str!("imports.py"), include_str!("probe.py"));
+/// One import alone, run as `python -c IMPORT_CHECK_PY <module>` where no GPU is (the
+/// image step's `import torch`): the same imports.py as [`PROBE_PY`], then one JSON line
+/// (`import`: an [`ImportResult`]; `torch`: its version and CUDA), exit 0 when the import
+/// was clean, 3 when it warned, 1 when it failed.
+pub const IMPORT_CHECK_PY: &str =
+    concat!(include_str!("imports.py"), include_str!("import_check.py"));
 const MARK: &str = "@@commstack-probe@@ ";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
