@@ -55,7 +55,8 @@ enum Which {
     },
     /// `cargo xtask build`: its no-op time (whole processes, every step done, the image
     /// loaded; target < 1 s) and the image's size against its base's files plus its
-    /// wheels' files (target <= 1.10x); builds everything first if needed.
+    /// wheels' files (and DeepEP V2's JIT toolchain wheels' files; target <= 1.10x), in
+    /// all and per layer; builds everything first if needed.
     Build {
         /// Repetitions of the no-op (at least 1).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
