@@ -51,6 +51,8 @@ struct Timed {
     ninja_seconds: Option<f64>,
     /// commstack only: setup.py bdist_wheel's own time (the rest is the step's).
     setup_py_seconds: Option<f64>,
+    /// commstack only: the step's phases (the build report's), for where the time went.
+    phases: Vec<(String, f64)>,
 }
 
 /// Builds the graph up to DeepEP, then times both ways `req.trials` times and prints a
@@ -126,8 +128,35 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
             secs(theirs.ninja_seconds),
             ours.seconds / theirs.seconds
         );
+        eprintln!(
+            "bench: trial {} commstack's phases: {}",
+            trial + 1,
+            ours.phases
+                .iter()
+                .map(|(n, s)| format!("{n} {s:.1} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         rows.push((ours, theirs));
     }
+    let phase_names: Vec<String> = rows
+        .first()
+        .map(|(o, _)| o.phases.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    let phases: Vec<String> = phase_names
+        .iter()
+        .map(|name| {
+            let m =
+                median(rows.iter().filter_map(|(o, _)| {
+                    o.phases.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
+                }));
+            format!("{name} {m:.1} s")
+        })
+        .collect();
+    println!(
+        "commstack's step, median of each phase: {}",
+        phases.join(", ")
+    );
     let ratio = median(rows.iter().map(|(o, t)| o.seconds / t.seconds));
     let ours = median(rows.iter().map(|(o, _)| o.seconds));
     let theirs = median(rows.iter().map(|(_, t)| t.seconds));
@@ -195,6 +224,7 @@ fn time_commstack(
             seconds,
             ninja_seconds: ninja,
             setup_py_seconds: Some(report.build_seconds),
+            phases: report.phase_seconds.clone(),
         },
         report,
     ))
@@ -249,6 +279,7 @@ fn time_setup_py(ctx: &Ctx, report: &BuildReport, scratch: &Path, trial: usize) 
         seconds,
         ninja_seconds: ninja,
         setup_py_seconds: None,
+        phases: Vec::new(),
     })
 }
 
