@@ -224,9 +224,10 @@ fn docker_size(id: &str) -> Option<u64> {
 /// Bytes of regular files in a tar (hard links counted once), and its entries.
 fn tar_file_bytes(path: &Path) -> Result<(u64, u64)> {
     let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 20, file));
+    let mut archive = tar::Archive::new(file);
     let (mut bytes, mut entries) = (0, 0);
-    for entry in archive.entries()? {
+    // Seeks over each entry's data: the headers of a 6 GB image are read, not its bytes.
+    for entry in archive.entries_with_seek()? {
         let entry = entry?;
         entries += 1;
         if entry.header().entry_type().is_file() {
