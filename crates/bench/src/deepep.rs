@@ -47,6 +47,10 @@ pub struct Request {
 /// One way, timed.
 struct Timed {
     seconds: f64,
+    /// CPU seconds (user + system) of the build: its processes and, for commstack's
+    /// in-process step, the bench's own. Other work on a shared machine moves the wall
+    /// time, much less this.
+    cpu_seconds: f64,
     /// From ninja's first compile job's start to its last job's end.
     ninja_seconds: Option<f64>,
     /// commstack only: setup.py bdist_wheel's own time (the rest is the step's).
@@ -93,9 +97,9 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
 
     println!(
-        "| trial | order | commstack (`build deepep --force`) | its setup.py bdist_wheel | its ninja span | `python setup.py build` | its ninja span | ratio |"
+        "| trial | order | commstack (`build deepep --force`) | its setup.py bdist_wheel | its ninja span | its CPU | `python setup.py build` | its ninja span | its CPU | ratio | CPU ratio |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows: Vec<(Timed, Timed)> = Vec::new();
     for trial in 0..req.trials.max(1) {
         // Alternate which way goes first: a machine that slows down (or warms its page
@@ -114,7 +118,7 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
             (time_commstack(ctx, &settings, &forced)?.0, theirs)
         };
         println!(
-            "| {} | {} | {:.1} s | {} | {} | {:.1} s | {} | {:.3}x |",
+            "| {} | {} | {:.1} s | {} | {} | {:.1} s | {:.1} s | {} | {:.1} s | {:.3}x | {:.3}x |",
             trial + 1,
             if commstack_first {
                 "commstack, setup.py"
@@ -124,9 +128,12 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
             ours.seconds,
             secs(ours.setup_py_seconds),
             secs(ours.ninja_seconds),
+            ours.cpu_seconds,
             theirs.seconds,
             secs(theirs.ninja_seconds),
-            ours.seconds / theirs.seconds
+            theirs.cpu_seconds,
+            ours.seconds / theirs.seconds,
+            ours.cpu_seconds / theirs.cpu_seconds
         );
         eprintln!(
             "bench: trial {} commstack's phases: {}",
@@ -185,6 +192,21 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     })
 }
 
+/// User and system CPU seconds of this process and of its waited-for children so far
+/// (their descendants included, as each waits for its own: setup.py, ninja, nvcc, gcc).
+fn cpu_seconds() -> f64 {
+    let sum = |who| {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(who, &mut u) } != 0 {
+            return 0.0;
+        }
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        tv(u.ru_utime) + tv(u.ru_stime)
+    };
+    sum(libc::RUSAGE_SELF) + sum(libc::RUSAGE_CHILDREN)
+}
+
 fn secs(s: Option<f64>) -> String {
     match s {
         Some(s) if s.is_finite() => format!("{s:.1} s"),
@@ -208,9 +230,9 @@ fn time_commstack(
     args: &BuildOptions,
 ) -> Result<(Timed, BuildReport)> {
     let quiet = |_: &str| {};
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     let made = commstack_steps::flow::deepep::deepep_step(ctx, settings, args, &quiet, &quiet)?;
-    let seconds = t.elapsed().as_secs_f64();
+    let (seconds, cpu_seconds) = (t.elapsed().as_secs_f64(), cpu_seconds() - cpu);
     if !made.built_now {
         bail!(
             "the forced DeepEP step was not built again ({}): nothing was timed",
@@ -222,6 +244,7 @@ fn time_commstack(
     Ok((
         Timed {
             seconds,
+            cpu_seconds,
             ninja_seconds: ninja,
             setup_py_seconds: Some(report.build_seconds),
             phases: report.phase_seconds.clone(),
@@ -249,7 +272,7 @@ fn time_setup_py(ctx: &Ctx, report: &BuildReport, scratch: &Path, trial: usize) 
     let python = map_views(&report.python.executable.display().to_string(), views);
     let log = dir.join("setup-py-build.log");
     let out = fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     let status = Command::new(&python)
         .args(["setup.py", "build"])
         .current_dir(&src)
@@ -260,7 +283,7 @@ fn time_setup_py(ctx: &Ctx, report: &BuildReport, scratch: &Path, trial: usize) 
         .stderr(out)
         .status()
         .with_context(|| format!("cannot run {python}"))?;
-    let seconds = t.elapsed().as_secs_f64();
+    let (seconds, cpu_seconds) = (t.elapsed().as_secs_f64(), cpu_seconds() - cpu);
     if !status.success() {
         bail!(
             "DeepEP's `{python} setup.py build` failed ({status}); its log: {} (the bench keeps it; run the command there again by hand with that environment)",
@@ -277,6 +300,7 @@ fn time_setup_py(ctx: &Ctx, report: &BuildReport, scratch: &Path, trial: usize) 
     fs::remove_dir_all(&dir).ok();
     Ok(Timed {
         seconds,
+        cpu_seconds,
         ninja_seconds: ninja,
         setup_py_seconds: None,
         phases: Vec::new(),
