@@ -167,17 +167,16 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     let ratio = median(rows.iter().map(|(o, t)| o.seconds / t.seconds));
     let ours = median(rows.iter().map(|(o, _)| o.seconds));
     let theirs = median(rows.iter().map(|(_, t)| t.seconds));
+    let cpu_ratio = median(rows.iter().map(|(o, t)| o.cpu_seconds / t.cpu_seconds));
+    let med =
+        |f: &dyn Fn(&(Timed, Timed)) -> Option<f64>| secs(Some(median(rows.iter().filter_map(f))));
     println!(
-        "| **median** | | {ours:.1} s | {} | {} | {theirs:.1} s | {} | **{ratio:.3}x** |",
-        secs(Some(median(
-            rows.iter().filter_map(|(o, _)| o.setup_py_seconds)
-        ))),
-        secs(Some(median(
-            rows.iter().filter_map(|(o, _)| o.ninja_seconds)
-        ))),
-        secs(Some(median(
-            rows.iter().filter_map(|(_, t)| t.ninja_seconds)
-        ))),
+        "| **median** | | {ours:.1} s | {} | {} | {} | {theirs:.1} s | {} | {} | **{ratio:.3}x** | {cpu_ratio:.3}x |",
+        med(&|(o, _)| o.setup_py_seconds),
+        med(&|(o, _)| o.ninja_seconds),
+        med(&|(o, _)| Some(o.cpu_seconds)),
+        med(&|(_, t)| t.ninja_seconds),
+        med(&|(_, t)| Some(t.cpu_seconds)),
     );
     println!(
         "verdict (median of the trials' ratios; target <= 1.0x): {ratio:.3}x, {}; the ratio of the medians is {:.3}x",
