@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
-use commstack_bench::{build, fetch, lock, substitute};
+use commstack_bench::{build, deepep, fetch, lock, substitute};
 use commstack_steps::ctx::Ctx;
 use commstack_steps::options::Part;
 
@@ -55,11 +55,28 @@ enum Which {
     },
     /// `cargo xtask build`: its no-op time (whole processes, every step done, the image
     /// loaded; target < 1 s) and the image's size against its base's files plus its
-    /// wheels' files (target <= 1.10x); builds everything first if needed.
+    /// wheels' files (and DeepEP V2's JIT toolchain wheels' files; target <= 1.10x), in
+    /// all and per layer; builds everything first if needed.
     Build {
         /// Repetitions of the no-op (at least 1).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         runs: u64,
+        #[command(flatten)]
+        fetch: SourceFetchArgs,
+    },
+    /// DeepEP's build through commstack (its store step forced, from the store's inputs:
+    /// the build venv, NVSHMEM, the toolchain, the locked source) against DeepEP's
+    /// documented `python setup.py build` in a fresh copy of the source with the same
+    /// inputs and MAX_JOBS; trials interleaved, medians and the ratio (target <= 1.0x).
+    /// Builds the graph up to deepep first if needed.
+    Deepep {
+        /// Trials, each both ways, the order alternating (a DeepEP V2 compile is minutes
+        /// on 2 cores).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        trials: u64,
+        /// MAX_JOBS for both builds (default: the CPU count, as `build` uses).
+        #[arg(long)]
+        jobs: Option<usize>,
         #[command(flatten)]
         fetch: SourceFetchArgs,
     },
@@ -191,6 +208,18 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode> {
             };
             build::bench_build(ctx, &req, &xtask()?)
         }
+        Which::Deepep {
+            trials,
+            jobs,
+            fetch,
+        } => deepep::bench_deepep(
+            ctx,
+            &deepep::Request {
+                trials: trials as usize,
+                fetch: fetch.into(),
+                jobs,
+            },
+        ),
         Which::Deploy {
             runs,
             image,

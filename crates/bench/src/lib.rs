@@ -2,7 +2,7 @@
 //! the command, the machine and the date). Targets are checked here, not in unit tests.
 //!
 //! One module per benchmark, each taking a plain request (clap lives in xtask): [`lock`],
-//! [`fetch`], [`build`], [`substitute`], [`deploy`]; logscan's own lives in commstack-logscan
+//! [`fetch`], [`build`], [`deepep`], [`substitute`], [`deploy`]; logscan's own lives in commstack-logscan
 //! ([`logscan`] runs it). Those that run `cargo xtask` as whole processes take the xtask
 //! binary's path from the caller. [`stats`] holds what they share.
 
@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 pub mod build;
+pub mod deepep;
 pub mod deploy;
 pub mod fetch;
 pub mod lock;

@@ -154,6 +154,11 @@ pub struct BuildReport {
     pub command: Vec<String>,
     pub jobs: usize,
     pub build_seconds: f64,
+    /// Seconds of each phase of the step, in order (source, views, setup.py, canonical
+    /// wheel, checks, cleanup): where a build's time goes besides setup.py (`bench
+    /// deepep` prints them).
+    #[serde(default)]
+    pub phase_seconds: Vec<(String, f64)>,
     pub reproducibility: Reproducibility,
     pub wheel: WheelFacts,
 }
@@ -475,21 +480,28 @@ fn run_build(
 ) -> Result<BuildReport> {
     // Results go to the store step; setup.py runs at a path that depends on the key only.
     let (out, logs) = (std::path::absolute(out)?, std::path::absolute(logs)?);
+    let mut phases = Phases::start();
     let fixed = FixedDir::acquire(&p.key)?;
     let dirs = BuildDirs::make(fixed.path(), &out)?;
     let rdc_fix = prepare_source(req, &dirs.src, &dirs.root)?;
+    phases.end("source");
     let views = Views::make(p, req, &dirs)?;
     let link = LinkSetup::make(p, req, &views, &dirs.root)?;
+    phases.end("views");
     let run = run_setup_py(p, req, &views, &link, &dirs, &logs);
     // torch's build_ext compiles through ninja (build/temp.*/.ninja_log): its jobs' times
     // are kept with the logs, also after a failure.
     commstack_exec::logged::keep_ninja_logs(&dirs.src.join("build"), &logs);
     let run = run?;
+    phases.end("setup.py bdist_wheel");
     let (raw, wheel) = canonical_output(p, req, &dirs)?;
+    phases.end("canonical wheel");
     let facts = check_output(p, req, &views, &dirs, &wheel, store_root)?;
     let declared = declared_version(&dirs.src);
     let bdist_wheel_sha256 = commstack_digest::sha256_file(&raw)?;
+    phases.end("checks");
     drop(fixed);
+    phases.end("cleanup");
     Ok(BuildReport {
         schema: 2,
         step: p.key.dir_name(),
@@ -516,6 +528,7 @@ fn run_build(
             .collect(),
         jobs: req.jobs,
         build_seconds: run.seconds,
+        phase_seconds: phases.done,
         reproducibility: Reproducibility {
             fixed_build_dir: dirs.root,
             source_date_epoch: req.source_date_epoch,
@@ -528,6 +541,28 @@ fn run_build(
         },
         wheel: facts,
     })
+}
+
+/// The seconds of each phase of a build, as they end.
+struct Phases {
+    at: std::time::Instant,
+    done: Vec<(String, f64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            at: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    fn end(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        self.done
+            .push((name.to_string(), (now - self.at).as_secs_f64()));
+        self.at = now;
+    }
 }
 
 /// The directories of one build: under the fixed directory `root` (the same for the same

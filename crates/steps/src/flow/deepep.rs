@@ -381,7 +381,7 @@ fn dropin_wheel(
 /// since, and by its tree again as it is unpacked: `SourceInput::materialize`), with the
 /// locked submodules (`deepep:<path>`), each from the cache the same way. A `--source`
 /// is taken as it is, submodules and all.
-fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<SourceInput> {
+pub fn deepep_source(ctx: &Ctx, lock: &Lock, explicit: Option<&Path>) -> Result<SourceInput> {
     let locked = lock
         .sources
         .iter()
