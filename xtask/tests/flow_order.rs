@@ -68,7 +68,9 @@ const LAYERS: &[(u32, &[&str])] = &[
     // The stack's steps on the graph; the binary cache of their outputs; the commands
     // that run them.
     (14, &["commstack-steps"]),
-    (15, &["commstack-binary-cache"]),
+    // The image's attestations (its SBOM and provenance, read from the steps' records),
+    // made and checked by the commands.
+    (15, &["commstack-binary-cache", "commstack-attest"]),
     (16, &["commstack-pipeline"]),
     // The benchmarks `cargo xtask bench` runs (they run the pipeline's commands).
     (17, &["commstack-bench"]),
