@@ -149,10 +149,12 @@ pub fn serve_on(
         .unwrap_or_else(|_| "<unknown>".to_string());
     let mut waiting = Vec::new();
     let gathered = gather(&listener, &addr, world, timeout, &mut waiting).and_then(|()| {
-        let others: Vec<(usize, u64)> = waiting
+        let mut others: Vec<(usize, u64)> = waiting
             .iter()
             .filter_map(|w| w.seed.filter(|s| *s != seed).map(|s| (w.rank, s)))
             .collect();
+        // By rank, not by arrival: the message is the same whichever rank came first.
+        others.sort_unstable();
         match others.is_empty() {
             true => Ok(()),
             false => Err(RendezvousError::SeedMismatch {
