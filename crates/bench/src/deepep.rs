@@ -146,23 +146,9 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
         );
         rows.push((ours, theirs));
     }
-    let phase_names: Vec<String> = rows
-        .first()
-        .map(|(o, _)| o.phases.iter().map(|(n, _)| n.clone()).collect())
-        .unwrap_or_default();
-    let phases: Vec<String> = phase_names
-        .iter()
-        .map(|name| {
-            let m =
-                median(rows.iter().filter_map(|(o, _)| {
-                    o.phases.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
-                }));
-            format!("{name} {m:.1} s")
-        })
-        .collect();
     println!(
         "commstack's step, median of each phase: {}",
-        phases.join(", ")
+        phase_medians(&rows).join(", ")
     );
     let ratio = median(rows.iter().map(|(o, t)| o.seconds / t.seconds));
     let ours = median(rows.iter().map(|(o, _)| o.seconds));
@@ -189,6 +175,25 @@ pub fn bench_deepep(ctx: &Ctx, req: &Request) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Each phase of commstack's step (as its build report names them) with its median over
+/// the trials, `name N.N s`.
+fn phase_medians(rows: &[(Timed, Timed)]) -> Vec<String> {
+    let phase_names: Vec<String> = rows
+        .first()
+        .map(|(o, _)| o.phases.iter().map(|(n, _)| n.clone()).collect())
+        .unwrap_or_default();
+    phase_names
+        .iter()
+        .map(|name| {
+            let m =
+                median(rows.iter().filter_map(|(o, _)| {
+                    o.phases.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
+                }));
+            format!("{name} {m:.1} s")
+        })
+        .collect()
 }
 
 /// User and system CPU seconds of this process and of its waited-for children so far
