@@ -20,7 +20,7 @@ use base64::Engine as _;
 use commstack_registry::attestations::{Attestation, fetch_attestations, push_attestations};
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, Target};
 use commstack_testkit::cosign::cosign;
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::{ed25519_key_pair, run_tool};
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 
 const SPDX: &str = "https://spdx.dev/Document";
@@ -122,17 +122,7 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     let registry = TestRegistry::start();
     let work = tempfile::tempdir().unwrap();
     let b = support::built(work.path());
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    run_tool(
-        work.path(),
-        "openssl",
-        &["pkey", "-in", "key.pem", "-pubout", "-out", "key.pub"],
-    );
-    let (key, public) = (work.path().join("key.pem"), work.path().join("key.pub"));
+    let (key, public) = ed25519_key_pair(work.path(), "key");
     let repo = format!("{}/commstack/debian-12", registry.host());
     let ca = registry.ca();
 
@@ -438,17 +428,7 @@ fn on_a_registry_with_referrers_the_attestations_are_referrers_cosign_and_verify
     let registry = commstack_testkit::cosign::ReferrersRegistry::start();
     let work = tempfile::tempdir().unwrap();
     let b = support::built(work.path());
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    run_tool(
-        work.path(),
-        "openssl",
-        &["pkey", "-in", "key.pem", "-pubout", "-out", "key.pub"],
-    );
-    let (key, public) = (work.path().join("key.pem"), work.path().join("key.pub"));
+    let (key, public) = ed25519_key_pair(work.path(), "key");
     let repo = format!("{}/commstack/debian-12", registry.host());
     let out = xtask(
         &b.home,

@@ -48,6 +48,23 @@ pub fn run_tool(dir: &Path, program: &str, args: &[&str]) -> Output {
     out
 }
 
+/// A new ed25519 key pair made by openssl in `dir`: `<name>.pem` (PKCS#8, what commstack
+/// signs with) and `<name>.pub` (the SubjectPublicKeyInfo PEM cosign verifies with).
+pub fn ed25519_key_pair(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (key, public) = (format!("{name}.pem"), format!("{name}.pub"));
+    run_tool(
+        dir,
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", &key],
+    );
+    run_tool(
+        dir,
+        "openssl",
+        &["pkey", "-in", &key, "-pubout", "-out", &public],
+    );
+    (dir.join(key), dir.join(public))
+}
+
 /// How the registry asks for credentials.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RegistryAuthMode {
