@@ -54,7 +54,12 @@ const LAYERS: &[(u32, &[&str])] = &[
     // Our own tools (self-test, verify tool) built reproducibly with the toolchain.
     (
         8,
-        &["commstack-nvshmem", "commstack-base", "commstack-tools"],
+        &[
+            "commstack-nvshmem",
+            "commstack-nccl",
+            "commstack-base",
+            "commstack-tools",
+        ],
     ),
     (9, &["commstack-deepep", "commstack-kernels"]),
     // Images and shipping them; the self-test's bandwidth plot (reads its reports).

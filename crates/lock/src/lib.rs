@@ -113,9 +113,19 @@ pub async fn lock_with(
     let nvshmem_version = facts.nvshmem_build.clone().expect("set by torch_facts");
     let previous_lock = previous.and_then(|p| Lock::parse(p.path, p.text).ok());
     let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    let nccl_version = facts
+        .nccl
+        .as_ref()
+        .map(|p| p.version.clone())
+        .ok_or_else(|| {
+            anyhow!("torch pins no nvidia-nccl-cuXX wheel: commstack needs torch's NCCL pin")
+        })?;
     let (sources, warnings) = sources::lock_sources(
         stack,
-        &nvshmem_version,
+        sources::SourceVersions {
+            nvshmem: &nvshmem_version,
+            nccl: &nccl_version,
+        },
         previous_lock.as_ref(),
         fetcher,
         &today,

@@ -19,6 +19,7 @@ use anyhow::{Result, anyhow, bail};
 use commstack_stack::gitmodules;
 use commstack_stack::lock::Source;
 use commstack_stack::manifest::{git_archive_filename, git_archive_url};
+use commstack_stack::model::{NCCL_SOURCE, NcclSource};
 use commstack_stack::{Lock, Stack, known};
 use pep440_rs::Version;
 
@@ -79,6 +80,14 @@ enum Trust {
     FirstUse,
 }
 
+/// The versions the resolution chose for the sources built from them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SourceVersions<'a> {
+    pub nvshmem: &'a Version,
+    /// The environment's NCCL (torch's pin, or `[nccl] version`).
+    pub nccl: &'a Version,
+}
+
 /// A source before its missing hashes are known.
 struct Planned {
     source: Source,
@@ -89,12 +98,15 @@ struct Planned {
 /// NVSHMEM version to build and the previous lock, if any.
 pub(crate) async fn lock_sources(
     stack: &Stack,
-    nvshmem: &Version,
+    versions: SourceVersions<'_>,
     previous: Option<&Lock>,
     fetcher: &dyn SourceFetcher,
     today: &str,
 ) -> Result<(Vec<Source>, Vec<String>)> {
-    let mut planned = vec![plan_nvshmem(stack, nvshmem)?, plan_deepep(stack)?];
+    let mut planned = vec![plan_nvshmem(stack, versions.nvshmem)?, plan_deepep(stack)?];
+    if let Some(nccl) = &stack.nccl.source {
+        planned.push(plan_nccl(nccl, versions.nccl));
+    }
     for sub in &stack.deepep.submodules {
         planned.push(Planned {
             source: Source {
@@ -197,6 +209,30 @@ fn check_seen(request: &SourceRequest, got: &SourceSeen) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `[nccl] from-source`: the release tag's archive of the locked NCCL version, held to
+/// the user's tree hash or trusted on first use.
+fn plan_nccl(nccl: &NcclSource, version: &Version) -> Planned {
+    let v = version.to_string();
+    let (url, filename) = NcclSource::archive(&v);
+    Planned {
+        source: Source {
+            name: NCCL_SOURCE.into(),
+            version: v.clone(),
+            rev: Some(NcclSource::tag(&v)),
+            path: None,
+            url,
+            filename,
+            sha256: None,
+            tree: nccl.tree.clone(),
+            origin: String::new(),
+        },
+        trust: match nccl.tree {
+            Some(_) => Trust::User("nccl.tree".into()),
+            None => Trust::FirstUse,
+        },
+    }
 }
 
 /// The NVSHMEM source: the known table's release of the version, or the user's url and

@@ -173,6 +173,40 @@ pub struct NvshmemSource {
 #[derive(Clone, Debug)]
 pub struct Nccl {
     pub version: NcclVersion,
+    /// `from-source = true`: NCCL is built from its release source (the tag
+    /// `v<version>-1` of [`NCCL_REPO`]) where NVIDIA's wheel cannot go (a GPU machine
+    /// without a network, reached with at most 64 MiB: the wheel is 216 MB), and shipped
+    /// as a drop-in wheel under the locked version.
+    pub source: Option<NcclSource>,
+}
+
+/// The lock's name of the NCCL source (`[[source]] name`).
+pub const NCCL_SOURCE: &str = "nccl";
+
+/// NVIDIA's NCCL repository; release `X.Y.Z` is its tag `vX.Y.Z-1`.
+pub const NCCL_REPO: &str = "https://github.com/NVIDIA/nccl";
+
+/// `[nccl] from-source = true` (and `tree`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NcclSource {
+    /// `sha256:<hex>`: the tree the user vouches for (`nccl.tree`); else trust on first use.
+    pub tree: Option<String>,
+}
+
+impl NcclSource {
+    /// The release tag of NCCL `version`: NVIDIA tags `v2.30.7-1`.
+    pub fn tag(version: &str) -> String {
+        format!("v{version}-1")
+    }
+
+    /// GitHub's archive of the tag, and the name it downloads as (`nccl-2.30.7-1.tar.gz`).
+    pub fn archive(version: &str) -> (String, String) {
+        let tag = Self::tag(version);
+        (
+            format!("{NCCL_REPO}/archive/refs/tags/{tag}.tar.gz"),
+            format!("nccl-{}.tar.gz", &tag[1..]),
+        )
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -445,6 +479,12 @@ impl Stack {
                 format!("{} {} {tree}", s.repo, s.rev)
                     .trim_end()
                     .to_string(),
+            );
+        }
+        if let Some(source) = &self.nccl.source {
+            m.insert(
+                "nccl.from-source".into(),
+                source.tree.clone().unwrap_or_else(|| "true".into()),
             );
         }
         if let Some(source) = &self.nvshmem.source {

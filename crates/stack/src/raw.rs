@@ -162,6 +162,10 @@ impl<'de> Deserialize<'de> for RawNvshmem {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub(crate) struct RawNccl {
     pub(crate) version: Spanned<String>,
+    /// Build NCCL from its release source instead of taking NVIDIA's wheel.
+    pub(crate) from_source: Option<Spanned<bool>>,
+    /// The source tree's hash, when the user vouches for it.
+    pub(crate) tree: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

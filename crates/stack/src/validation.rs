@@ -319,12 +319,15 @@ impl Validator<'_> {
         let Some(raw) = raw else {
             return Some(Nccl {
                 version: NcclVersion::MatchTorch,
+                source: None,
             });
         };
         self.span("nccl.version", &raw.version);
+        let source = self.nccl_source(&raw);
         if raw.version.get_ref() == "match-torch" {
             return Some(Nccl {
                 version: NcclVersion::MatchTorch,
+                source: source?,
             });
         }
         let v = self.exact_version(&raw.version, "nccl.version");
@@ -335,7 +338,32 @@ impl Validator<'_> {
         }
         Some(Nccl {
             version: NcclVersion::Exact(v?),
+            source: source?,
         })
+    }
+
+    /// `nccl.from-source` and `nccl.tree` (a tree without from-source is an error: it
+    /// would vouch for nothing).
+    fn nccl_source(&mut self, raw: &RawNccl) -> Option<Option<NcclSource>> {
+        let on = raw.from_source.as_ref().is_some_and(|f| *f.get_ref());
+        if let Some(f) = &raw.from_source {
+            self.span("nccl.from-source", f);
+        }
+        let tree = raw.tree.as_ref().map(|t| self.tree_hash(t, "nccl.tree"));
+        if let (Some(t), false) = (&raw.tree, on) {
+            self.err(
+                t.span(),
+                "nccl.tree is set but nccl.from-source is not: the tree hash is of the NCCL source a from-source build uses".to_string(),
+                Some("add `from-source = true` to [nccl], or remove `tree`".into()),
+            );
+            return None;
+        }
+        if !on {
+            return Some(None);
+        }
+        Some(Some(NcclSource {
+            tree: tree.map_or(Some(None), |t| t.map(Some))?,
+        }))
     }
 
     fn deepep(&mut self, raw: RawDeepEp) -> Option<DeepEp> {
