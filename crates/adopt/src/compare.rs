@@ -134,6 +134,9 @@ impl Comparison {
 #[derive(Clone, Debug, Default)]
 pub struct Ours<'a> {
     pub dropin: Option<&'a LockedWheel>,
+    /// The stack's NCCL built from source (`[nccl] from-source`), which replaces the
+    /// environment's.
+    pub nccl: Option<&'a LockedWheel>,
     pub deepep: Option<&'a LockedWheel>,
     /// The NVSHMEM version the stack built.
     pub nvshmem_version: Option<&'a str>,
@@ -156,7 +159,7 @@ pub fn compare(env: &PythonEnv, lock: &Lock, stack: Option<&Stack>, ours: &Ours<
         python_row(env, r),
         torch_row(env, r),
         cuda_row(env, r),
-        nccl_row(env, &r.nccl),
+        nccl_row(env, &r.nccl, ours.nccl),
     ];
     rows.extend(
         r.nvshmem_pin
@@ -259,23 +262,52 @@ fn cuda_row(env: &PythonEnv, r: &Resolved) -> Row {
     }
 }
 
-/// NCCL: exactly torch's pin.
-fn nccl_row(env: &PythonEnv, nccl: &Pin) -> Row {
+/// NCCL: the lock's (torch's pin, or `[nccl] version`); where the stack builds it from
+/// source, its drop-in replaces the environment's.
+fn nccl_row(env: &PythonEnv, nccl: &Pin, ours: Option<&LockedWheel>) -> Row {
     let want = nccl.version.to_string();
     let have = env.dist(&nccl.name).map(|d| d.version.clone());
-    let ok = have.as_deref().and_then(parse).as_ref() == Some(&nccl.version);
+    let have_v = have.as_deref().and_then(parse);
+    let ours_v = ours.and_then(|w| parse(&w.version));
+    let (severity, note, stack) = match ours {
+        Some(w) if have_v.is_some() && have_v == ours_v => (
+            Severity::Ok,
+            "the stack's NCCL (built from source) is installed".to_string(),
+            w.version.clone(),
+        ),
+        Some(w) if ours_v.as_ref().map(|v| v.release()) == Some(nccl.version.release()) => (
+            Severity::Change,
+            format!(
+                "replaced by the stack's NCCL {want}, built from source ([nccl] from-source): one libnccl.so.2"
+            ),
+            w.version.clone(),
+        ),
+        Some(w) => (
+            Severity::Error,
+            format!(
+                "the wheelhouse's NCCL {} is not the lock's {want}: run `cargo xtask build deepep --python {}` again",
+                w.version,
+                env.python.display()
+            ),
+            want.clone(),
+        ),
+        None if have_v.as_ref() == Some(&nccl.version) => {
+            (Severity::Ok, String::new(), want.clone())
+        }
+        None => (
+            Severity::Error,
+            format!(
+                "the runtime check requires ncclGetVersion == {want}; adopt changes NCCL only for a stack that builds it ([nccl] from-source = true)"
+            ),
+            want.clone(),
+        ),
+    };
     Row {
         what: nccl.name.clone(),
-        env: have.clone().unwrap_or_else(|| "absent".into()),
-        stack: want.clone(),
-        severity: if ok { Severity::Ok } else { Severity::Error },
-        note: if ok {
-            String::new()
-        } else {
-            format!(
-                "the runtime check requires ncclGetVersion == {want} (torch's pin); adopt does not change NCCL"
-            )
-        },
+        env: have.unwrap_or_else(|| "absent".into()),
+        stack,
+        severity,
+        note,
     }
 }
 

@@ -83,6 +83,7 @@ fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
     let stack = stack();
     let ours = Ours {
         dropin: Some(&fake.dropin),
+        nccl: None,
         deepep: Some(&fake.deepep),
         nvshmem_version: Some("3.4.5"),
         rdc_fix: Some(true),
@@ -372,4 +373,132 @@ fn record_entries_outside_the_environment_are_refused_and_nothing_moves() {
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep me");
     assert_eq!(std::fs::read_to_string(&absolute).unwrap(), "keep me too");
     assert_eq!(tree(&root.join("env")), before, "nothing in the env moved");
+}
+
+/// `[nccl] from-source`: the stack's NCCL (2.30.7, over torch's 2.28.9 pin) replaces the
+/// environment's, the runtime check then sees that one NCCL at the lock's version, and
+/// undo puts NVIDIA's back byte for byte.
+#[test]
+fn a_stack_that_builds_nccl_replaces_the_environments_nccl_and_undo_puts_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let fake = fake_stack(&root.join("fake"));
+    let python = venv(&root.join("env"), true);
+    let installed = [&fake.torch, &fake.nccl, &fake.nvidia_nvshmem];
+    let paths: Vec<&str> = installed.iter().map(|w| w.path.to_str().unwrap()).collect();
+    let out = pip(
+        &python,
+        &[&["install", "--no-index", "--no-deps"][..], &paths].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = PythonEnv::probe(&python).unwrap();
+    let site = env.site_packages().to_path_buf();
+    let pristine = tree(&site);
+
+    let ours_nccl = wheel(
+        &root.join("ours"),
+        "nvidia-nccl-cu13",
+        "2.30.7+commstack.gabc1234",
+        ("py3", "none", "manylinux_2_17_x86_64"),
+        true,
+        &[],
+        &[
+            (
+                "nvidia/nccl/lib/libnccl.so.2",
+                read(&nccl_lib(&root.join("nccl-ours"), 23007)),
+            ),
+            (
+                "nvidia/nccl/include/nccl.h",
+                b"#define NCCL_MAJOR 2\n#define NCCL_MINOR 30\n".to_vec(),
+            ),
+        ],
+    );
+    let mut lock = fake_lock(&[
+        (&fake.torch, false),
+        (&fake.nccl, false),
+        (&fake.nvidia_nvshmem, true),
+    ]);
+    lock.resolved.nccl = "nvidia-nccl-cu13==2.30.7".parse().unwrap();
+    let stack = stack();
+    let mut ours = Ours {
+        dropin: Some(&fake.dropin),
+        nccl: None,
+        deepep: Some(&fake.deepep),
+        nvshmem_version: Some("3.4.5"),
+        rdc_fix: Some(true),
+    };
+    // Without the stack's NCCL build, 2.28.9 is a mismatch adopt cannot fix.
+    let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);
+    let row = cmp
+        .rows
+        .iter()
+        .find(|r| r.what == "nvidia-nccl-cu13")
+        .unwrap();
+    assert_eq!(row.severity, Severity::Error, "{}", cmp.render());
+    assert!(row.note.contains("from-source = true"), "{}", row.note);
+    // With it: a change, said as such.
+    ours.nccl = Some(&ours_nccl);
+    let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);
+    let row = cmp
+        .rows
+        .iter()
+        .find(|r| r.what == "nvidia-nccl-cu13")
+        .unwrap();
+    assert_eq!(row.severity, Severity::Change, "{}", cmp.render());
+    assert!(
+        row.note.contains("replaced by the stack's NCCL 2.30.7"),
+        "{}",
+        row.note
+    );
+
+    let wheels = [ours_nccl.clone(), fake.dropin.clone(), fake.deepep.clone()];
+    let p = adopt::plan(&env, &wheels).unwrap();
+    let shown = p.render();
+    assert!(
+        shown.contains("replace nvidia-nccl-cu13 2.28.9 -> 2.30.7+commstack.gabc1234"),
+        "{shown}"
+    );
+    assert!(
+        p.backup
+            .iter()
+            .any(|f| f.ends_with("nvidia/nccl/lib/libnccl.so.2"))
+    );
+    let adopt_root = adopt::env_dir(&root.join("home"), &env);
+    adopt::apply(&p, &env, &adopt_root).unwrap();
+
+    let expect = adopt::expectations(&lock, &site).unwrap();
+    let after = adopt::runtime_check(&python, &expect, Duration::from_secs(120)).unwrap();
+    assert_eq!(after.status(), Status::Passed, "{:#?}", after.checks);
+    assert!(
+        detail(&after, "nccl.version").contains("23007"),
+        "{}",
+        detail(&after, "nccl.version")
+    );
+    assert_eq!(check(&after, "nccl.mapped-once"), Status::Passed);
+    let env = PythonEnv::probe(&python).unwrap();
+    let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);
+    let row = cmp
+        .rows
+        .iter()
+        .find(|r| r.what == "nvidia-nccl-cu13")
+        .unwrap();
+    assert_eq!(row.severity, Severity::Ok, "{}", cmp.render());
+
+    adopt::undo(&adopt_root).unwrap();
+    assert_eq!(
+        tree(&site),
+        pristine,
+        "undo must restore site-packages exactly"
+    );
+    let restored = adopt::runtime_check(&python, &expect, Duration::from_secs(120)).unwrap();
+    assert!(
+        detail(&restored, "nccl.version").contains("22809"),
+        "{}",
+        detail(&restored, "nccl.version")
+    );
+    assert_eq!(check(&restored, "nccl.version"), Status::Failed);
 }

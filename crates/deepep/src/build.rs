@@ -101,6 +101,10 @@ pub struct BuildRequest<'a> {
     pub nccl_override: Option<&'a Path>,
     /// Accept `nccl_override` although it puts a second libnccl into the process.
     pub allow_second_nccl: bool,
+    /// V2: the stack's NCCL built from source (its drop-in wheel's prefix), which `adopt`
+    /// installs in place of the environment's own: built against, and found at run time
+    /// where the environment's NCCL is (`nvidia/nccl/lib`), so still one NCCL.
+    pub nccl_dropin: Option<&'a Path>,
     /// rdma-core (`/`, or a `dpkg -x` tree) for NVSHMEM headers that include
     /// infiniband/mlx5dv.h; default: the NVSHMEM build's own, else the system's.
     pub rdma_core: Option<&'a Path>,
@@ -219,11 +223,10 @@ fn prepare(req: &BuildRequest<'_>) -> Result<Prepared> {
     check_python(&req.python.env, req.toolchain)?;
     let nccl_root = match req.api {
         DeepEpApi::V1 => None,
-        DeepEpApi::V2 => Some(v2_nccl_root(
-            &req.python.env,
-            req.nccl_override,
-            req.allow_second_nccl,
-        )?),
+        DeepEpApi::V2 => Some(match req.nccl_dropin {
+            Some(dropin) => dropin.to_path_buf(),
+            None => v2_nccl_root(&req.python.env, req.nccl_override, req.allow_second_nccl)?,
+        }),
     };
     let rdma = rdma_core_for(req.nvshmem, req.rdma_core)?;
     let (cuda_lib_include, cuda_lib_headers) =
@@ -734,8 +737,10 @@ impl LinkSetup {
                 to: format!("$ORIGIN/{up}nvidia/nvshmem/lib"),
             })
             .collect();
+        // The environment's NCCL, or the drop-in adopt puts in its place: either way the
+        // extension finds it where the environment keeps NCCL.
         if let (Some(seen), Some(real)) = (&v.nccl_root, &p.nccl_root)
-            && v.py_path(req, real) == *seen
+            && (v.py_path(req, real) == *seen || req.nccl_dropin.is_some())
         {
             for root in [seen, real] {
                 rewrites.push(RpathRewrite {

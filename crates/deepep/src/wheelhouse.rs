@@ -100,6 +100,16 @@ impl Wheelhouse {
     pub fn deepep(&self) -> Option<LockedWheel> {
         self.find(&self.manifest.deepep)
     }
+
+    /// The stack's NCCL built from source (`nvidia-nccl-cuXX` `X.Y.Z+commstack.g...`), in
+    /// an overlay wheelhouse whose stack says `[nccl] from-source = true`.
+    pub fn nccl_dropin(&self) -> Option<LockedWheel> {
+        let w =
+            self.manifest.wheels.iter().find(|w| {
+                w.name.starts_with("nvidia-nccl-cu") && w.version.contains("+commstack")
+            })?;
+        self.find(&w.filename)
+    }
 }
 
 /// The constraints file: the drop-in's exact version first (a local version label only

@@ -303,6 +303,7 @@ fn request<'a>(
         jobs: 2,
         allow_missing_rdc_fix: false,
         nccl_override: None,
+        nccl_dropin: None,
         rdma_core: None,
         allow_second_nccl: false,
         source_date_epoch: 1_796_083_200,

@@ -104,9 +104,6 @@ pub(crate) async fn lock_sources(
     today: &str,
 ) -> Result<(Vec<Source>, Vec<String>)> {
     let mut planned = vec![plan_nvshmem(stack, versions.nvshmem)?, plan_deepep(stack)?];
-    if let Some(nccl) = &stack.nccl.source {
-        planned.push(plan_nccl(nccl, versions.nccl));
-    }
     for sub in &stack.deepep.submodules {
         planned.push(Planned {
             source: Source {
@@ -125,6 +122,9 @@ pub(crate) async fn lock_sources(
                 None => Trust::FirstUse,
             },
         });
+    }
+    if let Some(nccl) = &stack.nccl.source {
+        planned.push(plan_nccl(nccl, versions.nccl));
     }
     let mut out = Vec::new();
     let mut requests = Vec::new();

@@ -59,7 +59,13 @@ pub fn adopt(ctx: &Ctx, args: &AdoptRequest) -> Result<ExitCode> {
             println!("restored from {}", g.display());
         }
         let env = PythonEnv::probe(&args.python)?;
-        for name in ["nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12", "deep-ep"] {
+        for name in [
+            "nvidia-nccl-cu13",
+            "nvidia-nccl-cu12",
+            "nvidia-nvshmem-cu13",
+            "nvidia-nvshmem-cu12",
+            "deep-ep",
+        ] {
             if let Some(d) = env.dist(name) {
                 println!("  now: {} {}", d.name, d.version);
             }
@@ -77,8 +83,10 @@ pub fn adopt(ctx: &Ctx, args: &AdoptRequest) -> Result<ExitCode> {
     };
     let dropin = house.as_ref().and_then(Wheelhouse::dropin);
     let deepep = house.as_ref().and_then(Wheelhouse::deepep);
+    let nccl = house.as_ref().and_then(Wheelhouse::nccl_dropin);
     let ours = Ours {
         dropin: dropin.as_ref(),
+        nccl: nccl.as_ref(),
         deepep: deepep.as_ref(),
         nvshmem_version: pointer.as_ref().and_then(|p| p.nvshmem_version.as_deref()),
         rdc_fix: pointer.as_ref().and_then(|p| p.rdc_fix),
@@ -97,14 +105,18 @@ pub fn adopt(ctx: &Ctx, args: &AdoptRequest) -> Result<ExitCode> {
         return runtime(args, &env, &lock, &root);
     }
     let wanted: Vec<LockedWheel> = match args.only {
-        None => [dropin.clone(), deepep.clone()]
+        // NCCL first: DeepEP V2 was built against it.
+        None => [nccl.clone(), dropin.clone(), deepep.clone()]
             .into_iter()
             .flatten()
             .collect(),
         Some(Only::Deepep) => deepep.clone().into_iter().collect(),
         Some(Only::Nvshmem) => dropin.clone().into_iter().collect(),
     };
-    let expected = if args.only.is_some() { 1 } else { 2 };
+    let expected = match args.only {
+        Some(_) => 1,
+        None => 2 + usize::from(nccl.is_some()),
+    };
     if wanted.len() < expected {
         let msg = format!(
             "no wheelhouse with the stack's wheels for this environment: run `cargo xtask build deepep --python {}` first (or pass --wheelhouse DIR)",

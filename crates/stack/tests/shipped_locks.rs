@@ -70,6 +70,19 @@ fn v2_lock_round_trips() {
 }
 
 #[test]
+fn gpu_adopt_v2_lock_is_canonical() {
+    is_canonical("stacks/gpu-adopt-v2.lock");
+}
+
+#[test]
+fn gpu_adopt_v2_lock_round_trips() {
+    round_trips(
+        "stacks/gpu-adopt-v2.lock",
+        "stacks/gpu-adopt-v2.requirements.lock",
+    );
+}
+
+#[test]
 fn gpu_adopt_lock_round_trips() {
     round_trips(
         "stacks/gpu-adopt.lock",

@@ -125,10 +125,17 @@ pub fn deepep_step(
     let dropin = dropin_wheel(&store, &nvshmem, d.nvshmem_wheel.as_deref(), settings)?;
     say(&format!("drop-in: {}", dropin.path.display()));
 
+    // Adopt mode with [nccl] from-source: the NCCL drop-in joins the overlay.
+    let nccl = match &d.python {
+        Some(_) => crate::flow::nccl::nccl_dropin_step(ctx, settings, args, &tc, say)?,
+        None => None,
+    };
     let (python, runtime, kind) = match &d.python {
         Some(p) => {
             let target = PythonTarget::adopted(p)?;
-            (target, vec![dropin.clone()], WheelhouseKind::Overlay)
+            let mut overlay = vec![dropin.clone()];
+            overlay.extend(nccl.as_ref().map(|n| n.wheel.clone()));
+            (target, overlay, WheelhouseKind::Overlay)
         }
         None => {
             let cache = commstack_fetch::Cache::new(ctx.cache_dir());
@@ -164,6 +171,7 @@ pub fn deepep_step(
         allow_missing_rdc_fix: settings.allow_missing_rdc_fix,
         nccl_override: d.nccl_dir.as_deref(),
         allow_second_nccl: settings.allow_second_nccl,
+        nccl_dropin: nccl.as_ref().map(|n| n.prefix.as_path()),
         rdma_core: args.rdma_core.as_deref(),
         source_date_epoch: source_date_epoch(lock),
         home: Some(&ctx.home),

@@ -11,6 +11,7 @@ pub mod in_image;
 pub mod jit_check;
 pub mod kernels;
 pub mod lock;
+pub mod nccl;
 pub mod nvshmem;
 pub mod toolchain;
 pub mod verify_report;
