@@ -26,6 +26,8 @@
 #             TORCH_CUDA_ARCH_LIST=9.0, EP_JIT_CACHE_DIR=WORK/jit-cache (both baked in envs.py),
 #             CC/CXX per DEEPEP_CXX; then checks that _C NEEDs libstdc++.so.6 and carries no
 #             libstdc++ of its own (a static copy crashes V2's JIT: docs/deepep-v2.md)
+#   unpack    only unpack DeepEP (+ fmt) for the tests: `import`, `legacy` and `elastic` then
+#             run the DeepEP installed in the environment (e.g. by `xtask adopt`)
 #   links     ldd / readelf -d of deep_ep/_C*.so (which libnccl, libnvshmem)
 #   swap      back up the env's libnccl.so.2 (sha256 listing), put the 2.30.7 build there
 #   import    import deep_ep (V2's check_nccl_so), the libnccl mapped
@@ -244,6 +246,12 @@ step_nccl() {
         NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90 >"$LOGS/nccl-make.log" 2>&1 || { tail -40 "$LOGS/nccl-make.log"; return 1; }
     echo "NCCL BUILD SECONDS $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{print a-b}')" | tee -a "$SUMMARY"
     ls -la "$NCCL_BUILD/lib"; find "$NCCL_BUILD/include" | head -40
+}
+
+step_unpack() { # the DeepEP source (with fmt) for the tests, without building it: for an
+    # environment where DeepEP is installed already (crates/deepep/gpu/run-deepep.sh's V2 steps)
+    [ -f "$EP_SRC/setup.py" ] && { echo "kept: $EP_SRC"; return 0; }
+    tar -xzf "$DEEPEP_TGZ" -C "$WORK" && tar -xzf "$FMT_TGZ" -C "$EP_SRC/third-party/fmt" --strip-components=1
 }
 
 step_deepep() {

@@ -401,3 +401,84 @@ fn a_mirror_is_the_first_use_and_a_vouched_tree_is_checked() {
     assert!(t.contains("deepep") && t.contains(&wrong), "{t}");
     assert!(!w.dir.path().join("stack.lock").exists());
 }
+
+/// `[nccl] from-source`: the release tag's archive of the locked NCCL version (torch's
+/// pin here, 2.28.9: `nccl-2.28.9-1.tar.gz`), taken from a mirror (GitHub is out of
+/// reach), held to the tree the stack vouches for, and every later fetch to its bytes.
+#[test]
+fn nccl_from_source_locks_the_release_archive_and_fetch_is_held_to_it() {
+    let w = World::new();
+    let mirror = w.dir.path().join("mirror");
+    std::fs::create_dir_all(&mirror).unwrap();
+    let nccl_dir = w.dir.path().join("git/nccl");
+    let nccl_rev = repo(
+        &nccl_dir,
+        &[(
+            "makefiles/version.mk",
+            "NCCL_MAJOR := 2\nNCCL_MINOR := 28\nNCCL_PATCH := 9\n",
+        )],
+        None,
+    );
+    let nccl = archive(&nccl_dir, "nccl-2.28.9-1", &nccl_rev);
+    let in_mirror = mirror.join("nccl-2.28.9-1.tar.gz");
+    std::fs::write(&in_mirror, &nccl).unwrap();
+    w.write_stack(true);
+    let stack_path = w.dir.path().join("stack.toml");
+    let tree = commstack_fetch::tree::tree_sha256_dir(&nccl_dir).unwrap();
+    let toml = std::fs::read_to_string(&stack_path).unwrap().replace(
+        "[deepep]\n",
+        &format!(
+            "[nccl]\nversion = \"match-torch\"\nfrom-source = true\ntree = \"{tree}\"\n\n[deepep]\n"
+        ),
+    );
+    std::fs::write(&stack_path, &toml).unwrap();
+    let mirror_arg = mirror.to_str().unwrap();
+
+    let out = w.xtask("home", &["lock", "--mirror", mirror_arg]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lock = std::fs::read_to_string(w.dir.path().join("stack.lock")).unwrap();
+    let locked = locked_source(&lock, "nccl");
+    assert_eq!(locked["version"].as_str(), Some("2.28.9"));
+    assert_eq!(locked["rev"].as_str(), Some("v2.28.9-1"));
+    assert_eq!(
+        locked["url"].as_str(),
+        Some("https://github.com/NVIDIA/nccl/archive/refs/tags/v2.28.9-1.tar.gz")
+    );
+    assert_eq!(locked["sha256"].as_str(), Some(sha256(&nccl).as_str()));
+    assert_eq!(locked["tree"].as_str(), Some(tree.as_str()));
+    assert_eq!(locked["origin"].as_str(), Some("stack.toml (nccl.tree)"));
+
+    // Fetched from the mirror into a fresh cache: the same bytes pass.
+    let fetch = [
+        "fetch",
+        "--only",
+        "sources",
+        "--offline",
+        "--mirror",
+        mirror_arg,
+    ];
+    let out = w.xtask("home-b", &fetch);
+    assert!(out.status.success(), "{}", text(&out));
+    // One changed byte: refused, naming the source and its locked sha256.
+    let mut bad = nccl.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 1;
+    std::fs::write(&in_mirror, &bad).unwrap();
+    let out = w.xtask("home-c", &fetch);
+    assert!(!out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("nccl-2.28.9-1.tar.gz") && t.contains(&sha256(&nccl)),
+        "{t}"
+    );
+
+    // A tree that is not the archive's: refused at lock, nothing written.
+    std::fs::write(&in_mirror, &nccl).unwrap();
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    std::fs::write(&stack_path, toml.replace(&tree, &wrong)).unwrap();
+    std::fs::remove_file(w.dir.path().join("stack.lock")).unwrap();
+    let out = w.xtask("home-d", &["lock", "--mirror", mirror_arg]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(&wrong), "{}", text(&out));
+    assert!(!w.dir.path().join("stack.lock").exists());
+}

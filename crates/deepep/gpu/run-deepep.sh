@@ -34,6 +34,13 @@
 #                 rank per GPU; test_intranode.py needs 2+ GPUs and is reported as not run)
 #   undo          adopt --undo: the environment's NVSHMEM and DeepEP files as before `prepare`
 #
+# With a V2 stack (COMMSTACK_STACK=stacks/gpu-adopt-v2.toml: DeepEP dd758ca, NCCL 2.30.7
+# built from source) the default steps are facts prepare compare build adopt v2-tests undo:
+# `build` also builds NCCL from the bundle's mirror and its drop-in wheel, `adopt` replaces
+# the environment's NCCL too, `v2-tests` runs gpu/v2-probe.sh's import (V2's own
+# duplicate-NCCL check), legacy low-latency and elastic tests against the adopted
+# environment, and `undo` checks the NCCL files too.
+#
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), CUDA_HOME (/usr/local/cuda),
 # JOBS (nproc), WORK (default /tmp/commstack-deepep: reused, so steps can be split over
 # several calls), KEEP_ADOPTED=1 (skip undo), COMMSTACK_STACK (default: the checkout's
@@ -49,7 +56,12 @@ bundle="$(cd "$1" && pwd)" || exit 2
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts prepare compare check-before build noop documented negative adopt verify tests undo)
+v2=0
+grep -qE '^api *= *"v2"' "$COMMSTACK_STACK" && v2=1
+if [ ${#steps[@]} -eq 0 ]; then
+    if [ $v2 = 1 ]; then steps=(facts prepare compare build adopt v2-tests undo)
+    else steps=(facts prepare compare check-before build noop documented negative adopt verify tests undo); fi
+fi
 
 mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
 work="${WORK:-/tmp/commstack-deepep}"
@@ -89,8 +101,8 @@ seconds_of() { # seconds_of CMD...: runs it, prints "SECONDS <s>" after, returns
 }
 
 fingerprint() { # the files adopt may touch, with their sha256
-    (cd "$site" && find nvidia/nvshmem deep_ep deep_ep_cpp* deep_ep-*.dist-info deep_ep.egg-info \
-        nvidia_nvshmem_cu*.dist-info -type f 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum)
+    (cd "$site" && find nvidia/nvshmem nvidia/nccl deep_ep deep_ep_cpp* deep_ep-*.dist-info deep_ep.egg-info \
+        nvidia_nvshmem_cu*.dist-info nvidia_nccl_cu*.dist-info -type f 2>/dev/null | LC_ALL=C sort | xargs -r sha256sum)
     "$PY" -c 'import importlib.metadata as m; [print(n, v) for n, v in sorted((d.metadata["Name"], d.version) for d in m.distributions())]'
 }
 
@@ -172,8 +184,11 @@ build_deepep() { # build_deepep [GLOBAL FLAGS...] -- [BUILD FLAGS...]: the adopt
     # (the machine has no libibverbs-dev).
     local rdma=()
     [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
+    # V2: the locked DeepEP, fmt and NCCL sources from the bundle's mirror (V1: the archive).
+    local sources=(--source "$src")
+    [ $v2 = 1 ] && sources=(--offline --mirror "$bundle/mirror" --accept-tree-match)
     seconds_of "$X" "${global[@]}" build deepep --python "$PY" --system --cuda-home "$CUDA_HOME" \
-        --nvshmem "$nv" --source "$src" --jobs "$JOBS" "${rdma[@]}" "${wheel_args[@]}" "$@"
+        --nvshmem "$nv" "${sources[@]}" --jobs "$JOBS" "${rdma[@]}" "${wheel_args[@]}" "$@"
 }
 
 step_build() {
@@ -234,6 +249,15 @@ step_tests() {
     local dir="$work/deepep-tests"
     rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
     "$X" verify --python "$PY" --level tests,exit-clean --deepep-source "$dir" --report "$out/verify-tests"
+}
+
+# V2 against the adopted environment: V2's own duplicate-NCCL check at import, the legacy
+# low-latency test and the elastic test, one process each (gpu/v2-probe.sh's steps, on
+# the bundle's archives; nothing built or swapped there).
+step_v2_tests() {
+    PYTHON="$PY" CUDA_HOME="$CUDA_HOME" WORK="$work/v2probe" BUDGET_S="${V2_BUDGET_S:-300}" \
+        "$repo/gpu/v2-probe.sh" "$bundle/mirror" "$out/v2" unpack import legacy elastic
+    grep -q '^legacy .*rc=0 ' "$out/v2/summary.txt" && grep -q '^import .*rc=0 ' "$out/v2/summary.txt"
 }
 
 step_undo() {
