@@ -424,7 +424,7 @@ fn nccl_from_source_locks_the_release_archive_and_fetch_is_held_to_it() {
     std::fs::write(&in_mirror, &nccl).unwrap();
     w.write_stack(true);
     let stack_path = w.dir.path().join("stack.toml");
-    let tree = commstack_fetch::tree::tree_sha256_dir(&nccl_dir).unwrap();
+    let tree = commstack_fetch::tree::tree_sha256_archive(&in_mirror).unwrap();
     let toml = std::fs::read_to_string(&stack_path).unwrap().replace(
         "[deepep]\n",
         &format!(
@@ -453,7 +453,8 @@ fn nccl_from_source_locks_the_release_archive_and_fetch_is_held_to_it() {
         "fetch",
         "--only",
         "sources",
-        "--offline",
+        "--retries",
+        "0",
         "--mirror",
         mirror_arg,
     ];
