@@ -37,6 +37,10 @@
 //! [`browser::show`] opens a page or an SVG in a real headless browser (chromium) and
 //! gives back its screenshot's pixels and its DOM after rendering.
 //!
+//! [`slurm::Cluster`] is a real Slurm (munged, slurmctld, slurmd) of one node on loopback
+//! that runs job scripts in OCI containers (runc); [`nvshmem::source_tree`] an
+//! NVSHMEM-shaped source (its env_defs header) for what reads NVSHMEM's variables.
+//!
 //! [`as_non_root`] runs a scenario as a user who is not root (the test again, under
 //! `setpriv`, when the tests run as root), so that file permissions bite.
 
@@ -47,9 +51,11 @@ pub mod debian;
 mod http;
 pub mod native;
 mod non_root;
+pub mod nvshmem;
 pub mod pypi;
 pub mod registry;
 mod server;
+pub mod slurm;
 
 pub use cut_proxy::{CutProxy, Direction};
 pub use non_root::as_non_root;

@@ -240,6 +240,22 @@ impl TestRegistry {
         self.dir.path().join("ca.crt")
     }
 
+    /// The registry's login ([`REGISTRY_USER`], [`REGISTRY_PASSWORD`]) as an `auths` file
+    /// at `path`: containers-auth.json(5) for skopeo (`REGISTRY_AUTH_FILE`) and a Docker
+    /// config.json (`DOCKER_CONFIG`) alike.
+    pub fn write_auths(&self, path: &Path) {
+        let auth = base64::engine::general_purpose::STANDARD
+            .encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}"));
+        std::fs::write(
+            path,
+            format!(
+                "{{\"auths\":{{\"{}\":{{\"auth\":\"{auth}\"}}}}}}",
+                self.host()
+            ),
+        )
+        .unwrap();
+    }
+
     /// The token service's requests so far, for a token-auth registry: (user, scope,
     /// granted).
     pub fn token_requests(&self) -> Vec<(String, String, bool)> {

@@ -1,7 +1,7 @@
 //! What the deploy tests share: the fixture stacks, the image, and NVSHMEM's variables
-//! from an env_defs header written here in NVSHMEM 3.x's exact macro shape (the real
-//! source is not in the repository): the variables the fixtures and the render set, and
-//! an IBGDA-guarded one.
+//! from testkit's NVSHMEM-shaped source (`commstack_testkit::nvshmem`: an env_defs header
+//! in NVSHMEM 3.x's exact macro shape, the variables the fixtures and the render set, and
+//! an IBGDA-guarded one).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -12,38 +12,12 @@ use commstack_stack::Stack;
 
 pub const DIGEST: &str = "390fb29b8501aa6f0e8ef8d0c2b9d0f6a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1";
 
-pub const ENV_DEFS: &str = r#"/* NVSHMEMI_ENV_DEF( name, kind, default, category, short description ) */
-#ifdef NVSHMEMI_ENV_DEF
-
-NVSHMEMI_ENV_DEF(DEBUG, string, "", NVSHMEMI_ENV_CAT_OPENSHMEM,
-                 "Set to enable debugging messages.\n"
-                 "Optional values: VERSION, WARN, INFO, ABORT, TRACE")
-NVSHMEMI_ENV_DEF(REMOTE_TRANSPORT, string, NVSHMEMI_ENV_TRANSPORT_DEFAULT,
-                 NVSHMEMI_ENV_CAT_TRANSPORT,
-                 "Selected transport for remote operations: ibrc, ucx, libfabric, ibdevx, none")
-NVSHMEMI_ENV_DEF(BOOTSTRAP_UID_SOCK_IFNAME, string, "", NVSHMEMI_ENV_CAT_BOOTSTRAP,
-                 "Name of the UID bootstrap socket interface name")
-NVSHMEMI_ENV_DEF(IB_GID_INDEX, int, -1, NVSHMEMI_ENV_CAT_TRANSPORT, "Source GID Index for ROCE")
-NVSHMEMI_ENV_DEF(DISABLE_GDRCOPY, bool, false, NVSHMEMI_ENV_CAT_TRANSPORT,
-                 "Disable use of GDRCopy in IB RC Transport")
-
-#if defined(NVSHMEM_IBGDA_SUPPORT) || defined(NVSHMEM_ENV_ALL)
-NVSHMEMI_ENV_DEF(IBGDA_NUM_RC_PER_PE, int, 2, NVSHMEMI_ENV_CAT_TRANSPORT,
-                 "Number of RC QPs per peer PE used in GPU-initiated communication transport.")
-NVSHMEMI_ENV_DEF(IB_ENABLE_IBGDA, bool, false, NVSHMEMI_ENV_CAT_TRANSPORT,
-                 "Set to enable GPU-initiated communication transport.")
-#endif
-
-#endif
-"#;
+pub use commstack_testkit::nvshmem::{ENV_DEFS, ENV_DEFS_PATH};
 
 pub fn tables() -> NvshmemTables {
     commstack_envlint::source::tables(
         Path::new("fixture-nvshmem_src"),
-        vec![(
-            "src/modules/transport/common/env_defs.h".into(),
-            ENV_DEFS.into(),
-        )],
+        vec![(ENV_DEFS_PATH.into(), ENV_DEFS.into())],
     )
     .unwrap()
 }
@@ -52,10 +26,7 @@ pub fn tables() -> NvshmemTables {
 /// `--nvshmem-source` takes.
 pub fn nvshmem_source(dir: &Path) -> (PathBuf, PathBuf) {
     use std::io::Write;
-    let src = dir.join("nvshmem_src");
-    let header = src.join("src/modules/transport/common/env_defs.h");
-    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
-    std::fs::write(&header, ENV_DEFS).unwrap();
+    let src = commstack_testkit::nvshmem::source_tree(dir);
     let archive = dir.join("nvshmem_src_cuda12-all-all-3.4.5.tar.gz");
     let gz = flate2::write::GzEncoder::new(
         std::fs::File::create(&archive).unwrap(),
