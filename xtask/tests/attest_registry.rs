@@ -20,7 +20,7 @@ use base64::Engine as _;
 use commstack_registry::attestations::{Attestation, fetch_attestations, push_attestations};
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, Target};
 use commstack_testkit::cosign::cosign;
-use commstack_testkit::registry::{ed25519_key_pair, run_tool};
+use commstack_testkit::registry::ed25519_key_pair;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 
 const SPDX: &str = "https://spdx.dev/Document";
@@ -155,22 +155,8 @@ fn cosign_and_verify_check_the_pushed_attestations_and_refuse_them_altered() {
     // The real cosign verifies both, each its statement about this digest.
     cosign_verifies_both(&registry, &public, &reference, &b);
     // Under another key cosign refuses them.
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "other.pem"],
-    );
-    run_tool(
-        work.path(),
-        "openssl",
-        &["pkey", "-in", "other.pem", "-pubout", "-out", "other.pub"],
-    );
-    let (ok, said) = cosign_verify(
-        &registry,
-        &work.path().join("other.pub"),
-        "spdxjson",
-        &reference,
-    );
+    let (_, other) = ed25519_key_pair(work.path(), "other");
+    let (ok, said) = cosign_verify(&registry, &other, "spdxjson", &reference);
     assert!(!ok, "cosign took another key's: {said}");
 
     // commstack's own verify, against the lock.

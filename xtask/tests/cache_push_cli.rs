@@ -13,7 +13,7 @@ use commstack_registry::sign::read_signing_key;
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, RetryPolicy, Target};
 use commstack_steps::graph::{Shipped, StepResult, StoredResult};
 use commstack_store::{StepKey, Store};
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::{ed25519_key_pair, run_tool};
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 use serde_json::json;
 
@@ -96,12 +96,7 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
     step(&store, "toolchain", None, |out| {
         std::fs::write(out.join("nvcc"), "not shipped").unwrap();
     });
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    let key = work.path().join("key.pem");
+    let (key, cosign_pub) = ed25519_key_pair(work.path(), "key");
     let target = format!("{}/commstack/cache", registry.host());
     let ca = registry.ca();
     let args = |extra: &[&'static str]| -> Vec<String> {
@@ -151,12 +146,6 @@ fn cache_push_sends_each_shipped_output_signed_and_refuses_a_damaged_one() {
         max_backoff: Duration::ZERO,
     };
     let public = read_signing_key(&key).unwrap().verifying_key();
-    run_tool(
-        work.path(),
-        "openssl",
-        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
-    );
-    let cosign_pub = work.path().join("cosign.pub");
     for (p, key) in pushed.iter().zip([&dropin, &nvshmem]) {
         let digest = p["manifest_digest"].as_str().unwrap();
         commstack_registry::verify_signed(&options, digest, &[public]).unwrap();

@@ -12,7 +12,7 @@ use base64::Engine as _;
 use commstack_image::{ImageSpec, write_layer, write_oci_layout};
 use commstack_registry::sign::{public_key_text, read_signing_key};
 use commstack_registry::{Credentials, PushOptions, RegistryAuth, Target, verify_signed};
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key_pair;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 
 mod common;
@@ -148,12 +148,7 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
     .unwrap();
 
     // Signed: the signature beside it verifies under the key's public half.
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    let key = work.path().join("key.pem");
+    let (key, cosign_pub) = ed25519_key_pair(work.path(), "key");
     let out = xtask(
         &home,
         &[
@@ -190,12 +185,6 @@ fn push_prints_the_digest_reference_and_reads_credentials_and_ca_from_where_user
     });
     verify_signed(&options, &oci.manifest_digest, &[signing.verifying_key()]).unwrap();
     // The real cosign verifies the image's signature with the key's PEM public half.
-    run_tool(
-        work.path(),
-        "openssl",
-        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
-    );
-    let cosign_pub = work.path().join("cosign.pub");
     let (verified, said) = commstack_testkit::cosign::cosign_verify(
         &registry,
         &cosign_pub,

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key_pair;
 use commstack_testkit::{TestRegistry, skip_registry_tests};
 
 mod common;
@@ -130,16 +130,8 @@ fn dry_run_with_a_binary_cache_names_it_and_refuses_an_untrusted_one() {
     );
     let keys = stack.parent().unwrap().join("keys");
     std::fs::create_dir_all(&keys).unwrap();
-    run_tool(
-        &keys,
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    run_tool(
-        &keys,
-        "openssl",
-        &["pkey", "-in", "key.pem", "-pubout", "-out", "cosign.pub"],
-    );
+    // keys/cosign.pem and keys/cosign.pub, the one stack.toml names.
+    ed25519_key_pair(&keys, "cosign");
     let out = build(&["--locked"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(

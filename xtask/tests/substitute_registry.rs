@@ -34,7 +34,7 @@ use commstack_steps::options::BuildOptions;
 use commstack_steps::options::GlobalOptions;
 use commstack_steps::stack_steps::{ImageOptions, StackSteps};
 use commstack_store::{META_FILE, StepKey, Store};
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 use serde_json::json;
 
@@ -497,12 +497,7 @@ fn setup(steps: &[StepId]) -> Result<Setup> {
     let first = build(&stack, &dir.path().join("a"), None)?;
     assert!(first.failed.is_none(), "{:?}", first.failed);
     let registry = TestRegistry::start();
-    run_tool(
-        dir.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    let key = commstack_registry::sign::read_signing_key(&dir.path().join("key.pem"))?;
+    let key = commstack_registry::sign::read_signing_key(&ed25519_key(dir.path(), "key"))?;
     let public_key = commstack_registry::sign::public_key_text(&key.verifying_key());
     let ctx = ctx_for(&stack, &dir.path().join("a"))?;
     let pushed = cache_push(
@@ -937,12 +932,7 @@ fn an_untrusted_signature_is_refused_unless_allowed() -> Result<()> {
     }
     let s = setup(&[])?;
     // Another key's public half: a real ed25519 key that did not sign the cache.
-    run_tool(
-        s.dir.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "other.pem"],
-    );
-    let other = commstack_registry::sign::read_signing_key(&s.dir.path().join("other.pem"))?;
+    let other = commstack_registry::sign::read_signing_key(&ed25519_key(s.dir.path(), "other"))?;
     let other = commstack_registry::sign::public_key_text(&other.verifying_key());
     let home = s.home("b");
     let b = build(
@@ -1078,12 +1068,7 @@ fn a_bad_signature_by_a_trusted_key_is_refused_even_with_allow_unsigned() -> Res
     let found = s.artifact(Toolchain)?;
     // A signature that names the trusted key but was made by another: pushed over the
     // real one, under the same tag.
-    run_tool(
-        s.dir.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "forger.pem"],
-    );
-    let forger = commstack_registry::sign::read_signing_key(&s.dir.path().join("forger.pem"))?;
+    let forger = commstack_registry::sign::read_signing_key(&ed25519_key(s.dir.path(), "forger"))?;
     let mut options = s.options()?;
     options.progress = false;
     let mut forged = commstack_registry::sign::sign(&forger, &options.target.name(), &found.digest);
@@ -1601,12 +1586,8 @@ fn through_a_registry_with_referrers_a_substitution_finds_and_verifies_the_signa
     let first = build_until(&stack, &dir.path().join("a"), None, nvshmem)?;
     assert!(first.failed.is_none(), "{:?}", first.failed);
     let registry = commstack_testkit::cosign::ReferrersRegistry::start();
-    for name in ["key.pem", "other.pem"] {
-        run_tool(
-            dir.path(),
-            "openssl",
-            &["genpkey", "-algorithm", "ed25519", "-out", name],
-        );
+    for name in ["key", "other"] {
+        ed25519_key(dir.path(), name);
     }
     let public = |name: &str| -> Result<String> {
         let key = commstack_registry::sign::read_signing_key(&dir.path().join(name))?;

@@ -1,19 +1,16 @@
 //! The doctor against fixture hosts (recorded /proc, /sys, /dev trees and nvidia-smi output),
 //! variations of them in temporary directories, and real nvidia-smi stand-in processes.
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::{copy_of, fixture};
 use commstack_doctor::{
     CudaVersion, DoctorInput, DoctorReport, NvidiaSmiSource, Status, render_human, run,
 };
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
 
 fn input(host: &Path, env: &[(&str, &str)]) -> DoctorInput {
     DoctorInput {
@@ -36,25 +33,6 @@ fn status(report: &DoctorReport, id: &str) -> Status {
 
 fn finding<'r>(report: &'r DoctorReport, id: &str) -> &'r str {
     &report.check(id).unwrap().finding
-}
-
-/// A writable copy of a fixture host.
-fn copy_of(name: &str) -> tempfile::TempDir {
-    fn copy(from: &Path, to: &Path) {
-        fs::create_dir_all(to).unwrap();
-        for entry in fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &target);
-            } else {
-                fs::copy(entry.path(), target).unwrap();
-            }
-        }
-    }
-    let dir = tempfile::tempdir().unwrap();
-    copy(&fixture(name), dir.path());
-    dir
 }
 
 #[test]

@@ -3,38 +3,16 @@
 //! no peermem, a small /dev/shm, an old driver, an old kernel for DeepEP V2, a GPU the
 //! image has no code for), through its exit status and its JSON verdict.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::{copy_of, fixture};
 use commstack_doctor::Status;
 use commstack_doctor::preflight::{Expectations, PreflightVerdict};
 use commstack_stack::manifest::DeepEpApi;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// A writable copy of a fixture host.
-fn copy_of(name: &str) -> tempfile::TempDir {
-    fn copy(from: &Path, to: &Path) {
-        fs::create_dir_all(to).unwrap();
-        for entry in fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &target);
-            } else {
-                fs::copy(entry.path(), target).unwrap();
-            }
-        }
-    }
-    let dir = tempfile::tempdir().unwrap();
-    copy(&fixture(name), dir.path());
-    dir
-}
 
 fn expectations(dir: &Path, archs: &[&str], api: DeepEpApi) -> PathBuf {
     let archs: Vec<_> = archs.iter().map(|a| a.parse().unwrap()).collect();

@@ -17,7 +17,7 @@ use commstack_registry::pull::Puller;
 use commstack_registry::{
     Credentials, Document, Layout, PushOptions, RegistryAuth, Target, push_layout, push_signed,
 };
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key;
 use commstack_testkit::{
     Behavior, CutProxy, Direction, Route, TestRegistry, TestServer, skip_registry_tests,
 };
@@ -60,12 +60,7 @@ fn a_signature_blob_longer_than_its_descriptor_is_not_read_whole() {
     }
     let registry = TestRegistry::start();
     let work = tempfile::tempdir().unwrap();
-    run_tool(
-        work.path(),
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", "key.pem"],
-    );
-    let key = commstack_registry::sign::read_signing_key(&work.path().join("key.pem")).unwrap();
+    let key = commstack_registry::sign::read_signing_key(&ed25519_key(work.path(), "key")).unwrap();
     let options = options_for(&registry.host(), &registry, REPO);
     let dir = artifact(work.path(), "signed", b"{}".to_vec(), "signed");
     let signed = push_signed(&dir, &key, &tagged(&options, "signed")).unwrap();

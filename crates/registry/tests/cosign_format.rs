@@ -31,7 +31,7 @@ use commstack_registry::{
     FoundThrough, PushOptions, SigningKey, Target, push_signed, verify_signed,
 };
 use commstack_testkit::cosign::{ReferrersRegistry, cosign};
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key_pair;
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER, TestRegistry, skip_registry_tests};
 use sigstore::cosign::verification_constraint::{PublicKeyVerifier, VerificationConstraintVec};
 use sigstore::cosign::{ClientBuilder, CosignCapabilities, SignatureLayer, verify_constraints};
@@ -75,25 +75,14 @@ fn artifact(root: &Path, name: &str, step: bool) -> PathBuf {
 /// The signing key (openssl) and its public key as cosign reads it (`openssl pkey
 /// -pubout`, the command docs/registry.md gives).
 fn keys(dir: &Path, name: &str) -> (SigningKey, PathBuf) {
-    let pem = format!("{name}.pem");
-    let public = format!("{name}.pub");
-    run_tool(
-        dir,
-        "openssl",
-        &["genpkey", "-algorithm", "ed25519", "-out", &pem],
-    );
-    run_tool(
-        dir,
-        "openssl",
-        &["pkey", "-in", &pem, "-pubout", "-out", &public],
-    );
-    let key = read_signing_key(&dir.join(&pem)).unwrap();
+    let (pem, public) = ed25519_key_pair(dir, name);
+    let key = read_signing_key(&pem).unwrap();
     // commstack writes the same PEM as openssl: `cargo xtask` can print it.
     assert_eq!(
-        std::fs::read_to_string(dir.join(&public)).unwrap(),
+        std::fs::read_to_string(&public).unwrap(),
         public_key_pem(&key.verifying_key())
     );
-    (key, dir.join(public))
+    (key, public)
 }
 
 /// Where the tests push: its registry options, and how sigstore-rs and cosign reach it.

@@ -11,7 +11,7 @@ use common::options_for;
 use commstack_registry::artifact::{Artifact, write_artifact_layout};
 use commstack_registry::sign::read_signing_key;
 use commstack_registry::{push_layout, push_signed, verify_signed};
-use commstack_testkit::registry::run_tool;
+use commstack_testkit::registry::ed25519_key;
 use commstack_testkit::{TestRegistry, skip_registry_tests};
 
 /// An artifact of one file (`content`) in `root/<name>`, tagged `name`.
@@ -41,15 +41,8 @@ fn signed_artifacts_verify_under_the_trusted_key_only() {
     }
     let registry = TestRegistry::start();
     let work = tempfile::tempdir().unwrap();
-    for name in ["ours.pem", "theirs.pem"] {
-        run_tool(
-            work.path(),
-            "openssl",
-            &["genpkey", "-algorithm", "ed25519", "-out", name],
-        );
-    }
-    let ours = read_signing_key(&work.path().join("ours.pem")).unwrap();
-    let theirs = read_signing_key(&work.path().join("theirs.pem")).unwrap();
+    let ours = read_signing_key(&ed25519_key(work.path(), "ours")).unwrap();
+    let theirs = read_signing_key(&ed25519_key(work.path(), "theirs")).unwrap();
     let mut options = options_for(&registry.host(), &registry, "commstack/cache");
 
     options.tag = Some("signed".into());

@@ -48,21 +48,29 @@ pub fn run_tool(dir: &Path, program: &str, args: &[&str]) -> Output {
     out
 }
 
-/// A new ed25519 key pair made by openssl in `dir`: `<name>.pem` (PKCS#8, what commstack
-/// signs with) and `<name>.pub` (the SubjectPublicKeyInfo PEM cosign verifies with).
-pub fn ed25519_key_pair(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (key, public) = (format!("{name}.pem"), format!("{name}.pub"));
+/// A new ed25519 private key made by openssl in `dir`: `<name>.pem` (PKCS#8, what commstack
+/// signs with). [`ed25519_key_pair`] when the test needs its public half as a file too.
+pub fn ed25519_key(dir: &Path, name: &str) -> PathBuf {
+    let key = format!("{name}.pem");
     run_tool(
         dir,
         "openssl",
         &["genpkey", "-algorithm", "ed25519", "-out", &key],
     );
+    dir.join(key)
+}
+
+/// A new ed25519 key pair made by openssl in `dir`: `<name>.pem` (PKCS#8, what commstack
+/// signs with) and `<name>.pub` (the SubjectPublicKeyInfo PEM cosign verifies with).
+pub fn ed25519_key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (key, public) = (format!("{name}.pem"), format!("{name}.pub"));
+    let private = ed25519_key(dir, name);
     run_tool(
         dir,
         "openssl",
         &["pkey", "-in", &key, "-pubout", "-out", &public],
     );
-    (dir.join(key), dir.join(public))
+    (private, dir.join(public))
 }
 
 /// How the registry asks for credentials.
