@@ -47,30 +47,7 @@ pub fn adopt(ctx: &Ctx, args: &AdoptRequest) -> Result<ExitCode> {
     let env = PythonEnv::probe(&args.python)?;
     let root = adopt::env_dir(&ctx.home, &env);
     if args.undo {
-        let undone = adopt::undo(&root)?;
-        if undone.is_empty() {
-            println!(
-                "nothing to undo for {} ({})",
-                args.python.display(),
-                root.display()
-            );
-        }
-        for g in &undone {
-            println!("restored from {}", g.display());
-        }
-        let env = PythonEnv::probe(&args.python)?;
-        for name in [
-            "nvidia-nccl-cu13",
-            "nvidia-nccl-cu12",
-            "nvidia-nvshmem-cu13",
-            "nvidia-nvshmem-cu12",
-            "deep-ep",
-        ] {
-            if let Some(d) = env.dist(name) {
-                println!("  now: {} {}", d.name, d.version);
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
+        return undo(args, &root);
     }
 
     let stack = commstack_steps::util::read_stack(&ctx.stack_path)?;
@@ -172,6 +149,34 @@ pub fn adopt(ctx: &Ctx, args: &AdoptRequest) -> Result<ExitCode> {
     }
     let env = PythonEnv::probe(&args.python)?;
     runtime(args, &env, &lock, &root)
+}
+
+/// `--undo`: every backup generation back, newest first; then what is installed now.
+fn undo(args: &AdoptRequest, root: &Path) -> Result<ExitCode> {
+    let undone = adopt::undo(root)?;
+    if undone.is_empty() {
+        println!(
+            "nothing to undo for {} ({})",
+            args.python.display(),
+            root.display()
+        );
+    }
+    for g in &undone {
+        println!("restored from {}", g.display());
+    }
+    let env = PythonEnv::probe(&args.python)?;
+    for name in [
+        "nvidia-nccl-cu13",
+        "nvidia-nccl-cu12",
+        "nvidia-nvshmem-cu13",
+        "nvidia-nvshmem-cu12",
+        "deep-ep",
+    ] {
+        if let Some(d) = env.dist(name) {
+            println!("  now: {} {}", d.name, d.version);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn read_pointer(root: &Path) -> Option<AdoptPointer> {

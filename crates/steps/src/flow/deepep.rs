@@ -22,6 +22,7 @@ use commstack_store::{Outcome, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::ctx::Ctx;
+use crate::flow::nccl::NcclMade;
 use crate::flow::toolchain::resolve;
 use crate::options::BuildOptions;
 use crate::settings::Settings;
@@ -125,28 +126,7 @@ pub fn deepep_step(
     let dropin = dropin_wheel(&store, &nvshmem, d.nvshmem_wheel.as_deref(), settings)?;
     say(&format!("drop-in: {}", dropin.path.display()));
 
-    // Adopt mode with [nccl] from-source: the NCCL drop-in joins the overlay.
-    let nccl = match &d.python {
-        Some(_) => crate::flow::nccl::nccl_dropin_step(ctx, settings, args, &tc, say)?,
-        None => None,
-    };
-    let (python, runtime, kind) = match &d.python {
-        Some(p) => {
-            let target = PythonTarget::adopted(p)?;
-            let mut overlay = vec![dropin.clone()];
-            overlay.extend(nccl.as_ref().map(|n| n.wheel.clone()));
-            (target, overlay, WheelhouseKind::Overlay)
-        }
-        None => {
-            let cache = commstack_fetch::Cache::new(ctx.cache_dir());
-            let wheels = runtime_wheels(lock, &cache, std::slice::from_ref(&dropin))?;
-            let base = base_python(lock, d.base_python.as_deref())?;
-            let minor = python_minor(&lock.resolved.python_tag)?;
-            let venv = managed_venv(&store, &base, &minor, &wheels, false)?;
-            report_step(say, "build venv", &venv.outcome);
-            (PythonTarget::managed(&venv)?, wheels, WheelhouseKind::Full)
-        }
-    };
+    let (python, runtime, kind, nccl) = python_target(ctx, settings, args, &tc, &dropin, say)?;
     say(&format!(
         "python: {} ({} mode; Python {}, torch {}, CUDA {})",
         python.env.python.display(),
@@ -222,6 +202,50 @@ pub fn deepep_step(
         nvshmem_version: r.nvshmem.version.clone(),
         rdc_fix: r.rdc_fix,
     })
+}
+
+/// Where DeepEP is built and what its wheelhouse holds: the environment to adopt and an
+/// overlay (the drop-in, and with `[nccl] from-source` the NCCL drop-in built here), or
+/// the managed build venv and every runtime wheel.
+fn python_target(
+    ctx: &Ctx,
+    settings: &Settings,
+    args: &BuildOptions,
+    tc: &commstack_toolchain::Toolchain,
+    dropin: &LockedWheel,
+    say: &dyn Fn(&str),
+) -> Result<(
+    PythonTarget,
+    Vec<LockedWheel>,
+    WheelhouseKind,
+    Option<NcclMade>,
+)> {
+    let lock = &settings.lock;
+    let store = Store::open(ctx.store_dir())?;
+    let d = &args.deepep;
+    // Adopt mode with [nccl] from-source: the NCCL drop-in joins the overlay.
+    let nccl = match &d.python {
+        Some(_) => crate::flow::nccl::nccl_dropin_step(ctx, settings, args, tc, say)?,
+        None => None,
+    };
+    let (python, runtime, kind) = match &d.python {
+        Some(p) => {
+            let target = PythonTarget::adopted(p)?;
+            let mut overlay = vec![dropin.clone()];
+            overlay.extend(nccl.as_ref().map(|n| n.wheel.clone()));
+            (target, overlay, WheelhouseKind::Overlay)
+        }
+        None => {
+            let cache = commstack_fetch::Cache::new(ctx.cache_dir());
+            let wheels = runtime_wheels(lock, &cache, std::slice::from_ref(dropin))?;
+            let base = base_python(lock, d.base_python.as_deref())?;
+            let minor = python_minor(&lock.resolved.python_tag)?;
+            let venv = managed_venv(&store, &base, &minor, &wheels, false)?;
+            report_step(say, "build venv", &venv.outcome);
+            (PythonTarget::managed(&venv)?, wheels, WheelhouseKind::Full)
+        }
+    };
+    Ok((python, runtime, kind, nccl))
 }
 
 /// The wheelhouse of what [`deepep_step`] made (the runtime wheels, the drop-in, DeepEP).
