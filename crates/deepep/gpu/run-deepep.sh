@@ -186,13 +186,19 @@ build_deepep() { # build_deepep [GLOBAL FLAGS...] -- [BUILD FLAGS...]: the adopt
     [ -d "$bundle/rdma-core" ] && rdma=(--rdma-core "$bundle/rdma-core")
     # V2: the locked DeepEP, fmt and NCCL sources from the bundle's mirror (V1: the archive).
     local sources=(--source "$src")
-    [ $v2 = 1 ] && sources=(--offline --mirror "$bundle/mirror" --accept-tree-match)
+    if [ $v2 = 1 ]; then
+        sources=(--offline --mirror "$bundle/mirror" --accept-tree-match)
+        "$X" fetch --only sources "${sources[@]}" || return
+    fi
     seconds_of "$X" "${global[@]}" build deepep --python "$PY" --system --cuda-home "$CUDA_HOME" \
         --nvshmem "$nv" "${sources[@]}" --jobs "$JOBS" "${rdma[@]}" "${wheel_args[@]}" "$@"
 }
 
 step_build() {
-    build_deepep -- --force || return
+    # Cold already on a fresh machine; V2's --force would also rebuild NCCL (3 minutes).
+    local force=(--force)
+    [ $v2 = 1 ] && force=()
+    build_deepep -- "${force[@]}" || return
     local step
     step="$(ls -td "$COMMSTACK_HOME"/store/steps/deepep-* 2>/dev/null | grep -v deepep-venv | head -1)"
     cp "$step/build-report.json" "$out/deepep-build-report.json"

@@ -279,6 +279,45 @@ fn a_warning_at_import_fails_the_import_naming_it_and_the_fix() {
     assert_eq!(check(&findings, "import.deep_ep").status, Status::Passed);
 }
 
+/// A library's deprecation note about its own code (torch 2.11 warns that
+/// `torch.jit.script_method` is deprecated when DeepEP V2 imports a module using it) is
+/// hidden by Python's default filters: reported in the passed check, not failed; a
+/// UserWarning in the same import still fails it.
+#[test]
+fn a_deprecation_inside_a_library_is_reported_not_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = fake_site(dir.path(), "OFF", 22809);
+    fake_deep_ep(&site, None);
+    let init = site.join("deep_ep/__init__.py");
+    let original = std::fs::read_to_string(&init).unwrap();
+    let deprecated = "import warnings as _w\nfor _ in range(3):\n    _w.warn(\"`torch.jit.script_method` is deprecated.\", DeprecationWarning)\n";
+    std::fs::write(&init, format!("{original}{deprecated}")).unwrap();
+    let findings = check_runtime(&probe(&site), &expectations(&site));
+    let c = check(&findings, "import.deep_ep");
+    assert_eq!(c.status, Status::Passed, "{c:#?}");
+    assert!(
+        c.detail
+            .contains("3 warning(s) Python's default filters hide")
+            && c.detail
+                .contains("(3x) DeprecationWarning: `torch.jit.script_method` is deprecated."),
+        "{}",
+        c.detail
+    );
+    std::fs::write(
+        &init,
+        format!("{original}{deprecated}_w.warn(\"shown\", UserWarning)\n"),
+    )
+    .unwrap();
+    let findings = check_runtime(&probe(&site), &expectations(&site));
+    let c = check(&findings, "import.deep_ep");
+    assert_eq!(c.status, Status::Failed, "{c:#?}");
+    assert!(
+        c.detail.contains("warned 1 time(s)") && c.detail.contains("UserWarning: shown"),
+        "{}",
+        c.detail
+    );
+}
+
 /// `python -c IMPORT_CHECK_PY MODULE` (the image step's `import torch` where no GPU is)
 /// judges an import as the probe does, through the same Python: exit 0 and no warnings for
 /// the clean fake torch, 3 with the warning's text once torch warns, 1 for a module whose

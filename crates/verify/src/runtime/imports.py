@@ -7,15 +7,25 @@ import traceback
 import warnings
 
 
+# What Python's default warning filters hide outside __main__: a library's deprecation
+# notes about its own code (torch 2.11's `torch.jit.script_method` when DeepEP V2 imports
+# it) never reach the user who imports it.
+HIDDEN_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
 def import_module(name):
-    # Every warning the import raises is recorded (each once): a clean import warns of
-    # nothing, e.g. torch without numpy warns "Failed to initialize NumPy".
+    # Every warning the import raises is recorded: a clean import warns of nothing a user
+    # sees, e.g. torch without numpy warns "Failed to initialize NumPy". Those Python's
+    # default filters hide are kept apart, reported but not judged.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = import_module_quietly(name)
-    result["warnings"] = [
-        "%s: %s (%s:%s)" % (w.category.__name__, w.message, w.filename, w.lineno) for w in caught
-    ]
+    shown, hidden = [], []
+    for w in caught:
+        text = "%s: %s (%s:%s)" % (w.category.__name__, w.message, w.filename, w.lineno)
+        (hidden if issubclass(w.category, HIDDEN_BY_DEFAULT) else shown).append(text)
+    result["warnings"] = shown
+    result["hidden_warnings"] = hidden
     return result
 
 

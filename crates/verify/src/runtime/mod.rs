@@ -66,6 +66,10 @@ pub struct ImportResult {
     /// older reports have none.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Warnings Python's default filters hide outside `__main__` (a library's
+    /// DeprecationWarning about its own code): reported, not judged.
+    #[serde(default)]
+    pub hidden_warnings: Vec<String>,
 }
 
 /// `ncclGetVersion` of one mapped libnccl, asked through ctypes.
@@ -333,6 +337,29 @@ fn import_warning_fix(warnings: &[String]) -> &'static str {
     }
 }
 
+/// The warnings Python hides by default, each distinct one once with its count.
+fn hidden_note(hidden: &[String]) -> String {
+    if hidden.is_empty() {
+        return String::new();
+    }
+    let mut distinct: Vec<(&String, usize)> = Vec::new();
+    for w in hidden {
+        match distinct.iter_mut().find(|(d, _)| *d == w) {
+            Some((_, n)) => *n += 1,
+            None => distinct.push((w, 1)),
+        }
+    }
+    let lines: Vec<String> = distinct
+        .iter()
+        .map(|(w, n)| format!("\n  ({n}x) {w}"))
+        .collect();
+    format!(
+        "; {} warning(s) Python's default filters hide (not a user's to fix):{}",
+        hidden.len(),
+        lines.concat()
+    )
+}
+
 fn import_check(i: &ImportResult) -> Check {
     let name = format!("import.{}", i.module);
     match i.status.as_str() {
@@ -349,10 +376,11 @@ fn import_check(i: &ImportResult) -> Check {
         "ok" => Check::pass(
             &name,
             format!(
-                "{} {} from {}",
+                "{} {} from {}{}",
                 i.module,
                 i.version.as_deref().unwrap_or("(no __version__)"),
-                i.file.as_deref().unwrap_or("?")
+                i.file.as_deref().unwrap_or("?"),
+                hidden_note(&i.hidden_warnings)
             ),
         ),
         "absent" => Check::not_run_fix(
