@@ -410,10 +410,14 @@ fn check_rules(
     rows: &mut Vec<Row>,
 ) -> Vec<RuleLine> {
     let torch_nccl = env.torch_pin("nvidia-nccl-cu");
-    // The NCCL the environment holds: the installed wheel of torch's NCCL name.
+    // The NCCL the environment will hold: the stack's drop-in where it builds one
+    // (adopt installs it), else the installed wheel of torch's NCCL name.
     let nccl = torch_nccl.as_ref().and_then(|pin| {
-        let installed = env.dist(&pin.name)?;
-        Some(Pin::new(pin.name.clone(), parse(&installed.version)?))
+        let version = match ours.nccl {
+            Some(w) => w.version.clone(),
+            None => env.dist(&pin.name)?.version.clone(),
+        };
+        Some(Pin::new(pin.name.clone(), parse(&version)?))
     });
     let facts = Facts {
         torch_cuda: env.torch_cuda().and_then(parse),

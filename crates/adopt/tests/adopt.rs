@@ -423,7 +423,9 @@ fn a_stack_that_builds_nccl_replaces_the_environments_nccl_and_undo_puts_it_back
         (&fake.nvidia_nvshmem, true),
     ]);
     lock.resolved.nccl = "nvidia-nccl-cu13==2.30.7".parse().unwrap();
-    let stack = stack();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stacks/gpu-adopt-v2.toml");
+    let stack =
+        commstack_stack::Stack::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
     let mut ours = Ours {
         dropin: Some(&fake.dropin),
         nccl: None,
@@ -440,6 +442,12 @@ fn a_stack_that_builds_nccl_replaces_the_environments_nccl_and_undo_puts_it_back
         .unwrap();
     assert_eq!(row.severity, Severity::Error, "{}", cmp.render());
     assert!(row.note.contains("from-source = true"), "{}", row.note);
+    // DeepEP V2's NCCL floor, judged on what the environment holds: violated.
+    assert!(
+        cmp.rows.iter().any(|r| r.what == "rule deepep-v2-nccl"),
+        "{}",
+        cmp.render()
+    );
     // With it: a change, said as such.
     ours.nccl = Some(&ours_nccl);
     let cmp = adopt::compare(&env, &lock, Some(&stack), &ours);

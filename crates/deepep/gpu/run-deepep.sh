@@ -25,6 +25,7 @@
 #   noop          the same command again, timed: target under 1 s
 #   documented    DeepEP's documented `python setup.py build` (NVSHMEM_DIR,
 #                 TORCH_CUDA_ARCH_LIST=9.0, CPATH=<cuda>/include/cccl), timed: the baseline
+#                 (V2: EP_NCCL_ROOT_DIR = the stack's NCCL build, EP_NVSHMEM_ROOT_DIR, fmt filled in)
 #   negative      adopt --only deepep: DeepEP in, NVIDIA's NVSHMEM left: the check must FAIL and say why
 #   adopt         adopt: the drop-in too: the check must PASS (one libnvshmem_host, ours, NCCL off;
 #                 one libnccl = the lock's pin)
@@ -39,7 +40,8 @@
 # `build` also builds NCCL from the bundle's mirror and its drop-in wheel, `adopt` replaces
 # the environment's NCCL too, `v2-tests` runs gpu/v2-probe.sh's import (V2's own
 # duplicate-NCCL check), legacy low-latency and elastic tests against the adopted
-# environment, and `undo` checks the NCCL files too.
+# environment (V2_TESTS picks among import, legacy, elastic), and `undo` checks the NCCL
+# files too.
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), CUDA_HOME (/usr/local/cuda),
 # JOBS (nproc), WORK (default /tmp/commstack-deepep: reused, so steps can be split over
@@ -215,7 +217,23 @@ step_noop() {
     done
 }
 
+# V2's documented build (setup.py build) on the same inputs as `build`: the NCCL the
+# stack built (its store step), our NVSHMEM, fmt in third-party/fmt, the system g++.
+documented_v2() {
+    local dir="$work/documented" nccl cpath="$CUDA_HOME/include/cccl"
+    nccl="$(ls -d "$COMMSTACK_HOME"/store/steps/nccl-*/nccl 2>/dev/null | head -1)"
+    [ -d "$nccl" ] || { echo "no NCCL build in the store: run the build step first"; return 1; }
+    rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
+    tar -xzf "$(ls "$bundle"/mirror/fmt-*.tar.gz)" -C "$dir/third-party/fmt" --strip-components=1 || return 1
+    [ -d "$bundle/rdma-core/usr/include" ] && cpath="$cpath:$bundle/rdma-core/usr/include"
+    cd "$dir" || return 1
+    seconds_of env CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ EP_NCCL_ROOT_DIR="$nccl" \
+        EP_NVSHMEM_ROOT_DIR="$nvprefix" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS="$JOBS" CPATH="$cpath" \
+        CUDA_HOME="$CUDA_HOME" "$PY" setup.py build
+}
+
 step_documented() {
+    if [ $v2 = 1 ]; then documented_v2; return; fi
     local dir="$work/documented"
     rm -rf "$dir" && mkdir -p "$dir" && tar -xzf "$src" -C "$dir" --strip-components=1 || return 1
     cd "$dir" || return 1
@@ -262,7 +280,7 @@ step_tests() {
 # the bundle's archives; nothing built or swapped there).
 step_v2_tests() {
     PYTHON="$PY" CUDA_HOME="$CUDA_HOME" WORK="$work/v2probe" BUDGET_S="${V2_BUDGET_S:-300}" \
-        "$repo/gpu/v2-probe.sh" "$bundle/mirror" "$out/v2" unpack import legacy elastic
+        "$repo/gpu/v2-probe.sh" "$bundle/mirror" "$out/v2" unpack ${V2_TESTS:-import legacy elastic}
     grep -q '^legacy .*rc=0 ' "$out/v2/summary.txt" && grep -q '^import .*rc=0 ' "$out/v2/summary.txt"
 }
 
