@@ -34,18 +34,7 @@ use common::{repo_root, text};
 const RUN: &str = "COMMSTACK_TEST_IMAGE=<docker image id or tag> cargo test -p xtask --test slurm_real_image -- --ignored";
 
 fn ok(program: &str, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} is needed for this test: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    commstack_testkit::command::run_ok(program, args, dir, "Docker, skopeo and umoci (see .ci/run)")
 }
 
 /// `docker image inspect` of `image`: its config's Env, its labels and tags.

@@ -43,14 +43,7 @@ fn run(program: &str, args: &[&str], dir: &Path) -> Output {
 }
 
 fn ok(program: &str, args: &[&str], dir: &Path) -> String {
-    let out = run(program, args, dir);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    commstack_testkit::command::run_ok(program, args, dir, "see .ci/run for the packages")
 }
 
 /// This crate's sibling binary, built as the workspace builds it: the doctor the image

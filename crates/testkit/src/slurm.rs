@@ -30,18 +30,7 @@ const PACKAGES: &str = "slurm-wlm munge runc skopeo umoci (apt-get install; .ci/
 pub const NODE_MOUNT: &str = "/mnt";
 
 fn ok(program: &str, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} is needed for this test ({e}): {PACKAGES}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::command::run_ok(program, args, dir, PACKAGES)
 }
 
 fn free_port() -> u16 {
