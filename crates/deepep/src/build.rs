@@ -435,11 +435,7 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
 }
 
 pub fn load_report(step: &Path) -> Result<BuildReport> {
-    let path = step.join(BUILD_REPORT_FILE);
-    let text =
-        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a DeepEP build report", path.display()))
+    commstack_store::read_json(&step.join(BUILD_REPORT_FILE), "a DeepEP build report")
 }
 
 /// The toolchain as seen in its view `deps/toolchain` (of the wheel toolchain's store

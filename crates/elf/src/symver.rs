@@ -179,6 +179,14 @@ impl ManylinuxTag {
         }
     }
 
+    /// [`Self::wheel_platform_tag`] as the separate tags a wheel builder takes.
+    pub fn wheel_platform_tags(&self) -> Vec<String> {
+        self.wheel_platform_tag()
+            .split('.')
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Parses `manylinux_2_17_x86_64` or a legacy alias (`manylinux2014_x86_64`).
     pub fn parse(tag: &str) -> Option<ManylinuxTag> {
         let legacy = [

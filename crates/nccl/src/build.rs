@@ -152,11 +152,8 @@ pub fn build(store: &Store, req: &MakeRequest, force: bool) -> Result<Built> {
         )?;
         Ok(())
     })?;
-    let path = outcome.path().join(REPORT_FILE);
-    let report: BuildReport = serde_json::from_str(
-        &fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not an NCCL build report", path.display()))?;
+    let report: BuildReport =
+        commstack_store::read_json(&outcome.path().join(REPORT_FILE), "an NCCL build report")?;
     Ok(Built {
         prefix: outcome.path().join(INSTALL_DIR),
         key,

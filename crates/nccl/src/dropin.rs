@@ -69,11 +69,8 @@ pub fn build_dropin_wheel(
         )?;
         Ok(())
     })?;
-    let path = outcome.path().join(WHEEL_REPORT_FILE);
-    let mut report: NcclDropIn = serde_json::from_str(
-        &fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not a wheel report", path.display()))?;
+    let mut report: NcclDropIn =
+        commstack_store::read_json(&outcome.path().join(WHEEL_REPORT_FILE), "a wheel report")?;
     report.wheel = outcome.path().join("dist").join(&report.filename);
     Ok((report, outcome))
 }
@@ -110,11 +107,7 @@ fn write_wheel(
         .with_context(|| format!("{} is not an ELF library", files[0].1.display()))?;
     let glibc = elf::newest_glibc(&lib.needed_versions()?);
     let tag = elf::ManylinuxTag::for_glibc(glibc.as_ref(), "x86_64");
-    let platform_tags: Vec<String> = tag
-        .wheel_platform_tag()
-        .split('.')
-        .map(str::to_string)
-        .collect();
+    let platform_tags = tag.wheel_platform_tags();
     let mut b = WheelBuilder::new(distribution, version)?
         .root_is_purelib(true) // as NVIDIA's wheel: site-packages/nvidia/nccl either way
         .metadata(

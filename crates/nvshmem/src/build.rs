@@ -173,11 +173,7 @@ pub fn build(store: &Store, req: &BuildRequest<'_>, force: bool) -> Result<Built
 }
 
 pub fn load_report(step_dir: &Path) -> Result<BuildReport> {
-    let path = step_dir.join(REPORT_FILE);
-    let text =
-        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not an NVSHMEM build report", path.display()))
+    commstack_store::read_json(&step_dir.join(REPORT_FILE), "an NVSHMEM build report")
 }
 
 /// A configured build tree in `work/` (source copy, build dir, environment).

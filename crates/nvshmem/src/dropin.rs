@@ -140,11 +140,8 @@ pub fn build_dropin_wheel(
             .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
     })?;
-    let path = outcome.path().join(WHEEL_REPORT_FILE);
-    let mut report: DropIn = serde_json::from_str(
-        &fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not a wheel report", path.display()))?;
+    let mut report: DropIn =
+        commstack_store::read_json(&outcome.path().join(WHEEL_REPORT_FILE), "a wheel report")?;
     report.wheel = outcome.path().join("dist").join(&report.filename);
     Ok((report, outcome))
 }
@@ -215,11 +212,7 @@ fn write_wheel(
     }
     let glibc = elf::newest_glibc(&needs);
     let tag = elf::ManylinuxTag::for_glibc(glibc.as_ref(), "x86_64");
-    let platform_tags: Vec<String> = tag
-        .wheel_platform_tag()
-        .split('.')
-        .map(str::to_string)
-        .collect();
+    let platform_tags = tag.wheel_platform_tags();
 
     let mut b = WheelBuilder::new(distribution, version)?
         .root_is_purelib(true) // as NVIDIA's wheel: site-packages/nvidia/nvshmem either way

@@ -51,6 +51,14 @@ pub const MAX_STEP_NAME: usize = 128;
 
 /// Whether `name` can name a step: `[A-Za-z0-9_-]+` (no `/`, `.`, space or control
 /// character: a store directory is named by it), at most [`MAX_STEP_NAME`] bytes.
+/// A step's JSON record (its build or wheel report) read back: `what` names it in the
+/// error ("an NCCL build report").
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not {what}", path.display()))
+}
+
 pub fn valid_step_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_STEP_NAME
