@@ -42,28 +42,30 @@ fn stack() -> commstack_stack::Stack {
     commstack_stack::Stack::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-#[test]
-fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+/// The fake stack, and a venv pip filled with its torch, NCCL 2.28.9 and NVIDIA's NVSHMEM:
+/// the environment as NVIDIA's wheels leave it.
+fn nvidias_environment(root: &Path) -> (FakeStack, std::path::PathBuf) {
     let fake = fake_stack(&root.join("fake"));
     let python = venv(&root.join("env"), true);
+    let installed = [&fake.torch, &fake.nccl, &fake.nvidia_nvshmem];
+    let paths: Vec<&str> = installed.iter().map(|w| w.path.to_str().unwrap()).collect();
     let out = pip(
         &python,
-        &[
-            "install",
-            "--no-index",
-            "--no-deps",
-            fake.torch.path.to_str().unwrap(),
-            fake.nccl.path.to_str().unwrap(),
-            fake.nvidia_nvshmem.path.to_str().unwrap(),
-        ],
+        &[&["install", "--no-index", "--no-deps"][..], &paths].concat(),
     );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (fake, python)
+}
+
+#[test]
+fn adopt_replaces_nvidias_nvshmem_proves_it_and_undoes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (fake, python) = nvidias_environment(root);
 
     let env = PythonEnv::probe(&python).unwrap();
     assert_eq!(env.torch_version(), Some("2.11.0"));
@@ -382,19 +384,7 @@ fn record_entries_outside_the_environment_are_refused_and_nothing_moves() {
 fn a_stack_that_builds_nccl_replaces_the_environments_nccl_and_undo_puts_it_back() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let fake = fake_stack(&root.join("fake"));
-    let python = venv(&root.join("env"), true);
-    let installed = [&fake.torch, &fake.nccl, &fake.nvidia_nvshmem];
-    let paths: Vec<&str> = installed.iter().map(|w| w.path.to_str().unwrap()).collect();
-    let out = pip(
-        &python,
-        &[&["install", "--no-index", "--no-deps"][..], &paths].concat(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (fake, python) = nvidias_environment(root);
     let env = PythonEnv::probe(&python).unwrap();
     let site = env.site_packages().to_path_buf();
     let pristine = tree(&site);
