@@ -323,7 +323,7 @@ const COMMSTACK_ONLY: [&str; 4] = [
 /// The environment of the documented build: the step's recorded environment `vars` with
 /// every path through a view of the fixed build directory `fixed` mapped back to its
 /// target, HOME, TMPDIR and git's ceiling in `home`, `tmp` and `top`, less
-/// [`COMMSTACK_ONLY`]. A value still naming the fixed directory is an error (a variable
+/// [`COMMSTACK_ONLY`] and the ninja front on PATH. A value still naming the fixed directory is an error (a variable
 /// this bench does not know).
 pub fn documented_env(
     vars: &BTreeMap<String, String>,
@@ -340,6 +340,12 @@ pub fn documented_env(
             continue;
         }
         let v = match k.as_str() {
+            // The ninja front (job order) is commstack's: the documented build runs ninja.
+            "PATH" => {
+                let front = Path::new(&fixed).join(commstack_deepep::schedule::NINJA_FRONT_DIR);
+                let rest = std::env::split_paths(v).filter(|d| *d != front);
+                map_views(&std::env::join_paths(rest)?.to_string_lossy(), views)
+            }
             "HOME" => home.display().to_string(),
             "TMPDIR" => tmp.display().to_string(),
             "GIT_CEILING_DIRECTORIES" => top.display().to_string(),
@@ -475,7 +481,7 @@ mod tests {
         let vars: BTreeMap<String, String> = [
             (
                 "PATH",
-                format!("{d}/deps/python/bin:{d}/deps/toolchain/bin:/usr/bin"),
+                format!("{d}/ninja-front:{d}/deps/python/bin:{d}/deps/toolchain/bin:/usr/bin"),
             ),
             ("CUDA_HOME", format!("{d}/deps/toolchain/nvidia/cu13")),
             ("NVSHMEM_DIR", format!("{d}/deps/nvshmem")),

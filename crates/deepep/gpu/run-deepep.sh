@@ -26,6 +26,10 @@
 #   documented    DeepEP's documented `python setup.py build` (NVSHMEM_DIR,
 #                 TORCH_CUDA_ARCH_LIST=9.0, CPATH=<cuda>/include/cccl), timed: the baseline
 #                 (V2: EP_NCCL_ROOT_DIR = the stack's NCCL build, EP_NVSHMEM_ROOT_DIR, fmt filled in)
+#   bench         BENCH_TRIALS (default 3) trials of both builds, the order alternating:
+#                 commstack's (`build` with the DeepEP store step removed first; NCCL, NVSHMEM
+#                 and the toolchain stay) and `documented`; each time, the medians and the
+#                 ratio (the 1.0x target); after `build`
 #   negative      adopt --only deepep: DeepEP in, NVIDIA's NVSHMEM left: the check must FAIL and say why
 #   adopt         adopt: the drop-in too: the check must PASS (one libnvshmem_host, ours, NCCL off;
 #                 one libnccl = the lock's pin)
@@ -49,7 +53,7 @@
 # stacks/gpu-adopt.toml).
 
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,41p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,53p' "$0"; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 # The GPU machine's stack, for every xtask command below (xtask reads COMMSTACK_STACK as
 # --stack): without it they would find the default stack.toml, the Debian image's.
@@ -168,6 +172,52 @@ step_prepare() {
     [ -f "$work/before.txt" ] || fingerprint >"$work/before.txt"
     cp "$work/before.txt" "$out/env-before.txt"
     wc -l "$work/before.txt"
+}
+
+# bench_one commstack|documented TRIAL: one timed build; prints its seconds (the whole
+# command) and, for commstack, the step's own from its build report.
+bench_one() {
+    local log="$out/bench-$1-$2.log" step
+    if [ "$1" = commstack ]; then
+        # The DeepEP step only (not deepep-venv, not NCCL): built again from its inputs.
+        find "$COMMSTACK_HOME/store/steps" -maxdepth 1 -name 'deepep-*' ! -name 'deepep-venv-*' \
+            -exec rm -rf {} + || return
+        build_deepep -- >"$log" 2>&1 || { tail -20 "$log"; return 1; }
+        step="$(ls -td "$COMMSTACK_HOME"/store/steps/deepep-* | grep -v deepep-venv | head -1)"
+        "$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("STEP", round(sum(s for _, s in r["phase_seconds"]), 3), r["wheel"]["sha256"], " ".join("%s=%.2f" % (n, s) for n, s in r["phase_seconds"]))' \
+            "$step/build-report.json" >>"$log"
+    else
+        step_documented >"$log" 2>&1 || { tail -20 "$log"; return 1; }
+    fi
+    grep -h '^SECONDS\|^STEP' "$log" | tr '\n' ' '
+    echo
+}
+
+step_bench() {
+    local n="${BENCH_TRIALS:-3}" i way
+    for i in $(seq 1 "$n"); do
+        # Odd trials commstack first, even ones documented first: neither always warm.
+        local order=(commstack documented)
+        [ $((i % 2)) = 0 ] && order=(documented commstack)
+        for way in "${order[@]}"; do
+            echo "BENCH trial $i $way $(bench_one "$way" "$i")" || return
+        done
+    done | tee "$out/bench.txt"
+    # The medians of the whole commands' seconds, and their ratio.
+    "$PY" - "$out/bench.txt" <<'PYEOF'
+import re, statistics, sys
+rows = {"commstack": [], "documented": []}
+for line in open(sys.argv[1]):
+    m = re.match(r"BENCH trial (\d+) (\w+) SECONDS ([\d.]+) rc=0", line)
+    if m:
+        rows[m.group(2)].append(float(m.group(3)))
+c, d = rows["commstack"], rows["documented"]
+if not c or len(c) != len(d):
+    sys.exit("BENCH incomplete: %r" % rows)
+ratios = [a / b for a, b in zip(c, d)]
+print("BENCH commstack %s median %.1f s; documented %s median %.1f s; ratios %s; median ratio %.3fx (target <= 1.0x)" % (
+    c, statistics.median(c), d, statistics.median(d), ["%.3f" % r for r in ratios], statistics.median(ratios)))
+PYEOF
 }
 
 step_compare() {
@@ -319,6 +369,7 @@ cp -r "$COMMSTACK_HOME"/adopt "$out/adopt-records" 2>/dev/null
     grep -h '^SECONDS' "$out/build.log" 2>/dev/null | sed 's/^/cold build (xtask build deepep --force): /'
     grep -h '^SECONDS' "$out/noop.log" 2>/dev/null | sed 's/^/no-op xtask build deepep: /'
     grep -h '^SECONDS' "$out/documented.log" 2>/dev/null | sed 's/^/documented python setup.py build: /'
+    grep -h '^BENCH' "$out/bench.log" 2>/dev/null
     grep -h 'NEGATIVE CASE\|UNDO EXACT\|UNDO DIFFERS' "$out"/*.log 2>/dev/null
     # DeepEP's tests and their exit-clean verdicts, every check with its status.
     for report in "$out"/verify-tests/verify-*.json; do

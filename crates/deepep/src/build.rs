@@ -34,13 +34,14 @@ use crate::env::{BuildEnv, EnvInputs, build_env};
 use crate::nvshmem::{NvshmemInput, RdmaHeaders, check_v1_prefix, rdma_core_for};
 use crate::python::PythonEnv;
 use crate::reproducible::{
-    Relocated, RpathRewrite, canonical_wheel, needles, nvcc_has_objtemp, prefix_maps, real_ld,
-    relocate, set_times, through, write_ld_wrapper,
+    Relocated, RpathRewrite, needles, nvcc_has_objtemp, prefix_maps, real_ld, relocate, set_times,
+    through, write_canonical, write_ld_wrapper,
 };
 use crate::run::run_logged;
 use crate::source::{SourceInput, check_rdc_fix, declared_version, detect_api};
-use crate::wheel_check::{Expect, WheelFacts, check_wheel};
+use crate::wheel_check::{Expect, WheelFacts, check_contents, wheel_facts};
 use commstack_exec::CommandFailed;
+use commstack_wheel::Wheel;
 
 pub const BUILD_REPORT_FILE: &str = "build-report.json";
 /// The store step name of DeepEP's wheel build.
@@ -493,12 +494,10 @@ fn run_build(
     commstack_exec::logged::keep_ninja_logs(&dirs.src.join("build"), &logs);
     let run = run?;
     phases.end("setup.py bdist_wheel");
-    let (raw, wheel) = canonical_output(p, req, &dirs)?;
-    phases.end("canonical wheel");
-    let facts = check_output(p, req, &views, &dirs, &wheel, store_root)?;
+    let (raw, facts) = ship_output(p, req, &views, &dirs, store_root)?;
     let declared = declared_version(&dirs.src);
     let bdist_wheel_sha256 = commstack_digest::sha256_file(&raw)?;
-    phases.end("checks");
+    phases.end("canonical wheel and checks");
     drop(fixed);
     phases.end("cleanup");
     Ok(BuildReport {
@@ -776,7 +775,7 @@ fn run_setup_py(
     dirs: &BuildDirs,
     logs: &Path,
 ) -> Result<SetupPyRun> {
-    let env = build_env(&EnvInputs {
+    let mut env = build_env(&EnvInputs {
         api: req.api,
         python_bin_dir: &v.py_path(req, &req.python.env.bin_dir()),
         toolchain: &v.tc,
@@ -793,6 +792,7 @@ fn run_setup_py(
         ld_wrapper_dir: Some(&link.ld_dir),
         source_date_epoch: req.source_date_epoch,
     })?;
+    crate::schedule::install_ninja_front(&mut env, &dirs.root, &v.python)?;
     let args: Vec<String> = vec![
         "setup.py".into(),
         "bdist_wheel".into(),
@@ -817,13 +817,17 @@ fn run_setup_py(
     Ok(SetupPyRun { env, args, seconds })
 }
 
-/// The one wheel bdist_wheel left, and the step's canonical copy of it (with the build
-/// record for V1): bdist_wheel's zip keeps the umask's modes and its own order.
-fn canonical_output(
+/// The one wheel bdist_wheel left (its path and bytes' sha256), rewritten canonically
+/// into `dist` (with the build record for V1: bdist_wheel's zip keeps the umask's modes
+/// and its own order) while the same bytes are checked: what it links, its search paths,
+/// no path of this machine.
+fn ship_output(
     p: &Prepared,
     req: &BuildRequest<'_>,
+    v: &Views,
     dirs: &BuildDirs,
-) -> Result<(PathBuf, PathBuf)> {
+    store_root: &Path,
+) -> Result<(PathBuf, WheelFacts)> {
     let wheels: Vec<PathBuf> = fs::read_dir(&dirs.raw_dist)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "whl"))
@@ -835,6 +839,63 @@ fn canonical_output(
             dirs.raw_dist.display()
         );
     };
+    let extra = build_record(p, req)?;
+    let extra_refs: Vec<(&str, &[u8])> = extra.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    let wheel = dirs
+        .dist
+        .join(raw.file_name().context("a wheel file name")?);
+    let raw_wheel = Wheel::open(raw)?;
+    // One inflate of the wheel: the rewrite compresses these bytes on one thread while
+    // the checks read the same bytes on this one (in series they were 2.7 s of 75).
+    let files = raw_wheel
+        .read_verified()
+        .with_context(|| format!("{} does not verify before it is rewritten", raw.display()))?;
+    let expect = expectations(p, req, v, dirs, store_root);
+    let dist_prefix = format!("{}/", raw_wheel.dist_info);
+    let extra_paths: Vec<String> = extra_refs
+        .iter()
+        .map(|(n, _)| format!("{dist_prefix}{n}"))
+        .collect();
+    let epoch = req.source_date_epoch;
+    let (written, content) = std::thread::scope(|scope| {
+        let writer =
+            scope.spawn(|| write_canonical(&raw_wheel, &files, &wheel, epoch, &extra_refs));
+        // What ships: bdist_wheel's files (RECORD vouched for them) and the build record.
+        let mut shipped = crate::reproducible::refs(&files);
+        shipped.extend(
+            extra_paths
+                .iter()
+                .zip(&extra_refs)
+                .map(|(path, (_, bytes))| (path.as_str(), *bytes)),
+        );
+        let content = check_contents(&wheel, &shipped, &expect.expect(), &dirs.tmp);
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (written, content)
+    });
+    let (written, content) = (written?, content?);
+    let expect = expect.expect();
+    let facts = wheel_facts(
+        &wheel,
+        &raw_wheel,
+        written.files,
+        written.file_sha256,
+        content,
+        &expect,
+    )?;
+    for k in &facts.build_paths_kept {
+        (req.progress)(&format!(
+            "note: {} keeps {} ({}x): {}",
+            k.file, k.path, k.count, k.why
+        ));
+    }
+    Ok((raw.clone(), facts))
+}
+
+/// V1's build record (`deep_ep-*.dist-info/commstack-build.json`): the NVSHMEM the
+/// extension's device code was linked with.
+fn build_record(p: &Prepared, req: &BuildRequest<'_>) -> Result<Vec<(&'static str, Vec<u8>)>> {
     let mut extra: Vec<(&str, Vec<u8>)> = Vec::new();
     if req.api == DeepEpApi::V1 {
         let device = req.nvshmem.prefix.join("lib/libnvshmem_device.a");
@@ -852,24 +913,39 @@ fn canonical_output(
             (commstack_digest::canonical_json(&record) + "\n").into_bytes(),
         ));
     }
-    // Written again canonically, with the build record in the same pass.
-    let wheel = dirs
-        .dist
-        .join(raw.file_name().context("a wheel file name")?);
-    let extra_refs: Vec<(&str, &[u8])> = extra.iter().map(|(n, b)| (*n, b.as_slice())).collect();
-    canonical_wheel(raw, &wheel, req.source_date_epoch, &extra_refs)?;
-    Ok((raw.clone(), wheel))
+    Ok(extra)
 }
 
-/// The wheel checked: what it links, its search paths, no path of this machine.
-fn check_output(
+/// What the wheel must (not) hold, owned: the data [`Expect`] borrows.
+struct Expectations<'a> {
+    api: DeepEpApi,
+    needed: Vec<String>,
+    stubs: Vec<&'a Path>,
+    required_runpath: Vec<String>,
+    forbidden: Vec<String>,
+    fixed_dir: &'a Path,
+}
+
+impl Expectations<'_> {
+    fn expect(&self) -> Expect<'_> {
+        Expect {
+            api: self.api,
+            needed: &self.needed,
+            forbidden_search_dirs: &self.stubs,
+            required_runpath: &self.required_runpath,
+            forbidden_paths: &self.forbidden,
+            fixed_dir: Some(self.fixed_dir),
+        }
+    }
+}
+
+fn expectations<'a>(
     p: &Prepared,
-    req: &BuildRequest<'_>,
-    v: &Views,
-    dirs: &BuildDirs,
-    wheel: &Path,
+    req: &'a BuildRequest<'_>,
+    v: &'a Views,
+    dirs: &'a BuildDirs,
     store_root: &Path,
-) -> Result<WheelFacts> {
+) -> Expectations<'a> {
     // V2 (dd758ca) still builds the legacy kernels on NVSHMEM: it links both.
     let needed = match req.api {
         DeepEpApi::V1 => vec![p.host_soname.clone()],
@@ -883,34 +959,22 @@ fn check_output(
     .flatten()
     .collect();
     // Paths that differ between machines: never in a shipped file. Paths under the fixed
-    // build root are the same for the same key; check_wheel tells them apart.
+    // build root are the same for the same key; the checks tell them apart.
     let mut forbidden: Vec<&Path> = vec![store_root, &req.source.path, &req.nvshmem.prefix];
     forbidden.extend(req.home);
     forbidden.extend(v.relocated.iter().map(|r| r.target.as_path()));
-    let forbidden = needles(&forbidden);
     let required_runpath = match req.api {
         DeepEpApi::V1 => vec!["$ORIGIN/nvidia/nvshmem/lib".to_string()],
         DeepEpApi::V2 => vec!["$ORIGIN/../nvidia/nvshmem/lib".to_string()],
     };
-    let facts = check_wheel(
-        wheel,
-        &Expect {
-            api: req.api,
-            needed: &needed,
-            forbidden_search_dirs: &stubs,
-            required_runpath: &required_runpath,
-            forbidden_paths: &forbidden,
-            fixed_dir: Some(&dirs.root),
-        },
-        &dirs.tmp,
-    )?;
-    for k in &facts.build_paths_kept {
-        (req.progress)(&format!(
-            "note: {} keeps {} ({}x): {}",
-            k.file, k.path, k.count, k.why
-        ));
+    Expectations {
+        api: req.api,
+        needed,
+        stubs,
+        required_runpath,
+        forbidden: needles(&forbidden),
+        fixed_dir: &dirs.root,
     }
-    Ok(facts)
 }
 
 fn python_facts(req: &BuildRequest<'_>) -> PythonFacts {

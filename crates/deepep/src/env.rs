@@ -112,6 +112,7 @@ pub fn build_env(i: &EnvInputs<'_>) -> Result<BuildEnv> {
     include_path(i, &mut env)?;
     link_stub(i, &mut env)?;
     reproducible_flags(i, &mut env);
+    pipe_flags(&mut env);
     Ok(env)
 }
 
@@ -283,6 +284,26 @@ fn reproducible_flags(i: &EnvInputs<'_>, env: &mut BuildEnv) {
     }
 }
 
+/// gcc's `-pipe`, for the host compiles and nvcc's: the assembly goes to `as` as it is
+/// written instead of through a temp file, so the assembler runs beside the compiler.
+/// DeepEP's longest job, python_api.cpp (43 MB of `-g` assembly), took 54.2 s instead of
+/// 55.4 s on the CPU machine, its object byte for byte the same.
+fn pipe_flags(env: &mut BuildEnv) {
+    for (var, flag) in [
+        ("CPPFLAGS", "-pipe"),
+        ("NVCC_APPEND_FLAGS", "-Xcompiler=-pipe"),
+    ] {
+        let value = env.vars.entry(var.to_string()).or_default();
+        if !value.is_empty() {
+            value.push(' ');
+        }
+        value.push_str(flag);
+    }
+    env.notes.push(
+        "CPPFLAGS, NVCC_APPEND_FLAGS: -pipe for gcc (the assembler runs beside the compiler; the same objects, sooner)".into(),
+    );
+}
+
 /// Absolute (the build runs in another directory), symlinks kept as they are.
 fn abs(p: &Path) -> String {
     std::path::absolute(p)
@@ -389,6 +410,9 @@ mod tests {
             "NVSHMEM_DIR",
             "CPATH",
             "LIBRARY_PATH",
+            // -pipe only (pipe_flags).
+            "CPPFLAGS",
+            "NVCC_APPEND_FLAGS",
         ];
         let keys: Vec<&str> = after.vars.keys().map(String::as_str).collect();
         let mut want = allowed.to_vec();
@@ -416,11 +440,11 @@ mod tests {
         let v = build_env(&i).unwrap().vars;
         assert_eq!(
             v["CPPFLAGS"],
-            "-ffile-prefix-map=/f/src=. -ffile-prefix-map=/f/deps/nvshmem=nvshmem"
+            "-ffile-prefix-map=/f/src=. -ffile-prefix-map=/f/deps/nvshmem=nvshmem -pipe"
         );
         assert_eq!(
             v["NVCC_APPEND_FLAGS"],
-            "-objtemp -Xcompiler=-ffile-prefix-map=/f/src=. -Xcompiler=-ffile-prefix-map=/f/deps/nvshmem=nvshmem"
+            "-objtemp -Xcompiler=-ffile-prefix-map=/f/src=. -Xcompiler=-ffile-prefix-map=/f/deps/nvshmem=nvshmem -Xcompiler=-pipe"
         );
         assert_eq!(v["LDFLAGS"], "-B/f/ld/");
         assert_eq!(v["SOURCE_DATE_EPOCH"], "1796083200");

@@ -14,6 +14,7 @@
 //!   stack's NVSHMEM).
 //! - [`reproducible`]: the same step key gives the same wheel on any machine (a fixed
 //!   build directory, prefix maps, `$ORIGIN` RUNPATH, a canonical zip, a path scan).
+//! - [`schedule`]: the compile jobs' order (host compiles first), through a ninja front.
 //! - [`wheelhouse`]: every wheel the runtime needs, with hash-pinned requirements and a
 //!   constraints file that keeps NVIDIA's NVSHMEM from coming back.
 
@@ -24,6 +25,7 @@ pub mod nvshmem;
 pub mod python;
 pub mod reproducible;
 pub mod run;
+pub mod schedule;
 pub mod source;
 pub mod venv;
 pub mod wheel_check;

@@ -59,23 +59,55 @@ pub struct Expect<'a> {
     pub fixed_dir: Option<&'a Path>,
 }
 
-/// Check `wheel`; `scratch` is a directory to extract the extension into.
+/// What the content checks read from the extension, and the build paths they kept.
+#[derive(Clone, Debug)]
+pub struct ContentFacts {
+    pub extension: String,
+    pub extension_sha256: String,
+    pub needed: Vec<String>,
+    pub runpath: Vec<String>,
+    pub rpath: Vec<String>,
+    pub build_paths_kept: Vec<crate::reproducible::KeptPath>,
+}
+
+/// Check `wheel` (verified against its RECORD); `scratch` is a directory to extract the
+/// extension into.
 pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Result<WheelFacts> {
     let wheel = Wheel::open(wheel_path)?;
-    wheel
-        .verify()
+    let files = wheel
+        .read_verified()
         .with_context(|| format!("the built wheel {} does not verify", wheel_path.display()))?;
-    let files: Vec<String> = wheel
-        .entries
+    let content = check_contents(
+        wheel_path,
+        &crate::reproducible::refs(&files),
+        expect,
+        scratch,
+    )?;
+    let file_sha256 = files
         .iter()
-        .filter(|e| !e.is_dir)
-        .map(|e| e.path.clone())
+        .map(|(n, b)| (n.clone(), hex::encode(Sha256::digest(b))))
         .collect();
-    let extension = the_extension(wheel_path, &files, expect.api)?;
+    let names = files.into_iter().map(|(n, _)| n).collect();
+    wheel_facts(wheel_path, &wheel, names, file_sha256, content, expect)
+}
+
+/// The checks of what a wheel holds (`files`: each path inside it with its bytes; named
+/// as `wheel_path` in messages): the one extension and what it links and searches, its
+/// libstdc++, V2's envs.py, and no build path in any file.
+pub fn check_contents(
+    wheel_path: &Path,
+    files: &[(&str, &[u8])],
+    expect: &Expect<'_>,
+    scratch: &Path,
+) -> Result<ContentFacts> {
+    let names: Vec<String> = files.iter().map(|(n, _)| n.to_string()).collect();
+    let extension = the_extension(wheel_path, &names, expect.api)?;
+    let file = |name: &str| files.iter().find(|(n, _)| *n == name).map(|(_, b)| *b);
+    let so_bytes =
+        file(&extension).with_context(|| format!("{}: no {extension}", wheel_path.display()))?;
     fs::create_dir_all(scratch)?;
     let so = scratch.join(extension.rsplit('/').next().unwrap_or(&extension));
-    let so_bytes = wheel.read(&extension)?;
-    fs::write(&so, &so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
+    fs::write(&so, so_bytes).with_context(|| format!("cannot write {}", so.display()))?;
     let elf = ElfFile::open(&so)?;
     let info = elf.dynamic_info()?;
     let internals = elf.libstdcxx_internals()?;
@@ -84,34 +116,53 @@ pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Re
     check_linking(wheel_path, &extension, &info, expect)?;
     check_libstdcxx(wheel_path, &extension, &info, &internals)?;
     if expect.api == DeepEpApi::V2 {
-        let envs = wheel.read("deep_ep/envs.py").with_context(|| {
+        let envs = file("deep_ep/envs.py").with_context(|| {
             format!(
                 "{} has no deep_ep/envs.py: DeepEP V2's setup.py writes it",
                 wheel_path.display()
             )
         })?;
-        check_persistent_envs(wheel_path, &String::from_utf8_lossy(&envs))?;
+        check_persistent_envs(wheel_path, &String::from_utf8_lossy(envs))?;
     }
-    let kept = check_paths(wheel_path, expect)?;
-    let bytes = fs::read(wheel_path)?;
+    let build_paths_kept = check_paths(wheel_path, files, expect)?;
+    Ok(ContentFacts {
+        extension_sha256: hex::encode(Sha256::digest(so_bytes)),
+        extension,
+        needed: info.needed,
+        runpath: info.runpath,
+        rpath: info.rpath,
+        build_paths_kept,
+    })
+}
+
+/// The build report's record of the wheel at `wheel_path` (`wheel`'s metadata; `files`
+/// in archive order with their sha256) and what its checks found.
+pub fn wheel_facts(
+    wheel_path: &Path,
+    wheel: &Wheel,
+    files: Vec<String>,
+    file_sha256: BTreeMap<String, String>,
+    content: ContentFacts,
+    expect: &Expect<'_>,
+) -> Result<WheelFacts> {
     Ok(WheelFacts {
         filename: wheel_path
             .file_name()
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        sha256: hex::encode(Sha256::digest(&bytes)),
+        sha256: commstack_digest::sha256_file(wheel_path)?,
         name: wheel.name().to_string(),
         version: wheel.version()?.to_string(),
         files,
-        extension,
-        extension_sha256: hex::encode(Sha256::digest(&so_bytes)),
-        needed: info.needed,
-        runpath: info.runpath,
-        rpath: info.rpath,
-        file_sha256: crate::reproducible::file_sha256s(wheel_path)?,
+        extension: content.extension,
+        extension_sha256: content.extension_sha256,
+        needed: content.needed,
+        runpath: content.runpath,
+        rpath: content.rpath,
+        file_sha256,
         scanned_for: expect.forbidden_paths.to_vec(),
-        build_paths_kept: kept,
+        build_paths_kept: content.build_paths_kept,
     })
 }
 
@@ -280,9 +331,10 @@ fn check_linking(
 /// they are the same for the same key (returned, to be recorded).
 fn check_paths(
     wheel_path: &Path,
+    files: &[(&str, &[u8])],
     expect: &Expect<'_>,
 ) -> Result<Vec<crate::reproducible::KeptPath>> {
-    let found = crate::reproducible::scan_wheel(wheel_path, expect.forbidden_paths)?;
+    let found = crate::reproducible::scan_files(files, expect.forbidden_paths);
     if !found.is_empty() {
         bail!(
             "{} names build paths in {} place(s), so another machine would build other bytes:\n  {}",
@@ -301,11 +353,9 @@ fn check_paths(
     let mut kept = Vec::new();
     if let Some(own) = expect.fixed_dir {
         let mut bad = Vec::new();
-        for (k, use_) in crate::reproducible::scan_fixed_paths(
-            wheel_path,
-            commstack_store::FIXED_BUILD_ROOT,
-            own,
-        )? {
+        for (k, use_) in
+            crate::reproducible::scan_fixed_paths_in(files, commstack_store::FIXED_BUILD_ROOT, own)
+        {
             match use_ {
                 crate::reproducible::FixedPathUse::Own => bad.push(k),
                 _ => kept.push(k),

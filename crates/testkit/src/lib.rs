@@ -45,6 +45,7 @@
 //! `setpriv`, when the tests run as root), so that file permissions bite.
 
 pub mod browser;
+pub mod build_tools;
 pub mod command;
 pub mod cosign;
 pub mod cut_proxy;

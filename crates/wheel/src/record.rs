@@ -38,7 +38,8 @@ pub fn record_hash(bytes: &[u8]) -> String {
     format_sha256(&Sha256::digest(bytes))
 }
 
-pub(crate) fn format_sha256(digest: &[u8]) -> String {
+/// `sha256=<urlsafe base64>`, RECORD's form of a digest.
+pub fn format_sha256(digest: &[u8]) -> String {
     format!("sha256={}", URL_SAFE_NO_PAD.encode(digest))
 }
 

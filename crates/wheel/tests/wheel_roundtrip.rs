@@ -58,6 +58,19 @@ fn written_wheel_is_deterministic_and_reads_back() {
 
     let wheel = Wheel::open(&a.path).unwrap();
     wheel.verify().unwrap();
+    // Read into memory in one pass, verified the same way: every file, in archive order.
+    let files = wheel.read_verified().unwrap();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    let entries: Vec<&str> = wheel
+        .entries
+        .iter()
+        .filter(|e| !e.is_dir)
+        .map(|e| e.path.as_str())
+        .collect();
+    assert_eq!(names, entries);
+    for (name, bytes) in &files {
+        assert_eq!(*bytes, wheel.read(name).unwrap(), "{name}");
+    }
     assert_eq!(
         wheel.dist_info,
         "commstack_demo_pkg-1.0+local.abc.dist-info"
@@ -121,6 +134,14 @@ fn tampered_record_is_reported_with_every_problem() {
         dst.finish().unwrap();
     }
     let err = Wheel::open(&bad_path).unwrap().verify().unwrap_err();
+    // The in-memory read refuses it with the same problems.
+    let read_err = Wheel::open(&bad_path).unwrap().read_verified().unwrap_err();
+    assert_eq!(
+        read_err
+            .downcast_ref::<RecordMismatch>()
+            .map(|m| &m.problems),
+        err.downcast_ref::<RecordMismatch>().map(|m| &m.problems)
+    );
     let mismatch = err
         .downcast_ref::<RecordMismatch>()
         .expect("a RecordMismatch");

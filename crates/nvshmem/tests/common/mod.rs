@@ -10,66 +10,11 @@ use std::process::Command;
 use commstack_toolchain::{ToolVersions, Toolchain, ToolchainSource, host_compilers};
 use commstack_wheel::{InstallLayout, install};
 
-pub const CMAKE_WHEEL: &str = "cmake-4.4.3-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
-pub const NINJA_WHEEL: &str =
-    "ninja-1.13.0-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
-
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
+#[allow(unused_imports)] // not every test binary uses both
+pub use commstack_testkit::build_tools::{repo_root, tool_wheels};
 
 pub fn fixture_source() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvshmem-contract")
-}
-
-/// The cmake and ninja wheels: from `$COMMSTACK_TEST_WHEELS`, `scratch/wheels` or
-/// `.tools/wheels`; else downloaded once from PyPI (31 MB) into `.tools/wheels`.
-fn tool_wheels() -> (PathBuf, PathBuf) {
-    // Tests of one binary run in parallel: download at most once.
-    static WHEELS: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
-    WHEELS.get_or_init(find_or_download_wheels).clone()
-}
-
-fn find_or_download_wheels() -> (PathBuf, PathBuf) {
-    let root = repo_root();
-    let mut dirs: Vec<PathBuf> = std::env::var_os("COMMSTACK_TEST_WHEELS")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    dirs.push(root.join("scratch/wheels"));
-    dirs.push(root.join(".tools/wheels"));
-    for d in &dirs {
-        if d.join(CMAKE_WHEEL).is_file() && d.join(NINJA_WHEEL).is_file() {
-            return (d.join(CMAKE_WHEEL), d.join(NINJA_WHEEL));
-        }
-    }
-    let dest = root.join(".tools/wheels");
-    fs::create_dir_all(&dest).unwrap();
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux2014_x86_64",
-            "-q",
-            "-d",
-        ])
-        .arg(&dest)
-        .args(["cmake==4.4.3", "ninja==1.13.0"])
-        .status()
-        .expect("python3 -m pip");
-    assert!(
-        status.success(),
-        "cannot download the cmake and ninja wheels from PyPI into {}",
-        dest.display()
-    );
-    (dest.join(CMAKE_WHEEL), dest.join(NINJA_WHEEL))
 }
 
 /// A toolchain whose cmake and ninja are the real ones from the wheels, with a fake
