@@ -254,39 +254,36 @@ impl Wheel {
     /// against RECORD as [`Wheel::verify`] does: for a caller that reads the files
     /// anyway, one inflate of each instead of two.
     pub fn read_verified(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut archive = open_archive(&self.path)?;
-        let mut files = Vec::with_capacity(archive.len());
-        let mut actual = BTreeMap::new();
-        for i in 0..archive.len() {
-            let mut f = archive.by_index(i)?;
-            if f.is_dir() {
-                continue;
-            }
-            let name = f.name()?.to_string();
+        let mut files = Vec::new();
+        self.hash_files(|name, f| {
             // The declared size is the archive's word: not an allocation to make up front.
             let mut bytes = Vec::with_capacity(f.size().min(1 << 26) as usize);
-            f.read_to_end(&mut bytes).with_context(|| {
-                format!("{}: cannot read {}", self.path.display(), shown(&name))
-            })?;
-            let hash = format_sha256(&Sha256::digest(&bytes));
-            actual.insert(name.clone(), (hash, bytes.len() as u64));
-            files.push((name, bytes));
-        }
-        let problems = compare_record(&self.record, &actual, &self.record_path());
-        if problems.is_empty() {
-            Ok(files)
-        } else {
-            Err(RecordMismatch {
-                wheel: self.path.display().to_string(),
-                problems,
-            }
-            .into())
-        }
+            f.read_to_end(&mut bytes)?;
+            let hash = (format_sha256(&Sha256::digest(&bytes)), bytes.len() as u64);
+            files.push((name.to_string(), bytes));
+            Ok(hash)
+        })?;
+        Ok(files)
     }
 
     /// Hash every file and compare with RECORD: every file listed, every listed file
     /// present, hashes and sizes equal. Errors with [`RecordMismatch`] listing all problems.
     pub fn verify(&self) -> Result<()> {
+        self.hash_files(|_, f| {
+            let mut hasher = HashingWriter::default();
+            io::copy(f, &mut hasher)?;
+            Ok((format_sha256(&hasher.hasher.finalize()), hasher.len))
+        })
+    }
+
+    /// `hash` of each file (its `sha256=...` and size) compared with RECORD.
+    fn hash_files(
+        &self,
+        mut hash: impl FnMut(
+            &str,
+            &mut zip::read::ZipFile<'_, BufReader<File>>,
+        ) -> io::Result<(String, u64)>,
+    ) -> Result<()> {
         let mut archive = open_archive(&self.path)?;
         let mut actual = BTreeMap::new();
         for i in 0..archive.len() {
@@ -295,11 +292,10 @@ impl Wheel {
                 continue;
             }
             let name = f.name()?.to_string();
-            let mut hasher = HashingWriter::default();
-            io::copy(&mut f, &mut hasher).with_context(|| {
+            let seen = hash(&name, &mut f).with_context(|| {
                 format!("{}: cannot read {}", self.path.display(), shown(&name))
             })?;
-            actual.insert(name, (format_sha256(&hasher.hasher.finalize()), hasher.len));
+            actual.insert(name, seen);
         }
         let problems = compare_record(&self.record, &actual, &self.record_path());
         if problems.is_empty() {
