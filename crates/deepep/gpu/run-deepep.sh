@@ -182,12 +182,12 @@ bench_one() {
         # The DeepEP step only (not deepep-venv, not NCCL): built again from its inputs.
         find "$COMMSTACK_HOME/store/steps" -maxdepth 1 -name 'deepep-*' ! -name 'deepep-venv-*' \
             -exec rm -rf {} + || return
-        build_deepep -- >"$log" 2>&1 || { tail -20 "$log"; return 1; }
+        build_deepep -- >"$log" 2>&1 || return 1
         step="$(ls -td "$COMMSTACK_HOME"/store/steps/deepep-* | grep -v deepep-venv | head -1)"
         "$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("STEP", round(sum(s for _, s in r["phase_seconds"]), 3), r["wheel"]["sha256"], " ".join("%s=%.2f" % (n, s) for n, s in r["phase_seconds"]))' \
-            "$step/build-report.json" >>"$log"
+            "$step/build-report.json" >>"$log" || return 1
     else
-        step_documented >"$log" 2>&1 || { tail -20 "$log"; return 1; }
+        step_documented >"$log" 2>&1 || return 1
     fi
     grep -h '^SECONDS\|^STEP' "$log" | tr '\n' ' '
     echo
@@ -200,20 +200,24 @@ step_bench() {
         local order=(commstack documented)
         [ $((i % 2)) = 0 ] && order=(documented commstack)
         for way in "${order[@]}"; do
-            echo "BENCH trial $i $way $(bench_one "$way" "$i")" || return
+            local r
+            r="$(bench_one "$way" "$i")" || { echo "BENCH trial $i $way FAILED (its log: $out/bench-$way-$i.log)"; exit 1; }
+            echo "BENCH trial $i $way $r"
         done
     done | tee "$out/bench.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || return 1
     # The medians of the whole commands' seconds, and their ratio.
     "$PY" - "$out/bench.txt" <<'PYEOF'
 import re, statistics, sys
-rows = {"commstack": [], "documented": []}
+trials = {}
 for line in open(sys.argv[1]):
     m = re.match(r"BENCH trial (\d+) (\w+) SECONDS ([\d.]+) rc=0", line)
     if m:
-        rows[m.group(2)].append(float(m.group(3)))
-c, d = rows["commstack"], rows["documented"]
-if not c or len(c) != len(d):
-    sys.exit("BENCH incomplete: %r" % rows)
+        trials.setdefault(int(m.group(1)), {})[m.group(2)] = float(m.group(3))
+both = [t for _, t in sorted(trials.items()) if len(t) == 2]
+if not both or len(both) != len(trials):
+    sys.exit("BENCH incomplete: %r" % trials)
+c, d = [t["commstack"] for t in both], [t["documented"] for t in both]
 ratios = [a / b for a, b in zip(c, d)]
 print("BENCH commstack %s median %.1f s; documented %s median %.1f s; ratios %s; median ratio %.3fx (target <= 1.0x)" % (
     c, statistics.median(c), d, statistics.median(d), ["%.3f" % r for r in ratios], statistics.median(ratios)))

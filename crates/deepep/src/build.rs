@@ -874,7 +874,9 @@ fn ship_output(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (written, content)
     });
-    let (written, content) = (written?, content?);
+    // A failed check says more about the build than a failed rewrite: it goes first.
+    let content = content?;
+    let written = written?;
     let expect = expect.expect();
     let facts = wheel_facts(
         &wheel,

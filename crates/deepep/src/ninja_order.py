@@ -26,12 +26,19 @@ OURS = "build.commstack.ninja"
 STAMPS = ".commstack-order"
 
 
+class Unsure(Exception):
+    """build.ninja holds what this reader does not follow: ninja runs as torch wrote it."""
+
+
 def tokens(line):
-    """The words of a ninja line, `$ `, `$:` and `$$` unescaped; ':' ends a word alone."""
+    """The words of a ninja line, `$ `, `$:` and `$$` unescaped; ':' ends a word alone.
+    A variable (`$x`, `${x}`) in a build line is not expanded here: Unsure."""
     out, word, i = [], "", 0
     while i < len(line):
         c = line[i]
-        if c == "$" and i + 1 < len(line):
+        if c == "$":
+            if i + 1 >= len(line) or line[i + 1] not in " :$":
+                raise Unsure("a variable in a build line: %r" % line[:120])
             word += line[i + 1]
             i += 2
             continue
@@ -53,11 +60,14 @@ def tokens(line):
 
 
 def edges(text):
-    """(outputs, rule, inputs) of every `build` statement, continuation lines joined."""
+    """(outputs, rule, inputs) of every `build` statement; a continued line (`$` at the
+    end) is not read here: Unsure."""
     found = []
-    for line in text.replace("$\n", "").splitlines():
+    for line in text.splitlines():
         if not line.startswith("build "):
             continue
+        if line.endswith("$") and not line.endswith("$$"):
+            raise Unsure("a continued build line: %r" % line[:120])
         words = tokens(line[len("build "):])
         if ":" not in words:
             continue
@@ -106,29 +116,40 @@ def plan(text):
         "  description = commstack order stamp $out",
         "",
     ]
+    last = []
     for h, obj in enumerate(hosts):
         before = escape(obj)
         for k in range(longest):
             stamp = "%s/%d.%d" % (STAMPS, h, k)
             lines.append("build %s: commstack_order %s" % (stamp, before))
             before = stamp
+        last.append(before)
+    # With a `default` statement ninja builds only what it names: the stamps too, or they
+    # would not be in the plan and weigh nothing. Without one it builds every root.
+    if any(line.startswith("default ") for line in text.splitlines()):
+        lines.append("default %s" % " ".join(last))
     return "\n".join(lines) + "\n"
 
 
 def main():
     real, args = sys.argv[1], sys.argv[2:]
-    ours = None
+    ours = []
     untouched = any(a in ("--version", "-t", "-f", "-C") or a[:2] in ("-t", "-f", "-C") for a in args)
     if not untouched and os.path.isfile(FILE):
-        with open(FILE, encoding="utf-8") as f:
-            text = plan(f.read())
-        if text is not None:
-            os.makedirs(STAMPS, exist_ok=True)
-            with open(OURS + ".tmp", "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(OURS + ".tmp", OURS)
-            ours = ["-f", OURS]
-    os.execv(real, [real] + (ours or []) + args)
+        # Only an order: whatever goes wrong here, ninja runs torch's file as it is, and
+        # the build log says why.
+        try:
+            with open(FILE, encoding="utf-8") as f:
+                text = plan(f.read())
+            if text is not None:
+                os.makedirs(STAMPS, exist_ok=True)
+                with open(OURS + ".tmp", "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(OURS + ".tmp", OURS)
+                ours = ["-f", OURS]
+        except (Unsure, OSError, ValueError, RecursionError) as e:
+            print("commstack ninja front: %s; ninja runs in torch's order" % e, file=sys.stderr)
+    os.execv(real, [real] + ours + args)
 
 
 if __name__ == "__main__":

@@ -533,8 +533,10 @@ pub fn write_canonical(
     writer.flush()?;
     drop(writer);
     fs::set_permissions(out, fs::Permissions::from_mode(0o644))?;
-    // RECORD was made from the bytes written; reading the metadata back checks the rest.
-    Wheel::open(out).with_context(|| format!("{} after the canonical rewrite", out.display()))?;
+    // What the report records is what is on disk: read back and verified.
+    Wheel::open(out)?
+        .verify()
+        .with_context(|| format!("{} after the canonical rewrite", out.display()))?;
     Ok(written)
 }
 
@@ -860,9 +862,12 @@ mod tests {
             fs::create_dir_all(d.join("other")).unwrap();
         }
         let (oa, ob) = (a.join("out").join(name), b.join("out").join(name));
-        canonical_wheel(&wa, &oa, 1_796_083_200, &extra).unwrap();
+        let written = canonical_wheel(&wa, &oa, 1_796_083_200, &extra).unwrap();
         canonical_wheel(&wb, &ob, 1_796_083_200, &extra).unwrap();
         assert_eq!(fs::read(&oa).unwrap(), fs::read(&ob).unwrap());
+        // What the rewrite returns (the report's files and hashes) is what the file holds.
+        assert_eq!(written.file_sha256, file_sha256s(&oa).unwrap());
+        Wheel::open(&oa).unwrap().verify().unwrap();
         // Sorted payload, then sorted dist-info with the added file, RECORD last.
         let mut z = zip::ZipArchive::new(fs::File::open(&oa).unwrap()).unwrap();
         let names: Vec<String> = (0..z.len())
@@ -879,6 +884,7 @@ mod tests {
                 "demo-1.0.dist-info/RECORD"
             ]
         );
+        assert_eq!(written.files, names);
         let so = z.by_name("demo/a.so").unwrap();
         assert_eq!(so.unix_mode().map(|m| m & 0o777), Some(0o755));
         assert_eq!(so.last_modified().map(|t| t.year()), Some(2026));

@@ -58,15 +58,55 @@ pub fn install_ninja_front(
     fs::set_permissions(&front, fs::Permissions::from_mode(0o755))?;
     env.vars
         .insert("PATH".into(), format!("{}:{path}", dir.display()));
+    // The order is ninja >= 1.12's (longest path first); an older one starts jobs in the
+    // file's order, stamps or not. The report says which ran.
+    let version = std::process::Command::new(&real)
+        .arg("--version")
+        .env_clear()
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "of unknown version".into());
+    let orders = critical_path_scheduler(&version);
     env.notes.push(format!(
-        "PATH: + {} first: a front for {} that starts the host compiles (python_api.cpp, DeepEP's longest job) first; torch's build.ninja and commands unchanged",
+        "PATH: + {} first: a front for {} (ninja {version}) that starts the host compiles (python_api.cpp, DeepEP's longest job) first; torch's build.ninja and commands unchanged{}",
         dir.display(),
-        real.display()
+        real.display(),
+        if orders {
+            ""
+        } else {
+            " (this ninja predates 1.12's longest-path-first order: the order stays torch's)"
+        }
     ));
     Ok(Some(real))
+}
+
+/// Whether ninja `version` (its `--version` line) orders jobs by longest path (1.12+).
+fn critical_path_scheduler(version: &str) -> bool {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (1, 12)
 }
 
 fn is_executable(p: &Path) -> bool {
     p.metadata()
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::critical_path_scheduler;
+
+    #[test]
+    fn ninja_orders_by_longest_path_from_1_12() {
+        assert!(critical_path_scheduler(
+            "1.13.2.git.kitware.jobserver-pipe-1"
+        ));
+        assert!(critical_path_scheduler("1.12.0"));
+        assert!(critical_path_scheduler("2.0"));
+        assert!(!critical_path_scheduler("1.11.1"));
+        assert!(!critical_path_scheduler("of unknown version"));
+    }
 }

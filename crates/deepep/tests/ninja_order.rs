@@ -15,6 +15,20 @@ use commstack_deepep::schedule::{NINJA_FRONT_DIR, install_ninja_front};
 /// torch's shape (DeepEP's build.ninja: python_api.o declared last, dlink.o of every
 /// object), each object's bytes a function of its source only.
 fn torch_like_build(dir: &Path) {
+    torch_like_build_with(dir, "");
+}
+
+/// ninja's escapes for a path in a build line (torch writes them so).
+fn esc(p: &Path) -> String {
+    p.display()
+        .to_string()
+        .replace('$', "$$")
+        .replace(' ', "$ ")
+        .replace(':', "$:")
+}
+
+/// [`torch_like_build`] with `extra` lines at the end of build.ninja.
+fn torch_like_build_with(dir: &Path, extra: &str) {
     let src = dir.join("src");
     fs::create_dir_all(&src).unwrap();
     for (name, text) in [
@@ -26,7 +40,7 @@ fn torch_like_build(dir: &Path) {
     }
     let b = dir.join("build");
     fs::create_dir_all(&b).unwrap();
-    let (s, o) = (src.display(), b.display());
+    let (s, o) = (esc(&src), esc(&b));
     fs::write(
         b.join("build.ninja"),
         format!(
@@ -37,7 +51,7 @@ fn torch_like_build(dir: &Path) {
              build {o}/csrc/a.o: cuda_compile {s}/a.cu\n\
              build {o}/csrc/b.o: cuda_compile {s}/b.cu\n\
              build {o}/csrc/python_api.o: compile {s}/python_api.cpp\n\n\n\
-             build {o}/dlink.o: cuda_devlink {o}/csrc/a.o {o}/csrc/b.o {o}/csrc/python_api.o\n\n"
+             build {o}/dlink.o: cuda_devlink {o}/csrc/a.o {o}/csrc/b.o {o}/csrc/python_api.o\n\n{extra}"
         ),
     )
     .unwrap();
@@ -176,4 +190,78 @@ fn without_a_ninja_on_path_there_is_no_front_and_the_note_says_so() {
     assert_eq!(env.vars, before);
     assert!(!tmp.path().join(NINJA_FRONT_DIR).exists());
     assert!(env.notes[0].contains("no ninja"), "{:?}", env.notes);
+}
+
+/// The front installed in `root` for the ninja of `ninja_dir`: the build's PATH.
+fn front_path(root: &Path, ninja_dir: &Path) -> String {
+    let mut env = BuildEnv {
+        vars: [(
+            "PATH".to_string(),
+            format!("{}:/usr/bin:/bin", ninja_dir.display()),
+        )]
+        .into_iter()
+        .collect(),
+        notes: Vec::new(),
+    };
+    install_ninja_front(&mut env, root, Path::new("/usr/bin/python3"))
+        .unwrap()
+        .expect("PATH has a ninja");
+    assert!(
+        env.notes.iter().any(|n| n.contains("(ninja 1.13.0")),
+        "the note names the ninja that runs: {:?}",
+        env.notes
+    );
+    env.vars["PATH"].clone()
+}
+
+#[test]
+fn paths_with_spaces_and_a_default_statement_keep_the_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ninja_dir = tmp.path().join("tools");
+    commstack_testkit::build_tools::ninja(&ninja_dir);
+    let path = front_path(&tmp.path().join("fixed"), &ninja_dir);
+    // A directory with a space (escaped `$ ` in build.ninja) and a `default` line naming
+    // torch's targets: ninja builds only what `default` names, so the stamps must be there.
+    let dir = tmp.path().join("with space");
+    let o = esc(&dir.join("build"));
+    torch_like_build_with(&dir, &format!("default {o}/dlink.o\n"));
+    ninja_on(&path, &dir.join("build"));
+    let order = started(&dir.join("build"));
+    assert_eq!(order[0], "python_api.o", "{order:?}");
+    assert!(order.contains(&"dlink.o".to_string()), "{order:?}");
+    let ours = fs::read_to_string(dir.join("build/build.commstack.ninja")).unwrap();
+    assert!(ours.contains("with$ space"), "{ours}");
+    assert!(ours.lines().any(|l| l.starts_with("default ")), "{ours}");
+}
+
+#[test]
+fn what_the_front_does_not_follow_runs_in_torchs_order_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ninja_dir = tmp.path().join("tools");
+    commstack_testkit::build_tools::ninja(&ninja_dir);
+    let path = front_path(&tmp.path().join("fixed"), &ninja_dir);
+    // A variable in a build line: the front does not expand variables, so it leaves the
+    // order alone (a stamp after a misread name would stop the build).
+    let dir = tmp.path().join("var");
+    torch_like_build_with(&dir, "extra = x\nbuild $extra.stamp: compile ../src/a.cu\n");
+    let out = Command::new("ninja")
+        .args(["-v", "-j1"])
+        .current_dir(dir.join("build"))
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("commstack ninja front: a variable in a build line")
+            && stderr.contains("torch's order"),
+        "{stderr}"
+    );
+    assert!(!dir.join("build/build.commstack.ninja").exists());
+    let order = started(&dir.join("build"));
+    assert_eq!(order[0], "a.o", "torch's order: {order:?}");
 }
