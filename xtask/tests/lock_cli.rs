@@ -11,32 +11,7 @@ mod common;
 use common::text;
 
 fn index() -> FixtureIndex {
-    let mut ix = FixtureIndex::new();
-    let linux = "; platform_system == \"Linux\"";
-    ix.add(
-        WheelSpec::new("torch", "2.11.0")
-            .tags("cp312-cp312-manylinux_2_28_x86_64")
-            .requires(&format!("cuda-toolkit[cudart]==13.0.2{linux}"))
-            .requires(&format!("nvidia-nccl-cu13==2.28.9{linux}"))
-            .requires(&format!("nvidia-nvshmem-cu13==3.4.5{linux}")),
-    );
-    ix.add(
-        WheelSpec::new("cuda-toolkit", "13.0.2")
-            .extra("cudart")
-            .requires("nvidia-cuda-runtime==13.0.96.*; extra == 'cudart'")
-            .extra("nvcc")
-            .requires("nvidia-cuda-nvcc==13.0.88.*; extra == 'nvcc'"),
-    );
-    for (name, v) in [
-        ("nvidia-cuda-runtime", "13.0.96"),
-        ("nvidia-nccl-cu13", "2.28.9"),
-        ("nvidia-nvshmem-cu13", "3.4.5"),
-        ("nvidia-cuda-nvcc", "13.0.88"),
-        ("cmake", "3.31.6"),
-        ("ninja", "1.13.0"),
-    ] {
-        ix.add(WheelSpec::new(name, v).tags("py3-none-manylinux2014_x86_64"));
-    }
+    let mut ix = common::torch_index("3.4.5");
     ix.add(WheelSpec::new("six", "1.17.0"));
     ix
 }

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 
 use commstack_testkit::Route;
 use commstack_testkit::TestServer;
-use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
+use commstack_testkit::pypi::FixtureIndex;
 use sha2::{Digest, Sha256};
 
 mod common;
@@ -19,33 +19,7 @@ use common::text;
 const NVSHMEM: &str = "3.9.1";
 
 fn index() -> FixtureIndex {
-    let mut ix = FixtureIndex::new();
-    let linux = "; platform_system == \"Linux\"";
-    ix.add(
-        WheelSpec::new("torch", "2.11.0")
-            .tags("cp312-cp312-manylinux_2_28_x86_64")
-            .requires(&format!("cuda-toolkit[cudart]==13.0.2{linux}"))
-            .requires(&format!("nvidia-nccl-cu13==2.28.9{linux}"))
-            .requires(&format!("nvidia-nvshmem-cu13=={NVSHMEM}{linux}")),
-    );
-    ix.add(
-        WheelSpec::new("cuda-toolkit", "13.0.2")
-            .extra("cudart")
-            .requires("nvidia-cuda-runtime==13.0.96.*; extra == 'cudart'")
-            .extra("nvcc")
-            .requires("nvidia-cuda-nvcc==13.0.88.*; extra == 'nvcc'"),
-    );
-    for (name, v) in [
-        ("nvidia-cuda-runtime", "13.0.96"),
-        ("nvidia-nccl-cu13", "2.28.9"),
-        ("nvidia-nvshmem-cu13", NVSHMEM),
-        ("nvidia-cuda-nvcc", "13.0.88"),
-        ("cmake", "3.31.6"),
-        ("ninja", "1.13.0"),
-    ] {
-        ix.add(WheelSpec::new(name, v).tags("py3-none-manylinux2014_x86_64"));
-    }
-    ix
+    common::torch_index(NVSHMEM)
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {

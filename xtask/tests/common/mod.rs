@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use commstack_testkit::pypi::{FixtureIndex, WheelSpec};
 use commstack_testkit::{REGISTRY_PASSWORD, REGISTRY_USER};
 
 /// The built xtask with `COMMSTACK_HOME=home` and none of the caller's COMMSTACK_STACK,
@@ -60,4 +61,36 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// A PyPI index with torch 2.11.0 and what it pins (CUDA 13.0.2, NCCL 2.28.9, NVSHMEM
+/// `nvshmem`), nvcc, cmake and ninja: the closure `lock` resolves for the tests' stacks.
+pub fn torch_index(nvshmem: &str) -> FixtureIndex {
+    let mut ix = FixtureIndex::new();
+    let linux = "; platform_system == \"Linux\"";
+    ix.add(
+        WheelSpec::new("torch", "2.11.0")
+            .tags("cp312-cp312-manylinux_2_28_x86_64")
+            .requires(&format!("cuda-toolkit[cudart]==13.0.2{linux}"))
+            .requires(&format!("nvidia-nccl-cu13==2.28.9{linux}"))
+            .requires(&format!("nvidia-nvshmem-cu13=={nvshmem}{linux}")),
+    );
+    ix.add(
+        WheelSpec::new("cuda-toolkit", "13.0.2")
+            .extra("cudart")
+            .requires("nvidia-cuda-runtime==13.0.96.*; extra == 'cudart'")
+            .extra("nvcc")
+            .requires("nvidia-cuda-nvcc==13.0.88.*; extra == 'nvcc'"),
+    );
+    for (name, v) in [
+        ("nvidia-cuda-runtime", "13.0.96"),
+        ("nvidia-nccl-cu13", "2.28.9"),
+        ("nvidia-nvshmem-cu13", nvshmem),
+        ("nvidia-cuda-nvcc", "13.0.88"),
+        ("cmake", "3.31.6"),
+        ("ninja", "1.13.0"),
+    ] {
+        ix.add(WheelSpec::new(name, v).tags("py3-none-manylinux2014_x86_64"));
+    }
+    ix
 }
