@@ -417,45 +417,7 @@ pub fn write_canonical(
     epoch: u64,
     extra: &[(&str, &[u8])],
 ) -> Result<CanonicalWheel> {
-    let wheel = &w.path;
-    let bytes_of: BTreeMap<&str, &[u8]> = files
-        .iter()
-        .map(|(n, b)| (n.as_str(), b.as_slice()))
-        .collect();
-    let record_path = w.record_path();
-    let dist_prefix = format!("{}/", w.dist_info);
-    let mut payload: Vec<(&str, bool)> = Vec::new();
-    let mut dist: Vec<(String, bool)> = Vec::new();
-    for e in w.entries.iter().filter(|e| !e.is_dir) {
-        if e.is_symlink {
-            bail!(
-                "{} holds a symlink {}: wheels hold files",
-                wheel.display(),
-                e.path
-            );
-        }
-        if e.path == record_path {
-            continue;
-        }
-        if e.path.starts_with(&dist_prefix) {
-            dist.push((e.path.clone(), e.is_executable()));
-        } else {
-            payload.push((e.path.as_str(), e.is_executable()));
-        }
-    }
-    for (name, _) in extra {
-        let path = format!("{dist_prefix}{name}");
-        if dist.iter().any(|(p, _)| *p == path) {
-            bail!("{} already holds {path}", wheel.display());
-        }
-    }
-    payload.sort();
-    dist.sort();
-    let extra_sorted: BTreeMap<String, &[u8]> = extra
-        .iter()
-        .map(|(n, b)| (format!("{dist_prefix}{n}"), *b))
-        .collect();
-
+    let entries = canonical_order(w, files, extra)?;
     let time = zip_time(epoch)?;
     let options = |executable: bool, size: u64| {
         SimpleFileOptions::default()
@@ -472,63 +434,32 @@ pub fn write_canonical(
         files: Vec::new(),
         file_sha256: BTreeMap::new(),
     };
-    let mut write = |zip: &mut ZipWriter<_>,
-                     record: Option<&mut Vec<RecordEntry>>,
-                     path: &str,
-                     bytes: &[u8],
-                     executable: bool|
-     -> Result<()> {
+    let mut put = |zip: &mut ZipWriter<_>, path: &str, bytes: &[u8], executable: bool| {
         zip.start_file(path, options(executable, bytes.len() as u64))?;
         zip.write_all(bytes)?;
         let digest = Sha256::digest(bytes);
-        if let Some(record) = record {
-            record.push(RecordEntry {
-                path: path.to_string(),
-                hash: Some(commstack_wheel::format_sha256(&digest)),
-                size: Some(bytes.len() as u64),
-            });
-        }
         written.files.push(path.to_string());
         written
             .file_sha256
             .insert(path.to_string(), hex::encode(digest));
-        Ok(())
+        anyhow::Ok(digest)
     };
-    let read = |name: &str| -> Result<&[u8]> {
-        bytes_of
-            .get(name)
-            .copied()
-            .with_context(|| format!("{}: cannot read {name}", wheel.display()))
-    };
-    for (path, executable) in &payload {
-        write(&mut zip, Some(&mut record), path, read(path)?, *executable)?;
+    for (path, bytes, executable) in &entries {
+        let digest = put(&mut zip, path, bytes, *executable)?;
+        record.push(RecordEntry {
+            path: path.clone(),
+            hash: Some(commstack_wheel::format_sha256(&digest)),
+            size: Some(bytes.len() as u64),
+        });
     }
-    // dist-info: the wheel's own files and the added ones, in one sorted order.
-    let mut dist_all: BTreeMap<String, Option<bool>> =
-        dist.into_iter().map(|(p, x)| (p, Some(x))).collect();
-    for path in extra_sorted.keys() {
-        dist_all.insert(path.clone(), None);
-    }
-    for (path, executable) in &dist_all {
-        let bytes = match executable {
-            Some(_) => read(path)?,
-            None => extra_sorted[path],
-        };
-        write(
-            &mut zip,
-            Some(&mut record),
-            path,
-            bytes,
-            executable.unwrap_or(false),
-        )?;
-    }
+    // RECORD last, listing every file before it and itself without a hash.
+    let record_path = w.record_path();
     record.push(RecordEntry {
         path: record_path.clone(),
         hash: None,
         size: None,
     });
-    let record_bytes = render_record(&record);
-    write(&mut zip, None, &record_path, &record_bytes, false)?;
+    put(&mut zip, &record_path, &render_record(&record), false)?;
     let mut writer = zip.finish().context("cannot finish the zip archive")?;
     writer.flush()?;
     drop(writer);
@@ -538,6 +469,58 @@ pub fn write_canonical(
         .verify()
         .with_context(|| format!("{} after the canonical rewrite", out.display()))?;
     Ok(written)
+}
+
+/// The canonical wheel's files in the order written, each with its bytes and whether it
+/// is executable: the payload sorted, then `.dist-info` sorted with `extra` added (RECORD
+/// not among them: it is written last, anew). No symlinks; `extra` may not replace a file.
+fn canonical_order<'a>(
+    w: &Wheel,
+    files: &'a [(String, Vec<u8>)],
+    extra: &[(&str, &'a [u8])],
+) -> Result<Vec<(String, &'a [u8], bool)>> {
+    let wheel = &w.path;
+    let bytes_of: BTreeMap<&str, &[u8]> = files
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
+    let record_path = w.record_path();
+    let dist_prefix = format!("{}/", w.dist_info);
+    let mut payload: BTreeMap<String, (&[u8], bool)> = BTreeMap::new();
+    let mut dist: BTreeMap<String, (&[u8], bool)> = BTreeMap::new();
+    for e in w.entries.iter().filter(|e| !e.is_dir) {
+        if e.is_symlink {
+            bail!(
+                "{} holds a symlink {}: wheels hold files",
+                wheel.display(),
+                e.path
+            );
+        }
+        if e.path == record_path {
+            continue;
+        }
+        let bytes = bytes_of
+            .get(e.path.as_str())
+            .copied()
+            .with_context(|| format!("{}: cannot read {}", wheel.display(), e.path))?;
+        let place = if e.path.starts_with(&dist_prefix) {
+            &mut dist
+        } else {
+            &mut payload
+        };
+        place.insert(e.path.clone(), (bytes, e.is_executable()));
+    }
+    for (name, bytes) in extra {
+        let path = format!("{dist_prefix}{name}");
+        if dist.insert(path.clone(), (bytes, false)).is_some() {
+            bail!("{} already holds {path}", wheel.display());
+        }
+    }
+    Ok(payload
+        .into_iter()
+        .chain(dist)
+        .map(|(path, (bytes, x))| (path, bytes, x))
+        .collect())
 }
 
 /// The sha256 (hex) of every file in `wheel`, by path inside it.
