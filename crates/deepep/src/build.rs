@@ -878,14 +878,7 @@ fn ship_output(
     let content = content?;
     let written = written?;
     let expect = expect.expect();
-    let facts = wheel_facts(
-        &wheel,
-        &raw_wheel,
-        written.files,
-        written.file_sha256,
-        content,
-        &expect,
-    )?;
+    let facts = wheel_facts(&wheel, &raw_wheel, written, content, &expect)?;
     for k in &facts.build_paths_kept {
         (req.progress)(&format!(
             "note: {} keeps {} ({}x): {}",

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufReader, Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -480,10 +480,7 @@ fn canonical_order<'a>(
     extra: &[(&str, &'a [u8])],
 ) -> Result<Vec<(String, &'a [u8], bool)>> {
     let wheel = &w.path;
-    let bytes_of: BTreeMap<&str, &[u8]> = files
-        .iter()
-        .map(|(n, b)| (n.as_str(), b.as_slice()))
-        .collect();
+    let bytes_of: BTreeMap<&str, &[u8]> = refs(files).into_iter().collect();
     let record_path = w.record_path();
     let dist_prefix = format!("{}/", w.dist_info);
     let mut payload: BTreeMap<String, (&[u8], bool)> = BTreeMap::new();
@@ -523,14 +520,6 @@ fn canonical_order<'a>(
         .collect())
 }
 
-/// The sha256 (hex) of every file in `wheel`, by path inside it.
-pub fn file_sha256s(wheel: &Path) -> Result<BTreeMap<String, String>> {
-    Ok(read_files(wheel)?
-        .iter()
-        .map(|(name, bytes)| (name.clone(), hex::encode(Sha256::digest(bytes))))
-        .collect())
-}
-
 /// A build path found in a shipped file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathFound {
@@ -541,12 +530,6 @@ pub struct PathFound {
     pub context: String,
 }
 
-/// Every occurrence (the first per file and needle) of one of `needles` in a file of
-/// `wheel`.
-pub fn scan_wheel(wheel: &Path, needles: &[String]) -> Result<Vec<PathFound>> {
-    Ok(scan_files(&refs(&read_files(wheel)?), needles))
-}
-
 /// `files` as (path, bytes) references, the form the scans take.
 pub fn refs(files: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
     files
@@ -555,7 +538,8 @@ pub fn refs(files: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
         .collect()
 }
 
-/// [`scan_wheel`] over files already in memory (path inside the wheel, bytes).
+/// Every occurrence (the first per file and needle) of one of `needles` in `files` (each
+/// path inside the wheel with its bytes).
 pub fn scan_files(files: &[(&str, &[u8])], needles: &[String]) -> Vec<PathFound> {
     let mut found = Vec::new();
     for &(name, bytes) in files {
@@ -623,22 +607,9 @@ impl FixedPathUse {
     }
 }
 
-/// Every path under `fixed_root` in the files of `wheel`, classified against `own` (this
-/// build's fixed directory). Counted per file and path.
+/// Every path under `fixed_root` in `files` (each path inside the wheel with its bytes),
+/// classified against `own` (this build's fixed directory). Counted per file and path.
 pub fn scan_fixed_paths(
-    wheel: &Path,
-    fixed_root: &str,
-    own: &Path,
-) -> Result<Vec<(KeptPath, FixedPathUse)>> {
-    Ok(scan_fixed_paths_in(
-        &refs(&read_files(wheel)?),
-        fixed_root,
-        own,
-    ))
-}
-
-/// [`scan_fixed_paths`] over files already in memory (path inside the wheel, bytes).
-pub fn scan_fixed_paths_in(
     files: &[(&str, &[u8])],
     fixed_root: &str,
     own: &Path,
@@ -706,28 +677,6 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     memchr::memmem::find(haystack, needle)
 }
 
-/// Every file of `wheel` (path inside it, bytes), unverified: the scans also read wheels
-/// whose RECORD is being questioned.
-pub fn read_files(wheel: &Path) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut archive = zip::ZipArchive::new(BufReader::new(
-        fs::File::open(wheel).with_context(|| format!("cannot read {}", wheel.display()))?,
-    ))?;
-    let mut files = Vec::with_capacity(archive.len());
-    for i in 0..archive.len() {
-        let mut entry = archive.by_index(i)?;
-        if entry.is_dir() {
-            continue;
-        }
-        let name = entry.name()?.to_string();
-        let mut bytes = Vec::with_capacity(entry.size().min(1 << 26) as usize);
-        entry
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("{}: cannot read {name}", wheel.display()))?;
-        files.push((name, bytes));
-    }
-    Ok(files)
-}
-
 /// The paths no shipped file may name: each given path as it is and canonical, without
 /// a trailing `/`, skipping the root and one-component paths (`/tmp`, `/root`: too
 /// general to mean a build) and duplicates.
@@ -761,6 +710,16 @@ pub fn needles(paths: &[&Path]) -> Vec<String> {
 mod tests {
     use super::*;
     use commstack_wheel::{WheelBuilder, record_hash};
+    use std::io::Read;
+
+    /// The sha256 (hex) of every file in `wheel`, by path inside it.
+    fn file_sha256s(wheel: &Path) -> Result<BTreeMap<String, String>> {
+        Ok(Wheel::open(wheel)?
+            .read_verified()?
+            .iter()
+            .map(|(name, bytes)| (name.clone(), hex::encode(Sha256::digest(bytes))))
+            .collect())
+    }
 
     #[test]
     fn zip_times_follow_the_epoch_and_clamp_to_1980() {
@@ -923,7 +882,8 @@ mod tests {
         b.add_bytes("demo/clean.py", b"print(1)\n".to_vec(), false)
             .unwrap();
         let w = b.write(d.path()).unwrap();
-        let found = scan_wheel(&w.path, &["/var/tmp/commstack-build".to_string()]).unwrap();
+        let files = Wheel::open(&w.path).unwrap().read_verified().unwrap();
+        let found = scan_files(&refs(&files), &["/var/tmp/commstack-build".to_string()]);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].file, "demo/lib.so");
         assert_eq!(found[0].offset, 2);
@@ -993,7 +953,8 @@ mod tests {
         )
         .unwrap();
         let w = b.write(d.path()).unwrap();
-        let found = scan_fixed_paths(&w.path, "/var/tmp/commstack-build", own).unwrap();
+        let files = Wheel::open(&w.path).unwrap().read_verified().unwrap();
+        let found = scan_fixed_paths(&refs(&files), "/var/tmp/commstack-build", own);
         let uses: Vec<(&str, &str, FixedPathUse)> = found
             .iter()
             .map(|(k, u)| (k.file.as_str(), k.path.as_str(), *u))

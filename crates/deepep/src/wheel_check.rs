@@ -70,27 +70,6 @@ pub struct ContentFacts {
     pub build_paths_kept: Vec<crate::reproducible::KeptPath>,
 }
 
-/// Check `wheel` (verified against its RECORD); `scratch` is a directory to extract the
-/// extension into.
-pub fn check_wheel(wheel_path: &Path, expect: &Expect<'_>, scratch: &Path) -> Result<WheelFacts> {
-    let wheel = Wheel::open(wheel_path)?;
-    let files = wheel
-        .read_verified()
-        .with_context(|| format!("the built wheel {} does not verify", wheel_path.display()))?;
-    let content = check_contents(
-        wheel_path,
-        &crate::reproducible::refs(&files),
-        expect,
-        scratch,
-    )?;
-    let file_sha256 = files
-        .iter()
-        .map(|(n, b)| (n.clone(), hex::encode(Sha256::digest(b))))
-        .collect();
-    let names = files.into_iter().map(|(n, _)| n).collect();
-    wheel_facts(wheel_path, &wheel, names, file_sha256, content, expect)
-}
-
 /// The checks of what a wheel holds (`files`: each path inside it with its bytes; named
 /// as `wheel_path` in messages): the one extension and what it links and searches, its
 /// libstdc++, V2's envs.py, and no build path in any file.
@@ -135,13 +114,12 @@ pub fn check_contents(
     })
 }
 
-/// The build report's record of the wheel at `wheel_path` (`wheel`'s metadata; `files`
-/// in archive order with their sha256) and what its checks found.
+/// The build report's record of the wheel at `wheel_path`: `wheel`'s metadata, the files
+/// and hashes its rewrite wrote, and what its checks found.
 pub fn wheel_facts(
     wheel_path: &Path,
     wheel: &Wheel,
-    files: Vec<String>,
-    file_sha256: BTreeMap<String, String>,
+    written: crate::reproducible::CanonicalWheel,
     content: ContentFacts,
     expect: &Expect<'_>,
 ) -> Result<WheelFacts> {
@@ -154,13 +132,13 @@ pub fn wheel_facts(
         sha256: commstack_digest::sha256_file(wheel_path)?,
         name: wheel.name().to_string(),
         version: wheel.version()?.to_string(),
-        files,
+        files: written.files,
         extension: content.extension,
         extension_sha256: content.extension_sha256,
         needed: content.needed,
         runpath: content.runpath,
         rpath: content.rpath,
-        file_sha256,
+        file_sha256: written.file_sha256,
         scanned_for: expect.forbidden_paths.to_vec(),
         build_paths_kept: content.build_paths_kept,
     })
@@ -354,7 +332,7 @@ fn check_paths(
     if let Some(own) = expect.fixed_dir {
         let mut bad = Vec::new();
         for (k, use_) in
-            crate::reproducible::scan_fixed_paths_in(files, commstack_store::FIXED_BUILD_ROOT, own)
+            crate::reproducible::scan_fixed_paths(files, commstack_store::FIXED_BUILD_ROOT, own)
         {
             match use_ {
                 crate::reproducible::FixedPathUse::Own => bad.push(k),
