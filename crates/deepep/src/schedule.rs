@@ -31,10 +31,7 @@ pub fn install_ninja_front(
     python: &Path,
 ) -> Result<Option<PathBuf>> {
     let path = env.vars.get("PATH").cloned().unwrap_or_default();
-    let Some(real) = std::env::split_paths(&path)
-        .map(|d| d.join("ninja"))
-        .find(|n| is_executable(n))
-    else {
+    let Some(real) = commstack_toolchain::find_in_path("ninja", Some(path.as_ref())) else {
         env.notes
             .push("PATH: no ninja on it, so no ninja front (torch compiles without ninja)".into());
         return Ok(None);
@@ -60,14 +57,8 @@ pub fn install_ninja_front(
         .insert("PATH".into(), format!("{}:{path}", dir.display()));
     // The order is ninja >= 1.12's (longest path first); an older one starts jobs in the
     // file's order, stamps or not. The report says which ran.
-    let version = std::process::Command::new(&real)
-        .arg("--version")
-        .env_clear()
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "of unknown version".into());
+    let version =
+        commstack_toolchain::ninja_version(&real).unwrap_or_else(|_| "of unknown version".into());
     let orders = critical_path_scheduler(&version);
     env.notes.push(format!(
         "PATH: + {} first: a front for {} (ninja {version}) that starts the host compiles (python_api.cpp, DeepEP's longest job) first; torch's build.ninja and commands unchanged{}",
@@ -88,11 +79,6 @@ fn critical_path_scheduler(version: &str) -> bool {
     let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     (major, minor) >= (1, 12)
-}
-
-fn is_executable(p: &Path) -> bool {
-    p.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 #[cfg(test)]

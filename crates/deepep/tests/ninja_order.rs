@@ -75,8 +75,9 @@ fn started(build: &Path) -> Vec<String> {
     jobs.into_iter().map(|(_, o)| o).collect()
 }
 
-/// Runs `ninja -v -j1` in `build` with `path` as PATH (torch finds ninja on PATH).
-fn ninja_on(path: &str, build: &Path) {
+/// Runs `ninja -v -j1` in `build` with `path` as PATH (torch finds ninja on PATH), which
+/// must pass; its output.
+fn ninja_on(path: &str, build: &Path) -> std::process::Output {
     let out = Command::new("ninja")
         .args(["-v", "-j1"])
         .current_dir(build)
@@ -89,6 +90,7 @@ fn ninja_on(path: &str, build: &Path) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    out
 }
 
 fn objects(build: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -244,18 +246,8 @@ fn what_the_front_does_not_follow_runs_in_torchs_order_and_says_so() {
     // order alone (a stamp after a misread name would stop the build).
     let dir = tmp.path().join("var");
     torch_like_build_with(&dir, "extra = x\nbuild $extra.stamp: compile ../src/a.cu\n");
-    let out = Command::new("ninja")
-        .args(["-v", "-j1"])
-        .current_dir(dir.join("build"))
-        .env("PATH", &path)
-        .output()
-        .unwrap();
+    let out = ninja_on(&path, &dir.join("build"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{}{stderr}",
-        String::from_utf8_lossy(&out.stdout)
-    );
     assert!(
         stderr.contains("commstack ninja front: a variable in a build line")
             && stderr.contains("torch's order"),

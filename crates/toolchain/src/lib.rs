@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use probe::{HostCompilers, find_in_path, host_compilers, parse_nvcc_version};
+pub use probe::{HostCompilers, find_in_path, host_compilers, ninja_version, parse_nvcc_version};
 pub use system::{SystemOptions, system};
 pub use wheels::{
     Provisioned, REQUIRED_WHEELS, TOOLCHAIN_FILE, WheelInput, load_provisioned, provision_wheels,

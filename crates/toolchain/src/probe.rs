@@ -39,7 +39,8 @@ pub(crate) fn cmake_version(cmake: &Path) -> Result<String> {
         })
 }
 
-pub(crate) fn ninja_version(ninja: &Path) -> Result<String> {
+/// What `ninja --version` prints (`1.13.2.git.kitware.jobserver-pipe-1`).
+pub fn ninja_version(ninja: &Path) -> Result<String> {
     let out = run_version(ninja, "--version")?;
     let v = out.trim();
     if v.is_empty() {
