@@ -5,7 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-step() { printf '\n::: [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
+# Each step names the disk left, so a run that runs out says where it went.
+step() {
+    printf '\n::: [%4ds, %s free] %s\n' "$((SECONDS - started))" \
+        "$(df -Ph . | awk 'NR==2 {print $4}')" "$*"
+}
+# CI compiles each crate once: cargo's incremental caches (4 GB of a 14 GB target/) only
+# cost disk here. Developers keep them.
+export CARGO_INCREMENTAL=0
 
 step "formatting (cargo fmt --check): run \`cargo fmt\` to fix"
 cargo fmt --all --check
@@ -19,12 +26,12 @@ if ! .tools/deploy-validate-venv/bin/python -c 'import kubernetes_validate' 2>/d
     .tools/deploy-validate-venv/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
 renders=$(mktemp -d)
-COMMSTACK_DEPLOY_RENDER_TO="$renders" cargo test --locked --quiet -p commstack-deploy --test golden
+COMMSTACK_DEPLOY_RENDER_TO="$renders" cargo test --locked --quiet --workspace --test golden
 .tools/deploy-validate-venv/bin/python ci/validate_deploy.py 1.33 crates/deploy/schemas "$renders"
 rm -rf "$renders"
 
 step "the image step with the network cut: the fixture image tests again in a new network namespace (unshare -n; Docker is reached through its socket)"
-unshare -n cargo test --locked --offline -p commstack-image --test image_step
+unshare -n cargo test --locked --offline --workspace --test image_step
 
 step "clippy, warnings as errors (the kernel crate's CUDA parts: with their build, last step)"
 cargo clippy --locked --workspace --all-targets -- -D warnings
@@ -41,10 +48,10 @@ if [ ! -x .tools/uv-venv/bin/uv ]; then
     python3 -m venv .tools/uv-venv
     .tools/uv-venv/bin/pip install --quiet --disable-pip-version-check uv==0.13.9
 fi
-COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked -p commstack-lock --test uv_oracle -- --ignored
+COMMSTACK_UV="$PWD/.tools/uv-venv/bin/uv" cargo test --locked --workspace --test uv_oracle -- --ignored
 
 step "the [nccl] override against live PyPI: torch 2.11.0 with nvidia-nccl-cu13 2.30.7 in place of its 2.28.9 pin"
-cargo test --locked -p commstack-lock --test live_nccl -- --ignored
+cargo test --locked --workspace --test live_nccl -- --ignored
 
 step "the kernel crate with its feature cuda: the default stack's locked CUDA toolchain (provisioned from its wheels) compiles it against NVIDIA's NVSHMEM wheel of torch's pin, then its CPU tests and clippy run"
 cargo xtask --quiet fetch --only toolchain,replaced
