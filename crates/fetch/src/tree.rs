@@ -11,7 +11,11 @@
 //!    those of the tree the one unpacker (commstack-archive) writes from it, unstripped:
 //!    a later entry of the same path replaces an earlier one; a tar hard link is a file
 //!    with the content and mode of the file its target finally is; a GNU sparse file is
-//!    its whole content. An archive the unpacker refuses has no tree hash.
+//!    its whole content. An archive the unpacker refuses has no tree hash, and it checks
+//!    links against step 3's top directory, as the source steps strip it
+//!    (`Strip::TopDirIfSingle`): a link that stays in the archive but leaves that
+//!    directory (`top/a -> .`, `top/b -> a/..`) is refused here too, not hashed and then
+//!    refused by the build.
 //! 2. Drop every entry with a path component named exactly `.git` (a checkout's `.git/`
 //!    directory or a submodule's `.git` file). The unpacker never writes them in a source
 //!    tree ([`unpack_verified`]), so the tree built from is the tree hashed.
@@ -128,12 +132,19 @@ pub fn tree_sha256_archive(path: &Path) -> io::Result<String> {
 /// [`tree_sha256_archive`], unpacking under `scratch` (created if missing; a directory of
 /// the filesystem the archive's bytes may fill, such as a cache's `tmp/`).
 pub fn tree_sha256_archive_in(path: &Path, scratch: &Path) -> io::Result<String> {
-    let options = Options {
-        drop_git: true,
-        ..Options::default()
-    };
+    let options = hashing();
     commstack_archive::with_unpacked(path, scratch, &options, |root| Ok(tree_sha256_dir(root)?))
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
+}
+
+/// How an archive is read for its tree hash: `.git` left out (step 2), and links checked
+/// against the tree the steps build, inside step 3's top directory (step 1).
+fn hashing() -> Options {
+    Options {
+        strip: Strip::TopDirIfSingle,
+        drop_git: true,
+        ..Options::default()
+    }
 }
 
 /// [`tree_sha256_archive_in`], and the bytes of the file `name` at the top of the tree
@@ -144,10 +155,7 @@ pub fn tree_sha256_archive_and_file(
     scratch: &Path,
     name: &str,
 ) -> io::Result<(String, Option<Vec<u8>>)> {
-    let options = Options {
-        drop_git: true,
-        ..Options::default()
-    };
+    let options = hashing();
     commstack_archive::with_unpacked(path, scratch, &options, |root| {
         let tree = tree_sha256_dir(root)?;
         let mut top = root.to_path_buf();

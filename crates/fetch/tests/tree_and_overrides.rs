@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::*;
 use commstack_digest::sha256_file;
-use commstack_fetch::tree::{tree_sha256, tree_sha256_dir};
+use commstack_fetch::tree::{Strip, tree_sha256, tree_sha256_dir, unpack_verified};
 use commstack_fetch::{
     Artifact, Cache, FetchError, Origin, Provenance, SourceError, SourceOverride, TreeCheck,
     fetch_all,
@@ -66,6 +66,48 @@ fn the_definition_on_a_tiny_tree() {
         tree_sha256_dir(dir.path()).unwrap(),
         format!("sha256:{}", sha256(stream.as_bytes()))
     );
+}
+
+/// The tree hash reads an archive with its top directory stripped, as the source steps
+/// unpack it: a link that stays in the archive only through that directory (`top/a -> .`,
+/// `top/b -> a/..` is `top/`, but `b -> a/..` in the stripped tree is its parent) has no
+/// hash, so `lock` cannot record a source the build would then refuse. The fuzzer found it.
+#[test]
+fn a_link_leaving_the_stripped_top_directory_has_no_tree_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("top");
+    std::fs::create_dir(&top).unwrap();
+    std::fs::write(top.join("file"), "x\n").unwrap();
+    symlink(".", top.join("a")).unwrap();
+    symlink("a/..", top.join("b")).unwrap();
+    tar(&["cf", "escape.tar", "top"], dir.path());
+    let archive = dir.path().join("escape.tar");
+    let err = tree_sha256(&archive, "escape.tar").unwrap_err().to_string();
+    assert!(
+        err.contains("top/b -> a/.. leaves the destination"),
+        "{err}"
+    );
+    let out = dir.path().join("out");
+    let err = unpack_verified(&archive, &out, Strip::TopDirIfSingle, "sha256:00")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("top/b -> a/.. leaves the destination"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    // The same links one directory down stay inside the stripped tree: hashed as the
+    // directory they come from.
+    std::fs::remove_file(top.join("b")).unwrap();
+    std::fs::create_dir(top.join("sub")).unwrap();
+    symlink(".", top.join("sub/a")).unwrap();
+    symlink("a/..", top.join("sub/b")).unwrap();
+    tar(&["cf", "inside.tar", "top"], dir.path());
+    let inside = dir.path().join("inside.tar");
+    let tree = tree_sha256(&inside, "inside.tar").unwrap();
+    assert_eq!(tree, tree_sha256_dir(&top).unwrap());
+    unpack_verified(&inside, &out, Strip::TopDirIfSingle, &tree).unwrap();
 }
 
 #[test]
