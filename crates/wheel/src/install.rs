@@ -95,10 +95,25 @@ pub fn install(wheel_path: &Path, layout: &InstallLayout) -> Result<Installed> {
 /// Unpack into a staging directory under `stage_in` (the target's root, so that placing
 /// a file is a link on one filesystem), check RECORD, then place each file where
 /// `target_of` says.
+/// On any error, what it wrote (files and the directories it created) is removed again.
 fn extract(
     wheel: Wheel,
     stage_in: &Path,
     target_of: impl Fn(&str) -> Result<PathBuf>,
+) -> Result<Installed> {
+    let mut placed = Placed::default();
+    let result = extract_into(wheel, stage_in, target_of, &mut placed);
+    if result.is_err() {
+        placed.remove();
+    }
+    result
+}
+
+fn extract_into(
+    wheel: Wheel,
+    stage_in: &Path,
+    target_of: impl Fn(&str) -> Result<PathBuf>,
+    placed: &mut Placed,
 ) -> Result<Installed> {
     if let Some(link) = wheel.entries.iter().find(|e| e.is_symlink) {
         bail!(
@@ -107,7 +122,8 @@ fn extract(
             shown(&link.path)
         );
     }
-    fs::create_dir_all(stage_in)
+    placed
+        .create_dir_all(stage_in)
         .with_context(|| format!("cannot create {}", stage_in.display()))?;
     let staging = tempfile::Builder::new()
         .prefix(".wheel-unpack-")
@@ -162,33 +178,102 @@ fn extract(
         .into());
     }
 
-    let mut files = Vec::with_capacity(staged.len());
+    // Every target decided before the first is placed: a bad scheme, or two entries that
+    // install to one path (`x` and `<name>.data/purelib/x`), write nothing.
+    let mut claimed: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut placements = Vec::with_capacity(staged.len());
     for (inner, from) in staged {
         let target = target_of(&inner)?;
-        // The target's path holds the entry's name: shown escaped.
-        let target_shown = shown(&target.to_string_lossy());
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create the directory of {target_shown}"))?;
-        }
-        let executable = fs::metadata(&from)?.permissions().mode() & 0o111 != 0;
-        let mode = if executable { 0o755 } else { 0o644 };
-        fs::set_permissions(&from, fs::Permissions::from_mode(mode)).with_context(|| {
-            format!(
-                "{}: cannot set the mode of entry {}",
+        if let Some(other) = claimed.insert(target.clone(), inner.clone()) {
+            bail!(
+                "{}: entries {} and {} both install to {}: refused, nothing written",
                 wheel.path.display(),
-                shown(&inner)
-            )
-        })?;
-        place(&from, &target).with_context(|| {
-            format!(
-                "cannot create {target_shown} (from {}; does another wheel own it?)",
-                wheel.path.display()
-            )
-        })?;
-        files.push(target);
+                shown(&other),
+                shown(&inner),
+                shown(&target.to_string_lossy())
+            );
+        }
+        placements.push((inner, from, target));
     }
-    Ok(Installed { wheel, files })
+    for (inner, from, target) in placements {
+        place_entry(&wheel, &inner, &from, &target, placed)?;
+    }
+    Ok(Installed {
+        wheel,
+        files: placed.files.clone(),
+    })
+}
+
+/// What an install has written so far, removed again if anything fails: a wheel installs
+/// whole or not at all.
+#[derive(Default)]
+struct Placed {
+    files: Vec<PathBuf>,
+    /// Directories it created, parents first.
+    dirs: Vec<PathBuf>,
+}
+
+impl Placed {
+    fn remove(&self) {
+        for f in &self.files {
+            let _ = fs::remove_file(f);
+        }
+        for d in self.dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+    }
+
+    /// `dir` and its missing parents, each recorded.
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        let mut missing = Vec::new();
+        let mut at = dir;
+        while at.symlink_metadata().is_err() {
+            missing.push(at.to_path_buf());
+            match at.parent() {
+                Some(parent) => at = parent,
+                None => break,
+            }
+        }
+        for d in missing.into_iter().rev() {
+            fs::create_dir(&d)?;
+            self.dirs.push(d);
+        }
+        Ok(())
+    }
+}
+
+/// One staged file into place, its mode normalised.
+fn place_entry(
+    wheel: &Wheel,
+    inner: &str,
+    from: &Path,
+    target: &Path,
+    placed: &mut Placed,
+) -> Result<()> {
+    // The target's path holds the entry's name: shown escaped.
+    let target_shown = shown(&target.to_string_lossy());
+    if let Some(parent) = target.parent() {
+        placed
+            .create_dir_all(parent)
+            .with_context(|| format!("cannot create the directory of {target_shown}"))?;
+    }
+    let executable = fs::metadata(from)?.permissions().mode() & 0o111 != 0;
+    let mode = if executable { 0o755 } else { 0o644 };
+    fs::set_permissions(from, fs::Permissions::from_mode(mode)).with_context(|| {
+        format!(
+            "{}: cannot set the mode of entry {}",
+            wheel.path.display(),
+            shown(inner)
+        )
+    })?;
+    place(from, target).with_context(|| {
+        format!(
+            "cannot create {target_shown} (from {}; does another wheel own it?)",
+            wheel.path.display()
+        )
+    })?;
+    placed.files.push(target.to_path_buf());
+    Ok(())
 }
 
 /// Put the staged file `from` at `to`, never replacing what is there: a hard link (one

@@ -19,7 +19,7 @@ pub use headers::Headers;
 pub use install::{InstallLayout, Installed, install, unpack};
 pub use launcher::{EntryPoint, entry_points, launcher_script, parse_entry_points};
 pub use name::{Tag, WheelFilename, escape_name, escape_version, normalize_name, parse_version};
-pub use read::{RecordMismatch, RecordProblem, Wheel, WheelEntry};
+pub use read::{DIST_INFO_MAX, RecordMismatch, RecordProblem, Wheel, WheelEntry};
 pub use record::{RecordEntry, format_sha256, parse_record, record_hash, render_record};
 pub use write::{WheelBuilder, WrittenWheel, add_dist_info_file};
 

@@ -155,10 +155,10 @@ fn tampered_record_is_reported_with_every_problem() {
             .any(|p| matches!(p, RecordProblem::NotInRecord { path } if path == "extra.txt"))
     );
     // Unpacking checks before it places anything, and refuses the same wheel leaving
-    // nothing behind (not even its staging directory).
+    // nothing behind (not its staging directory, nor the directory it made for it).
     let out = tmp.path().join("out");
     assert!(unpack(&bad_path, &out).is_err());
-    assert_eq!(fs::read_dir(&out).unwrap().count(), 0);
+    assert!(!out.exists());
 }
 
 #[test]
@@ -367,4 +367,143 @@ fn a_newline_in_an_entry_name_stays_in_its_line_of_the_report() {
         );
         assert!(text.contains("x\\nall wheels verified\\n"), "{text}");
     }
+}
+
+/// A RECORD of zeros, 64 MiB and one byte inflated from a few dozen KiB: refused by its
+/// bound, not read whole into memory (docs/bounds.md).
+#[test]
+fn a_dist_info_bomb_is_refused_at_its_bound() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bomb-1.0-py3-none-any.whl");
+    let mut zip = zip::ZipWriter::new(fs::File::create(&path).unwrap());
+    let deflated = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(true);
+    let text = [
+        (
+            "METADATA",
+            "Metadata-Version: 2.1\nName: bomb\nVersion: 1.0\n",
+        ),
+        ("WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"),
+    ];
+    for (name, body) in text {
+        zip.start_file(format!("bomb-1.0.dist-info/{name}"), deflated)
+            .unwrap();
+        zip.write_all(body.as_bytes()).unwrap();
+    }
+    zip.start_file("bomb-1.0.dist-info/RECORD", deflated)
+        .unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..commstack_wheel::DIST_INFO_MAX >> 20 {
+        zip.write_all(&zeros).unwrap();
+    }
+    zip.write_all(b"\n").unwrap();
+    zip.finish().unwrap();
+    assert!(fs::metadata(&path).unwrap().len() < 1 << 20);
+
+    let err = format!("{:#}", Wheel::open(&path).unwrap_err());
+    assert!(
+        err.contains(
+            "bomb-1.0.dist-info/RECORD is over 67108864 bytes: refused as a decompression bomb"
+        ),
+        "{err}"
+    );
+    let root = tmp.path().join("prefix");
+    let err = format!(
+        "{:#}",
+        install(&path, &InstallLayout::prefix(&root)).unwrap_err()
+    );
+    assert!(err.contains("refused as a decompression bomb"), "{err}");
+    assert!(!root.exists());
+}
+
+/// `x` and `<name>.data/purelib/x` install to one path: refused before any file is
+/// placed, and the layout's directories it would have made are not made.
+#[test]
+fn two_entries_for_one_path_install_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = WheelBuilder::new("twice", "1.0")
+        .unwrap()
+        .tag("py3", "none", "any")
+        .root_is_purelib(true);
+    b.add_bytes("twice/a.py", b"A = 1\n".to_vec(), false)
+        .unwrap();
+    b.add_bytes("twice-1.0.data/scripts/tool", b"#!/bin/sh\n".to_vec(), true)
+        .unwrap();
+    b.add_bytes(
+        "twice-1.0.data/purelib/twice/a.py",
+        b"A = 2\n".to_vec(),
+        false,
+    )
+    .unwrap();
+    let w = b.write(tmp.path()).unwrap();
+    let root = tmp.path().join("prefix");
+    let err = format!(
+        "{:#}",
+        install(&w.path, &InstallLayout::prefix(&root)).unwrap_err()
+    );
+    assert!(
+        // Archive order: the builder writes its entries sorted.
+        err.contains("entries twice-1.0.data/purelib/twice/a.py and twice/a.py both install to"),
+        "{err}"
+    );
+    assert!(err.contains("refused, nothing written"), "{err}");
+    assert!(
+        !root.exists(),
+        "the refused install left {}",
+        root.display()
+    );
+}
+
+/// A later file that cannot be placed (another wheel's file is there) takes back every
+/// file and directory the install had made; what was there stays as it was.
+#[test]
+fn a_failed_install_takes_back_what_it_placed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = WheelBuilder::new("late", "1.0")
+        .unwrap()
+        .tag("py3", "none", "any")
+        .root_is_purelib(true);
+    // Archive order (sorted): the script, then late/..., late/zz.py last.
+    b.add_bytes("late-1.0.data/scripts/tool", b"#!/bin/sh\n".to_vec(), true)
+        .unwrap();
+    b.add_bytes("late/__init__.py", Vec::new(), false).unwrap();
+    b.add_bytes("late/deep/er/mod.py", b"X = 1\n".to_vec(), false)
+        .unwrap();
+    b.add_bytes("late/zz.py", b"Z = 1\n".to_vec(), false)
+        .unwrap();
+    let w = b.write(tmp.path()).unwrap();
+    let root = tmp.path().join("prefix");
+    fs::create_dir_all(root.join("late")).unwrap();
+    fs::write(root.join("late/zz.py"), "another wheel's\n").unwrap();
+
+    let err = format!(
+        "{:#}",
+        install(&w.path, &InstallLayout::prefix(&root)).unwrap_err()
+    );
+    assert!(err.contains("late/zz.py"), "{err}");
+    assert!(err.contains("does another wheel own it?"), "{err}");
+    assert_eq!(walkdir(&root), ["late", "late/zz.py"]);
+    assert_eq!(
+        fs::read_to_string(root.join("late/zz.py")).unwrap(),
+        "another wheel's\n"
+    );
+}
+
+/// Every path under `root`, relative, sorted.
+fn walkdir(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if p.is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
