@@ -58,10 +58,10 @@ cargo xtask --quiet fetch --only toolchain,replaced
 cargo xtask toolchain
 cargo xtask build kernels --nvshmem-from nvidia-wheel --test
 
-step "fuzzing, 60 s each (cargo fuzz, nightly): the archive unpacker and the stack.toml/stack.lock parsers, from the committed corpora in fuzz/corpus"
+step "fuzzing, 60 s each (cargo fuzz, nightly): the archive unpacker, the stack.toml/stack.lock parsers and wheel installs, from the committed corpora in fuzz/corpus"
 rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz@0.13.2
-for target in unpack stack_parsers; do
+for target in unpack stack_parsers wheel_install; do
     (cd fuzz && cargo +nightly fuzz run "$target" -O -- -max_total_time=60 -rss_limit_mb=2048 2>&1 | grep -E '^(Done|#[0-9]+ +DONE)|panicked|ERROR|SUMMARY')
 done
 
