@@ -63,7 +63,9 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     for path in &files {
         // Signatures may be absent from RECORD (the binary distribution format).
-        let signature = path.ends_with("/RECORD.jws") || path.ends_with("/RECORD.p7s");
+        let signature = [".jws", ".p7s"]
+            .iter()
+            .any(|ext| *path == format!("{}/RECORD{ext}", opened.dist_info));
         assert!(
             listed.contains(path) || signature,
             "installed, but {path:?} is not in RECORD"

@@ -110,7 +110,8 @@ pub fn unpack_checked(
 
 /// Unpack `archive` into a temporary directory under `scratch` (created if missing), give
 /// `inspect` the tree (unstripped, every directory still writable) and remove it: how the
-/// tree hash of an archive is taken from what the unpacker writes.
+/// tree hash of an archive is taken from what the unpacker writes. `options.strip` only
+/// chooses the directory links must stay inside; the tree is never stripped here.
 pub fn with_unpacked<R>(
     archive: &Path,
     scratch: &Path,

@@ -158,13 +158,7 @@ pub fn tree_sha256_archive_and_file(
     let options = hashing();
     commstack_archive::with_unpacked(path, scratch, &options, |root| {
         let tree = tree_sha256_dir(root)?;
-        let mut top = root.to_path_buf();
-        let entries: Vec<_> = std::fs::read_dir(root)?.collect::<io::Result<_>>()?;
-        if let [only] = entries.as_slice()
-            && only.file_type()?.is_dir()
-        {
-            top = only.path();
-        }
+        let top = single_top(root)?.unwrap_or_else(|| root.to_path_buf());
         let file = top.join(name);
         let bytes = match file.symlink_metadata() {
             Ok(m) if m.is_file() => Some(std::fs::read(&file)?),
@@ -173,6 +167,29 @@ pub fn tree_sha256_archive_and_file(
         Ok((tree, bytes))
     })
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
+}
+
+/// The directory step 3 strips, by its rule: every file and link lies under it
+/// (directories do not count, so an empty `other/` beside `top/` does not keep it).
+fn single_top(root: &Path) -> io::Result<Option<std::path::PathBuf>> {
+    let mut top = None;
+    for item in walkdir::WalkDir::new(root).min_depth(1) {
+        let item =
+            item.map_err(|e| io::Error::other(format!("walking {}: {e}", root.display())))?;
+        if item.file_type().is_dir() {
+            continue;
+        }
+        let relative = item.path().strip_prefix(root).expect("under its root");
+        let mut parts = relative.iter();
+        let (Some(first), Some(_)) = (parts.next(), parts.next()) else {
+            return Ok(None);
+        };
+        match &top {
+            Some(t) if t != first => return Ok(None),
+            _ => top = Some(first.to_os_string()),
+        }
+    }
+    Ok(top.map(|t| root.join(t)))
 }
 
 /// A source into `dest` (which must not exist), refused, leaving nothing, unless the tree

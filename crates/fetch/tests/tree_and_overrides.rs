@@ -9,7 +9,9 @@ use std::process::Command;
 
 use common::*;
 use commstack_digest::sha256_file;
-use commstack_fetch::tree::{Strip, tree_sha256, tree_sha256_dir, unpack_verified};
+use commstack_fetch::tree::{
+    Strip, tree_sha256, tree_sha256_archive_and_file, tree_sha256_dir, unpack_verified,
+};
 use commstack_fetch::{
     Artifact, Cache, FetchError, Origin, Provenance, SourceError, SourceOverride, TreeCheck,
     fetch_all,
@@ -108,6 +110,25 @@ fn a_link_leaving_the_stripped_top_directory_has_no_tree_hash() {
     let tree = tree_sha256(&inside, "inside.tar").unwrap();
     assert_eq!(tree, tree_sha256_dir(&top).unwrap());
     unpack_verified(&inside, &out, Strip::TopDirIfSingle, &tree).unwrap();
+}
+
+/// `lock` reads a source's `.gitmodules` inside the top directory the tree hash strips,
+/// by the same rule: an empty directory beside `top/` does not hide it.
+#[test]
+fn gitmodules_is_read_in_the_stripped_top_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("src/top");
+    std::fs::create_dir_all(top.join("third-party/fmt")).unwrap();
+    std::fs::create_dir_all(dir.path().join("src/other")).unwrap();
+    let modules = "[submodule \"fmt\"]\n\tpath = third-party/fmt\n";
+    std::fs::write(top.join(".gitmodules"), modules).unwrap();
+    std::fs::write(top.join("setup.py"), "print()\n").unwrap();
+    tar(&["cf", "../a.tar", "top", "other"], &dir.path().join("src"));
+    let scratch = dir.path().join("scratch");
+    let (tree, file) =
+        tree_sha256_archive_and_file(&dir.path().join("a.tar"), &scratch, ".gitmodules").unwrap();
+    assert_eq!(tree, tree_sha256_dir(&top).unwrap());
+    assert_eq!(file.as_deref(), Some(modules.as_bytes()));
 }
 
 #[test]

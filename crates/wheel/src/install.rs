@@ -137,6 +137,15 @@ fn extract_into(
     let tree = staging.path().join("tree");
     let unpacked =
         commstack_archive::unpack(&wheel.path, &tree, &commstack_archive::Options::default())?;
+    // A wheel's directory modes mean nothing to an install (pip ignores them); a 0555 or
+    // 0000 one would keep its files unreadable and the staging tree unremovable.
+    for dir in walkdir::WalkDir::new(&tree).into_iter().flatten() {
+        if dir.file_type().is_dir() {
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
+                .with_context(|| format!("cannot make {} writable", dir.path().display()))?;
+        }
+    }
+    same_names(&wheel, &unpacked.files)?;
 
     let mut seen = BTreeMap::new();
     let mut staged = Vec::with_capacity(unpacked.files.len());
@@ -183,7 +192,7 @@ fn extract_into(
     let mut claimed: BTreeMap<PathBuf, String> = BTreeMap::new();
     let mut placements = Vec::with_capacity(staged.len());
     for (inner, from) in staged {
-        let target = target_of(&inner)?;
+        let target = target_of(&inner).with_context(|| format!("{}", wheel.path.display()))?;
         if let Some(other) = claimed.insert(target.clone(), inner.clone()) {
             bail!(
                 "{}: entries {} and {} both install to {}: refused, nothing written",
@@ -200,8 +209,35 @@ fn extract_into(
     }
     Ok(Installed {
         wheel,
-        files: placed.files.clone(),
+        files: std::mem::take(&mut placed.files),
     })
+}
+
+/// The files unpacked are the files the zip names, each once: RECORD is checked against
+/// the former, `Wheel::verify` against the latter, so a name the unpacker reads otherwise
+/// (`.`, `a//b`, a directory by its mode without a trailing `/`) or twice is refused.
+fn same_names(wheel: &Wheel, unpacked: &[PathBuf]) -> Result<()> {
+    let mut named = std::collections::BTreeSet::new();
+    for e in wheel.entries.iter().filter(|e| !e.is_dir) {
+        if !named.insert(e.path.as_str()) {
+            bail!(
+                "{}: the zip has two entries named {}: refused",
+                wheel.path.display(),
+                shown(&e.path)
+            );
+        }
+    }
+    let written: std::collections::BTreeSet<&str> =
+        unpacked.iter().filter_map(|p| p.to_str()).collect();
+    if let Some(odd) = named.symmetric_difference(&written).next() {
+        bail!(
+            "{}: the zip entry {} does not name a file as written (an entry `.` or `a//b`, or a \
+             directory without a trailing `/`): refused",
+            wheel.path.display(),
+            shown(odd)
+        );
+    }
+    Ok(())
 }
 
 /// What an install has written so far, removed again if anything fails: a wheel installs
@@ -227,7 +263,7 @@ impl Placed {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         let mut missing = Vec::new();
         let mut at = dir;
-        while at.symlink_metadata().is_err() {
+        while !at.as_os_str().is_empty() && at.symlink_metadata().is_err() {
             missing.push(at.to_path_buf());
             match at.parent() {
                 Some(parent) => at = parent,
@@ -235,8 +271,12 @@ impl Placed {
             }
         }
         for d in missing.into_iter().rev() {
-            fs::create_dir(&d)?;
-            self.dirs.push(d);
+            match fs::create_dir(&d) {
+                Ok(()) => self.dirs.push(d),
+                // Made meanwhile by someone else: theirs, not ours to remove.
+                Err(_) if d.is_dir() => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -289,9 +329,16 @@ fn place(from: &Path, to: &Path) -> io::Result<()> {
                 .create_new(true)
                 .mode(mode)
                 .open(to)?;
-            io::copy(&mut File::open(from)?, &mut out)?;
-            // The umask may have cleared bits of `mode`: set them exactly.
-            out.set_permissions(fs::Permissions::from_mode(mode))
+            let copied = io::copy(&mut File::open(from)?, &mut out).and_then(|_| {
+                // The umask may have cleared bits of `mode`: set them exactly.
+                out.set_permissions(fs::Permissions::from_mode(mode))
+            });
+            if copied.is_err() {
+                // Ours (create_new), and half-written: not left for the next install to
+                // take for another wheel's.
+                let _ = fs::remove_file(to);
+            }
+            copied
         }
     }
 }

@@ -79,7 +79,7 @@ pub fn entry_points(wheel: &Wheel) -> Result<Vec<EntryPoint>> {
     if !wheel.entries.iter().any(|e| e.path == inner) {
         return Ok(Vec::new());
     }
-    let bytes = wheel.read(&inner)?;
+    let bytes = wheel.read_dist_info("entry_points.txt")?;
     let text = String::from_utf8(bytes)
         .with_context(|| format!("{}: {inner} is not UTF-8", wheel.path.display()))?;
     parse_entry_points(&text).with_context(|| format!("{}: {inner}", wheel.path.display()))

@@ -165,21 +165,7 @@ impl Wheel {
             let f = archive
                 .by_name(&inner)
                 .with_context(|| format!("{}: {} is missing", path.display(), shown(&inner)))?;
-            // Read into memory whole, so bounded whatever its declared size says: a
-            // deflated RECORD of zeros is 1000 times its size (docs/bounds.md).
-            let bound = DIST_INFO_MAX;
-            let mut bytes = Vec::new();
-            f.take(bound + 1)
-                .read_to_end(&mut bytes)
-                .with_context(|| format!("{}: cannot read {}", path.display(), shown(&inner)))?;
-            if bytes.len() as u64 > bound {
-                bail!(
-                    "{}: {} is over {bound} bytes: refused as a decompression bomb (bound: \
-                     commstack_wheel::DIST_INFO_MAX; torch's RECORD is 1.3 MB)",
-                    path.display(),
-                    shown(&inner)
-                );
-            }
+            let bytes = read_capped(path, &inner, f)?;
             String::from_utf8(bytes)
                 .with_context(|| format!("{}: {} is not UTF-8", path.display(), shown(&inner)))
         };
@@ -255,7 +241,19 @@ impl Wheel {
         format!("{}/RECORD", self.dist_info)
     }
 
-    /// Read one file of the archive into memory.
+    /// Read one `.dist-info` file (`entry_points.txt`, say) into memory, bounded as
+    /// [`Wheel::open`] bounds METADATA, WHEEL and RECORD.
+    pub fn read_dist_info(&self, name: &str) -> Result<Vec<u8>> {
+        let inner = format!("{}/{name}", self.dist_info);
+        let mut archive = open_archive(&self.path)?;
+        let f = archive
+            .by_name(&inner)
+            .with_context(|| format!("{}: no {} inside", self.path.display(), shown(&inner)))?;
+        read_capped(&self.path, &inner, f)
+    }
+
+    /// Read one file of the archive into memory, whole: for the caller to bound (it reads
+    /// NVIDIA's NVSHMEM libraries, whose sizes the lock holds).
     pub fn read(&self, inner: &str) -> Result<Vec<u8>> {
         let mut archive = open_archive(&self.path)?;
         let mut f = archive
@@ -337,12 +335,12 @@ pub(crate) fn compare_record(
     let mut problems = Vec::new();
     let listed: BTreeMap<&str, &RecordEntry> =
         record.iter().map(|e| (e.path.as_str(), e)).collect();
-    let dist_info = record_path.trim_end_matches("RECORD");
     for (path, (hash, size)) in actual {
         let Some(entry) = listed.get(path.as_str()) else {
             // Signatures may be absent from RECORD (binary distribution format spec).
-            let is_signature = path.starts_with(dist_info)
-                && (path.ends_with("RECORD.jws") || path.ends_with("RECORD.p7s"));
+            let is_signature = [".jws", ".p7s"]
+                .iter()
+                .any(|ext| *path == format!("{record_path}{ext}"));
             if !is_signature {
                 problems.push(RecordProblem::NotInRecord { path: path.clone() });
             }
@@ -380,6 +378,27 @@ pub(crate) fn compare_record(
         }
     }
     problems
+}
+
+/// `f` (the entry `inner` of the wheel at `path`) into memory, refused over
+/// [`DIST_INFO_MAX`] bytes whatever its declared size says: a deflated file of zeros is
+/// 1000 times its size (docs/bounds.md).
+fn read_capped(path: &Path, inner: &str, f: impl Read) -> Result<Vec<u8>> {
+    let bound = DIST_INFO_MAX;
+    let mut bytes = Vec::new();
+    f.take(bound + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{}: cannot read {}", path.display(), shown(inner)))?;
+    if bytes.len() as u64 > bound {
+        bail!(
+            "{}: {} is over {bound} bytes: refused as a decompression bomb (bound: \
+             commstack_wheel::DIST_INFO_MAX; torch's RECORD is 1.3 MB); the wheel is damaged \
+             or not what its index claims: check the index it was locked from",
+            path.display(),
+            shown(inner)
+        );
+    }
+    Ok(bytes)
 }
 
 pub(crate) fn open_archive(path: &Path) -> Result<ZipArchive<BufReader<File>>> {

@@ -507,3 +507,74 @@ fn walkdir(root: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// An entry's name and content.
+type Named<'a> = (&'a str, &'a [u8]);
+
+/// A wheel written entry by entry: METADATA and WHEEL of `odd 1.0`, then `files` as
+/// named, then a RECORD listing `record` (path, content) with their real hashes.
+fn odd_wheel(dir: &Path, files: &[Named], record: &[Named]) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("odd-1.0-py3-none-any.whl");
+    let mut zip = zip::ZipWriter::new(fs::File::create(&path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default();
+    let meta: [Named; 2] = [
+        (
+            "odd-1.0.dist-info/METADATA",
+            b"Metadata-Version: 2.1\nName: odd\nVersion: 1.0\n",
+        ),
+        (
+            "odd-1.0.dist-info/WHEEL",
+            b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\n",
+        ),
+    ];
+    let mut lines = String::new();
+    for (name, body) in meta.iter().chain(record) {
+        let hash = commstack_wheel::record_hash(body);
+        lines.push_str(&format!("{name},{hash},{}\n", body.len()));
+    }
+    lines.push_str("odd-1.0.dist-info/RECORD,,\n");
+    for (name, body) in meta.iter().chain(files) {
+        zip.start_file(*name, opts).unwrap();
+        zip.write_all(body).unwrap();
+    }
+    zip.start_file("odd-1.0.dist-info/RECORD", opts).unwrap();
+    zip.write_all(lines.as_bytes()).unwrap();
+    zip.finish().unwrap();
+    path
+}
+
+/// Entry names the unpacker reads otherwise than the zip names them (`odd//x.py` and
+/// `./odd/x.py` are written as `odd/x.py`, which RECORD lists): RECORD would be checked
+/// against other files than `Wheel::verify` reads, so the install is refused and writes
+/// nothing. (Two entries of one name are refused too; the zip crate cannot write them.)
+#[test]
+fn entry_names_that_are_not_the_files_written_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x: &[u8] = b"X = 1\n";
+    let cases: [(&[Named], &str); 2] = [
+        (
+            &[("odd//x.py", x)],
+            "the zip entry odd//x.py does not name a file as written",
+        ),
+        (
+            &[("./odd/x.py", x)],
+            "the zip entry ./odd/x.py does not name a file as written",
+        ),
+    ];
+    for (files, want) in cases {
+        let case = tempfile::tempdir_in(tmp.path()).unwrap();
+        let path = odd_wheel(case.path(), files, &[("odd/x.py", x)]);
+        let root = case.path().join("prefix");
+        let Err(err) = install(&path, &InstallLayout::prefix(&root)) else {
+            panic!("{want}: installed");
+        };
+        let err = format!("{err:#}");
+        assert!(err.contains(want), "{err}");
+        assert!(
+            !root.exists(),
+            "{want}: the refused install left {}",
+            root.display()
+        );
+    }
+}
