@@ -85,6 +85,11 @@ pub fn tree_sha256(path: &Path, name_hint: &str) -> io::Result<String> {
 
 /// The tree hash of a directory on disk (symlinks are not followed).
 pub fn tree_sha256_dir(dir: &Path) -> io::Result<String> {
+    Ok(digest(read_entries(dir)?))
+}
+
+/// Step 1 for a directory on disk.
+fn read_entries(dir: &Path) -> io::Result<Entries> {
     let mut entries = Entries::new();
     for item in walkdir::WalkDir::new(dir).follow_links(false).min_depth(1) {
         let item = item.map_err(|e| io::Error::other(format!("walking {}: {e}", dir.display())))?;
@@ -120,7 +125,7 @@ pub fn tree_sha256_dir(dir: &Path) -> io::Result<String> {
             );
         }
     }
-    Ok(digest(entries))
+    Ok(entries)
 }
 
 /// The tree hash of an archive: of the tree the unpacker writes from it, in a scratch
@@ -157,8 +162,12 @@ pub fn tree_sha256_archive_and_file(
 ) -> io::Result<(String, Option<Vec<u8>>)> {
     let options = hashing();
     commstack_archive::with_unpacked(path, scratch, &options, |root| {
-        let tree = tree_sha256_dir(root)?;
-        let top = single_top(root)?.unwrap_or_else(|| root.to_path_buf());
+        let entries = read_entries(root)?;
+        let top = match single_top(kept(&entries)) {
+            Some(top) => root.join(std::ffi::OsStr::from_bytes(top)),
+            None => root.to_path_buf(),
+        };
+        let tree = digest(entries);
         let file = top.join(name);
         let bytes = match file.symlink_metadata() {
             Ok(m) if m.is_file() => Some(std::fs::read(&file)?),
@@ -167,29 +176,6 @@ pub fn tree_sha256_archive_and_file(
         Ok((tree, bytes))
     })
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:#}")))
-}
-
-/// The directory step 3 strips, by its rule: every file and link lies under it
-/// (directories do not count, so an empty `other/` beside `top/` does not keep it).
-fn single_top(root: &Path) -> io::Result<Option<std::path::PathBuf>> {
-    let mut top = None;
-    for item in walkdir::WalkDir::new(root).min_depth(1) {
-        let item =
-            item.map_err(|e| io::Error::other(format!("walking {}: {e}", root.display())))?;
-        if item.file_type().is_dir() {
-            continue;
-        }
-        let relative = item.path().strip_prefix(root).expect("under its root");
-        let mut parts = relative.iter();
-        let (Some(first), Some(_)) = (parts.next(), parts.next()) else {
-            return Ok(None);
-        };
-        match &top {
-            Some(t) if t != first => return Ok(None),
-            _ => top = Some(first.to_os_string()),
-        }
-    }
-    Ok(top.map(|t| root.join(t)))
 }
 
 /// A source into `dest` (which must not exist), refused, leaving nothing, unless the tree
@@ -247,20 +233,16 @@ pub fn unpack_verified(
 
 /// Steps 2 to 5 of the definition.
 fn digest(entries: Entries) -> String {
+    let top = single_top(kept(&entries)).map(<[u8]>::len);
     let kept: Entries = entries
         .into_iter()
-        .filter(|(path, _)| !path.split(|&b| b == b'/').any(|c| c == b".git"))
+        .filter(|(path, _)| !in_git(path))
         .collect();
-    let first_components: std::collections::BTreeSet<&[u8]> = kept
-        .keys()
-        .map(|path| path.split(|&b| b == b'/').next().unwrap_or_default())
-        .collect();
-    let single_root = first_components.len() == 1 && kept.keys().all(|path| path.contains(&b'/'));
     let mut hasher = Sha256::new();
     for (path, entry) in &kept {
-        let path = match single_root {
-            true => &path[path.iter().position(|&b| b == b'/').unwrap() + 1..],
-            false => &path[..],
+        let path = match top {
+            Some(len) => &path[len + 1..],
+            None => &path[..],
         };
         match entry {
             Entry::File { executable, sha256 } => {
@@ -279,6 +261,25 @@ fn digest(entries: Entries) -> String {
         hasher.update(b"\n");
     }
     format!("sha256:{}", hex::encode(hasher.finalize()))
+}
+
+/// Step 2: a path with a component named exactly `.git`.
+fn in_git(path: &[u8]) -> bool {
+    path.split(|&b| b == b'/').any(|c| c == b".git")
+}
+
+/// The paths step 2 keeps.
+fn kept(entries: &Entries) -> impl Iterator<Item = &[u8]> {
+    entries.keys().map(Vec::as_slice).filter(|p| !in_git(p))
+}
+
+/// Step 3's top directory: the first component every path shares, when each has more
+/// than one (directories are not entries, so an empty `other/` beside `top/` does not
+/// keep it). The tree hash strips it; `lock` reads `.gitmodules` inside it.
+fn single_top<'a>(mut paths: impl Iterator<Item = &'a [u8]>) -> Option<&'a [u8]> {
+    let first = |p: &'a [u8]| p.iter().position(|&b| b == b'/').map(|at| &p[..at]);
+    let top = first(paths.next()?)?;
+    paths.all(|p| first(p) == Some(top)).then_some(top)
 }
 
 fn sha256_hex(mut reader: impl Read) -> io::Result<String> {
