@@ -40,6 +40,8 @@ fuzz_target!(|data: &[u8]| {
         // Untrusted input: absolute links refused, as for every download.
         keep_absolute_symlinks: false,
         drop_git: pick & 8 != 0,
+        // The archive's modes applied, the harder case for cleanup (wheel_install has the other).
+        plain_dir_modes: false,
     };
     let result = unpack(&archive, &dest, &options);
     let real_dest = dest.canonicalize().ok();

@@ -95,6 +95,9 @@ pub fn unpack_checked(
     // the archive's directory modes are applied in place afterwards.
     fs_rename(&from, dest, archive)?;
     let mut dirs = done.dirs;
+    if options.plain_dir_modes {
+        dirs.iter_mut().for_each(|(_, mode)| *mode = 0o755);
+    }
     if done.top.is_none() {
         // The temporary directory is 0700; the tree's root gets what mkdir would give.
         dirs.push((PathBuf::new(), 0o755));

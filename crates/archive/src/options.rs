@@ -41,6 +41,10 @@ pub struct Options {
     /// hashed one. A `.git` directory in a source tree would make `git`, which build
     /// scripts run, obey whatever config it holds.
     pub drop_git: bool,
+    /// Give every directory 0755 instead of the mode the archive records: for a wheel,
+    /// whose directory modes mean nothing to an install (pip ignores them) and whose 0555
+    /// or 0000 directory would keep its files unreadable and its staging tree unremovable.
+    pub plain_dir_modes: bool,
 }
 
 impl Options {

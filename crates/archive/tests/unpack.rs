@@ -510,6 +510,28 @@ fn read_only_directories_get_their_modes_after_the_move() {
     }
 }
 
+/// With `plain_dir_modes` (wheels) the same directories get 0755, files keep theirs.
+#[test]
+fn plain_dir_modes_give_every_directory_0755() {
+    let s = Sandbox::new(
+        "ro.tar.gz",
+        &gz(&tar_bytes(&[
+            dir("top", 0o555),
+            dir("top/sub", 0o000),
+            file("top/sub/f.txt", 0o444, b"x"),
+        ])),
+    );
+    let plain = Options {
+        plain_dir_modes: true,
+        ..top()
+    };
+    unpack(&s.archive, &s.dest(), &plain).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&s.dest()), 0o755);
+    assert_eq!(mode(&s.dest().join("sub")), 0o755);
+    assert_eq!(mode(&s.dest().join("sub/f.txt")), 0o444);
+}
+
 /// A root filesystem layer of our own: absolute links are kept as written (never followed
 /// while unpacking), relative ones are still checked; without the option they are refused.
 #[test]

@@ -135,16 +135,11 @@ fn extract_into(
             )
         })?;
     let tree = staging.path().join("tree");
-    let unpacked =
-        commstack_archive::unpack(&wheel.path, &tree, &commstack_archive::Options::default())?;
-    // A wheel's directory modes mean nothing to an install (pip ignores them); a 0555 or
-    // 0000 one would keep its files unreadable and the staging tree unremovable.
-    for dir in walkdir::WalkDir::new(&tree).into_iter().flatten() {
-        if dir.file_type().is_dir() {
-            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
-                .with_context(|| format!("cannot make {} writable", dir.path().display()))?;
-        }
-    }
+    let options = commstack_archive::Options {
+        plain_dir_modes: true,
+        ..commstack_archive::Options::default()
+    };
+    let unpacked = commstack_archive::unpack(&wheel.path, &tree, &options)?;
     same_names(&wheel, &unpacked.files)?;
 
     let mut seen = BTreeMap::new();
